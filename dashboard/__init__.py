@@ -1,0 +1,1 @@
+"""Placeholder package: arrives in a later issue (see README roadmap)."""

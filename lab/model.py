@@ -1,0 +1,138 @@
+"""A small decoder-only transformer with MoE MLPs, readable top to bottom (after nanoGPT).
+
+Layouts are the common ones so that foreshock's discovery sees what it sees in the wild:
+a fused ``c_attn`` projection with an ``n_head`` attribute, and MoE blocks with a Linear
+``gate`` over an ``experts`` list and a ``top_k`` attribute (Mixtral style).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GPT", "GPTConfig"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    block_size: int = 64
+    vocab_size: int = 256  # bytes
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    n_experts: int = 8  # 0 = dense MLP
+    top_k: int = 2
+    aux_loss_weight: float = 0.01  # Switch load-balancing loss; 0 = off
+    bias: bool = False
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.register_buffer(
+            "mask", torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+        )
+        self.logit_observer: Callable[[torch.Tensor], None] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
+        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+        if self.logit_observer is not None:
+            self.logit_observer(scores.detach())
+        y = F.softmax(scores, dim=-1) @ v  # (B, nh, T, hs)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, bias: bool) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class MoE(nn.Module):
+    """Softmax router over E experts, top-k dispatch, renormalized top-k weights."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.top_k, self.n_experts = config.top_k, config.n_experts
+        self.gate = nn.Linear(config.n_embd, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(config.n_embd, config.bias) for _ in range(config.n_experts))
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        flat = x.view(-1, C)
+        probs = F.softmax(self.gate(flat), dim=-1)  # (N, E)
+        top_p, top_i = probs.topk(self.top_k, dim=-1)  # (N, k)
+        top_p = top_p / top_p.sum(-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = (top_i == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * top_p[token, slot, None])
+        # Switch balancing loss: E · Σ_e (fraction of tokens routed to e) · (mean prob of e)
+        load = F.one_hot(top_i[:, 0], self.n_experts).float().mean(0)
+        self.aux_loss = self.n_experts * (load * probs.mean(0)).sum()
+        return out.view(B, T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MoE(config) if config.n_experts else MLP(config.n_embd, config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        if self.config.n_experts and self.config.aux_loss_weight:
+            aux = sum(block.mlp.aux_loss for block in self.h) / self.config.n_layer
+            loss = loss + self.config.aux_loss_weight * aux
+        return logits, loss

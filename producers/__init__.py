@@ -1,0 +1,34 @@
+"""In-trainer producers: the mechanism monitors and the ``Monitor`` that attaches them.
+
+Torch-based names are imported lazily, so that torch-free services can import
+``foreshock.producers.records`` (the record format) without torch installed.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "Monitor": "monitor",
+    "MonitorConfig": "monitor",
+    "JsonlSink": "sinks",
+    "ListSink": "sinks",
+    "discover": "discovery",
+    "AttentionSpec": "layouts",
+    "RouterSpec": "layouts",
+    "spectrum_stats": "spectra",
+    "update_spectrum": "spectra",
+    "qk_increment_spectra": "qk_increments",
+    "token_entropy": "router",
+    "conditioning_ratio": "router",
+    "mean_pairwise_cosine": "router",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'foreshock.producers' has no attribute {name!r}")
+    return getattr(import_module(f".{_LAZY[name]}", __name__), name)

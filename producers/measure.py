@@ -1,0 +1,166 @@
+"""One monitoring step's measurements, as (keys, values-on-device) chunks.
+
+Layers of the same shape are stacked so that a whole model's Δ2/Δ3 spectra take two QRs and
+two batched eigen-solves per shape group, not a Python loop of SVDs. Values stay on the
+device; the Monitor moves them to the host in one transfer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from .layouts import AttentionSpec, RouterSpec
+from .qk_increments import qk_increment_spectra
+from .records import series_key
+from .router import RoutingAccumulator, conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
+from .spectra import SpectrumStats, update_spectrum
+
+__all__ = ["ATTENTION_LAYER_METRICS", "attention_chunks", "router_chunk", "symptom_chunk"]
+
+Chunk = tuple[list[str], torch.Tensor]
+
+_STATS = ("entropy", "erank", "srank", "fro")
+ATTENTION_LAYER_METRICS = (
+    *(f"attn.dwq.{s}" for s in _STATS),
+    *(f"attn.dwk.{s}" for s in _STATS),
+    *(f"attn.{inc}.{s}" for inc in ("d2", "d3")
+      for s in ("entropy_mean", "entropy_min", "erank_mean", "srank_mean", "fro")),
+)  # fmt: skip
+_LAYER_ONLY = tuple(m for m in ATTENTION_LAYER_METRICS if not m.startswith("attn.dw"))
+
+
+@lru_cache(maxsize=64)
+def _layer_keys(names: tuple[str, ...], n_heads: int, per_head: bool, with_dw: bool) -> list[str]:
+    metrics = ATTENTION_LAYER_METRICS if with_dw else _LAYER_ONLY
+    keys = []
+    for name in names:
+        keys += [series_key(m, name) for m in metrics]
+        if per_head:
+            keys += [series_key(f"attn.{inc}.entropy", name, h)
+                     for inc in ("d2", "d3") for h in range(n_heads)]  # fmt: skip
+    return keys
+
+
+def _stack_stats(s: SpectrumStats) -> list[torch.Tensor]:
+    return [s.entropy, s.effective_rank, s.stable_rank, s.frobenius]
+
+
+def _increment_layer_stats(s: SpectrumStats) -> list[torch.Tensor]:
+    """Per-layer aggregates over heads (…, H) → (…): mean/min entropy, total Frobenius."""
+    return [
+        s.entropy.mean(-1), s.entropy.amin(-1), s.effective_rank.mean(-1),
+        s.stable_rank.mean(-1), s.frobenius.square().sum(-1).sqrt(),
+    ]  # fmt: skip
+
+
+def _as_layer_matrix(heads: torch.Tensor) -> torch.Tensor:
+    """(L, H, d', d_h) → (L, d', H·d_h): the layer's whole W_q (or W_k), heads side by side."""
+    n_layers, n_heads, d, d_head = heads.shape
+    return heads.permute(0, 2, 1, 3).reshape(n_layers, d, n_heads * d_head)
+
+
+def _group_key(spec: AttentionSpec) -> tuple[Any, ...]:
+    q = spec.q_weight
+    return (spec.n_heads, spec.n_kv_heads, spec.model_dim, spec.head_dim, q.dtype, q.device)
+
+
+def attention_chunks(
+    specs: list[AttentionSpec],
+    snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    config: Any,
+) -> list[Chunk]:
+    """Spectra of ΔW_q, ΔW_k, Δ2, Δ3 for every layer with a previous snapshot; then snapshot.
+
+    A layer whose weights (now or at the snapshot) are not finite gets NaN values (emitted as
+    null with a ``nonfinite@layer`` flag) instead of an error; its inputs are zeroed first so
+    the eigen-solvers never see NaN.
+    """
+    groups: dict[tuple[Any, ...], list[AttentionSpec]] = defaultdict(list)
+    for spec in specs:
+        groups[_group_key(spec)].append(spec)
+    chunks = []
+    for group in groups.values():
+        q_now = torch.stack([s.heads("q") for s in group])  # (L, H, d', d_h), a copy
+        k_now = torch.stack([s.heads("k") for s in group])  # (L, H_kv, d', d_h)
+        before = [snapshots.get(s.name) for s in group]
+        for i, spec in enumerate(group):
+            snapshots[spec.name] = (q_now[i], k_now[i])
+        if any(b is None for b in before):
+            continue
+        q_before = torch.stack([b[0] for b in before])
+        k_before = torch.stack([b[1] for b in before])
+        chunks.append(_group_chunk(group, q_now, q_before, k_now, k_before, config))
+    return chunks
+
+
+def _group_chunk(
+    group: list[AttentionSpec],
+    q_now: torch.Tensor,
+    q_before: torch.Tensor,
+    k_now: torch.Tensor,
+    k_before: torch.Tensor,
+    config: Any,
+) -> Chunk:
+    tensors = (q_now, q_before, k_now, k_before)
+    finite = torch.stack([t.isfinite().flatten(1).all(1) for t in tensors]).all(0)  # (L,)
+    q_now, q_before, k_now, k_before = (t.nan_to_num(0.0, 0.0, 0.0) for t in tensors)
+    inc = qk_increment_spectra(
+        q_now, q_before, k_now, k_before, config.alpha, config.core_method
+    )  # fields (L, H)
+    columns: list[torch.Tensor] = []
+    if config.weight_spectra:
+        for now, before in ((q_now, q_before), (k_now, k_before)):
+            dw = update_spectrum(_as_layer_matrix(now), _as_layer_matrix(before), config.alpha)
+            columns += _stack_stats(dw)
+    columns += _increment_layer_stats(inc.d2) + _increment_layer_stats(inc.d3)
+    values = torch.stack(columns, dim=1)  # (L, n_layer_metrics)
+    if config.per_head:
+        values = torch.cat([values, inc.d2.entropy, inc.d3.entropy], dim=1)
+    values = values.masked_fill(~finite.unsqueeze(1), float("nan"))
+    names = tuple(s.name for s in group)
+    keys = _layer_keys(names, group[0].n_heads, config.per_head, config.weight_spectra)
+    return keys, values.flatten()
+
+
+def router_chunk(spec: RouterSpec, acc: RoutingAccumulator | None) -> Chunk:
+    """Routing entropies gathered by the forward hook, plus router-weight geometry."""
+    stats = acc.summary() if acc is not None else {}
+    weight = spec.weight.detach()
+    eps = conditioning_ratio(weight)
+    stats |= {
+        "cosine_mean": mean_pairwise_cosine(weight),
+        "epsilon": eps,
+        "cosine_floor": cosine_lower_bound(eps),
+    }
+    device = weight.device
+    keys = [series_key(f"router.{name}", spec.name) for name in stats]
+    return keys, torch.stack([v.to(device, torch.float32).reshape(()) for v in stats.values()])
+
+
+def symptom_chunk(
+    model: nn.Module, loss: torch.Tensor | float | None, max_logits: dict[str, torch.Tensor]
+) -> Chunk:
+    """The symptom baselines: loss, global grad norm, total weight norm, max attention logit."""
+    params = [p.detach() for p in model.parameters()]
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    device = params[0].device if params else torch.device("cpu")
+    keys, values = [], []
+    if loss is not None:
+        keys.append("loss")
+        values.append(torch.as_tensor(loss, dtype=torch.float32).detach().to(device))
+    if grads:
+        keys.append("grad_norm")
+        values.append(torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False))
+    if params:
+        keys.append("weight_norm")
+        values.append(torch.nn.utils.get_total_norm(params, error_if_nonfinite=False))
+    for name, value in max_logits.items():
+        keys.append(series_key("max_logit", name))
+        values.append(value)
+    stacked = [v.to(device, torch.float32).reshape(()) for v in values]
+    return keys, torch.stack(stacked) if stacked else torch.zeros(0, device=device)

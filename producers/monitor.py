@@ -1,0 +1,260 @@
+"""The in-trainer ``Monitor``: attaches the mechanism monitors to a live model.
+
+Usage, once per optimizer step (after ``optimizer.step()``, before ``zero_grad()``)::
+
+    monitor = Monitor(model, JsonlSink("runs/r1.jsonl"), run_id="r1")
+    for step, batch in enumerate(loader):
+        loss = model(batch); loss.backward(); optimizer.step()
+        monitor.step(step, loss=loss)
+        optimizer.zero_grad()
+    monitor.close()
+
+Every ``every`` (δ) steps it snapshots W_q and W_k of each attention layer and, from the
+previous snapshot, computes the ΔW and Δ2/Δ3 spectra; forward hooks on the routers gather
+routing entropies during the forward pass of that step only. Between monitoring steps it does
+nothing but bookkeeping. Monitoring never raises into the training loop: an error is logged,
+counted in ``errors`` and written as an error record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .discovery import Discovery, discover
+from .layouts import AttentionSpec, RouterSpec
+from .measure import attention_chunks, router_chunk, symptom_chunk
+from .records import METRICS_SCHEMA, parse_series_key
+from .router import RoutingAccumulator
+from .sinks import Sink
+
+__all__ = ["Monitor", "MonitorConfig"]
+
+log = logging.getLogger("foreshock.monitor")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Everything that changes what a monitor measures; logged whole in ``Monitor.describe()``.
+
+    every:        δ, steps between weight snapshots (and monitoring steps)
+    alpha:        spectral-entropy exponent, p_i ∝ σ_i^α (2 = the paper's trade-off)
+    core_method:  "eigh" (Gram + eigvalsh of the compressed core, fast) or "svd" (svdvals)
+    per_head:     emit each head's Δ2/Δ3 entropy, not only the layer mean/min
+    weight_spectra: ΔW_q/ΔW_k spectra (a d×(H·d_h) Gram eigenproblem per layer, the costliest
+                  part for wide models)
+    emit_ranks:   "zero" (only global rank 0 measures and emits) or "all" (every rank, labelled)
+    """
+
+    every: int = 10
+    alpha: float = 2.0
+    core_method: Literal["eigh", "svd"] = "eigh"
+    per_head: bool = True
+    weight_spectra: bool = True
+    emit_ranks: Literal["zero", "all"] = "zero"
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.alpha <= 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if self.core_method not in ("eigh", "svd"):
+            raise ValueError(f"core_method must be 'eigh' or 'svd', got {self.core_method!r}")
+        if self.emit_ranks not in ("zero", "all"):
+            raise ValueError(f"emit_ranks must be 'zero' or 'all', got {self.emit_ranks!r}")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class Monitor:
+    """Mechanism monitors on a model, emitting one record per monitoring step to ``sink``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sink: Sink,
+        run_id: str | None = None,
+        config: MonitorConfig | None = None,
+        auto_discover: bool = True,
+    ) -> None:
+        self.model, self.sink = model, sink
+        self.config = config or MonitorConfig()
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.rank, self.world_size = _rank_and_world()
+        self.active = self.config.emit_ranks == "all" or self.rank == 0
+        self.discovery = discover(model) if auto_discover else Discovery()
+        self.errors = 0
+        self.records_written = 0
+        self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._accumulators: dict[str, RoutingAccumulator] = {}
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._max_logits: dict[str, torch.Tensor] = {}
+        self._armed = True
+        if self.active:
+            for router in self.discovery.routers:
+                self._hook_router(router)
+        if auto_discover and not (self.discovery.attention or self.discovery.routers):
+            log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
+
+    # ---- registration -------------------------------------------------------------------
+    def register_attention(
+        self,
+        name: str,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        n_heads: int,
+        head_dim: int,
+        n_kv_heads: int | None = None,
+        **layout: Any,
+    ) -> AttentionSpec:
+        """Declare an attention layer discovery can't read, e.g. layer 3's W_q, W_k with 8 heads
+        of 64. ``layout`` takes AttentionSpec's optional fields (q_rows, k_rows, transposed,
+        q_bias, k_bias, q_scale, k_scale)."""
+        spec = AttentionSpec(
+            name, n_heads, n_kv_heads or n_heads, head_dim, q_weight, k_weight, **layout
+        )
+        self.discovery.attention = [a for a in self.discovery.attention if a.name != name]
+        self.discovery.attention.append(spec)
+        self._snapshots.pop(name, None)
+        return spec
+
+    def register_router(
+        self, name: str, module: nn.Module, n_experts: int, top_k: int | None = None
+    ) -> RouterSpec:
+        """Declare a router: ``module`` outputs the routing logits (..., n_experts)."""
+        spec = RouterSpec(name, module, module.weight, n_experts, top_k)
+        self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
+        self.discovery.routers.append(spec)
+        if self.active:
+            self._hook_router(spec)
+        return spec
+
+    def observe_max_logit(self, name: str, value: torch.Tensor) -> None:
+        """Report a layer's max pre-softmax attention logit from inside the model's forward.
+
+        Cheap only where the model already has the scores; kept on device until emission."""
+        if not (self.active and self._armed):
+            return
+        value = value.detach().float().amax()
+        old = self._max_logits.get(name)
+        self._max_logits[name] = value if old is None else torch.maximum(old, value)
+
+    def _hook_router(self, spec: RouterSpec) -> None:
+        acc = RoutingAccumulator(spec.n_experts, spec.top_k)
+        self._accumulators[spec.name] = acc
+
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            if not (self._armed and module.training):
+                return
+            try:
+                acc.update(output[0] if isinstance(output, tuple) else output)
+            except Exception as exc:  # never break the forward pass
+                self._fail(-1, exc)
+
+        self._hooks.append(spec.module.register_forward_hook(hook))
+
+    # ---- the training-loop call ---------------------------------------------------------
+    def step(self, step: int, loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
+        """Call once per optimizer step. Returns the record on monitoring steps, else None."""
+        if not self.active:
+            return None
+        try:
+            if step % self.config.every != 0:
+                return None
+            record = self._measure(step, loss)
+            self.sink.write(record)
+            self.records_written += 1
+            return record
+        except Exception as exc:
+            self._fail(step, exc)
+            return None
+        finally:
+            for acc in self._accumulators.values():
+                acc.reset()
+            self._max_logits.clear()
+            self._armed = (step + 1) % self.config.every == 0
+
+    def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
+        chunks = attention_chunks(self.discovery.attention, self._snapshots, self.config)
+        for router in self.discovery.routers:
+            chunks.append(router_chunk(router, self._accumulators.get(router.name)))
+        chunks.append(symptom_chunk(self.model, loss, self._max_logits))
+        keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
+        values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
+        out: dict[str, float | None] = {}
+        flags: set[str] = set()
+        for key, value in zip(keys, values, strict=True):
+            if value != value or value in (float("inf"), float("-inf")):
+                module = parse_series_key(key).module
+                flags.add(f"nonfinite@{module}" if module else f"nonfinite:{key}")
+                out[key] = None
+            else:
+                out[key] = value
+        return {
+            "schema": METRICS_SCHEMA,
+            "run_id": self.run_id,
+            "step": int(step),
+            "time": time.time(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "values": out,
+            "flags": sorted(flags),
+        }
+
+    def _fail(self, step: int, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors <= 3:
+            log.warning("foreshock monitor error at step %s:\n%s", step, traceback.format_exc())
+        with contextlib.suppress(Exception):
+            self.sink.write(
+                {"schema": METRICS_SCHEMA, "run_id": self.run_id, "step": int(step),
+                 "time": time.time(), "rank": self.rank, "world_size": self.world_size,
+                 "values": {}, "flags": ["monitor_error"], "error": repr(exc)[:500]}
+            )  # fmt: skip
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Config and discovery, for logs and the run-start record."""
+        return {
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "config": asdict(self.config),
+            "discovery": self.discovery.summary(),
+        }
+
+    def close(self) -> None:
+        """Remove the hooks and close the sink. Safe to call twice."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        try:
+            self.sink.close()
+        except Exception as exc:
+            self._fail(-1, exc)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _to_host(values: list[torch.Tensor]) -> list[float]:
+    if not values:
+        return []
+    device = values[0].device
+    flat = torch.cat([v.detach().to(device, torch.float32).flatten() for v in values])
+    return flat.cpu().tolist()

@@ -1,0 +1,108 @@
+"""Spectra of the per-head QK-product increments Δ2 and Δ3 by compressed cores.
+
+Per head h, attention scores are ∝ x W_q^h (x W_k^h)ᵀ = x M^h xᵀ with M^h = W_q^h W_k^hᵀ
+(d×d, rank ≤ d_h). Between two snapshots (W at t−δ, update ΔW):
+
+    ΔM = Δ2 + Δ3,  Δ2 = ΔW_q W_kᵀ + W_q ΔW_kᵀ = [ΔW_q, W_q] [W_k, ΔW_k]ᵀ,  Δ3 = ΔW_q ΔW_kᵀ.
+
+Δ2 is the first-order increment and carries the early signal of a coherent low-rank bias in
+the query/key gradients. Both are products A Bᵀ of thin d×r factors (r = 2·d_h, resp. d_h).
+With thin QR A = Q_A R_A and B = Q_B R_B, A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ, so the singular values
+of the d×d product are exactly those of the small r×r core R_A R_Bᵀ: O(d r² + r³) instead of
+O(d³), and no d×d matrix is ever formed.
+
+Only two QRs per layer are needed: the first d_h columns of R_A are the R factor of ΔW_q and the
+last d_h columns of R_B that of ΔW_k, so the Δ3 core is R_A[:, :d_h] R_B[:, d_h:]ᵀ for free.
+Grouped-query attention: query head h pairs with key head h // (H / H_kv); the key factors are
+factored once per key head and shared.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+
+from .spectra import SpectrumStats, compute_dtype, spectrum_stats
+
+__all__ = ["QKSpectra", "qk_core_eigvals", "qk_increment_spectra"]
+
+CoreMethod = Literal["eigh", "svd"]
+
+
+class QKSpectra(NamedTuple):
+    """Per-head spectral statistics of Δ2 (first order) and Δ3 (second order); shape (..., H)."""
+
+    d2: SpectrumStats
+    d3: SpectrumStats
+
+
+def _core_sigma_sq(core: torch.Tensor, method: CoreMethod) -> torch.Tensor:
+    if method == "svd":
+        return torch.linalg.svdvals(core).square()
+    if method == "eigh":
+        return torch.linalg.eigvalsh(core @ core.mT)
+    raise ValueError(f"core method must be 'eigh' or 'svd', got {method!r}")
+
+
+def qk_core_eigvals(
+    q_now: torch.Tensor,
+    q_before: torch.Tensor,
+    k_now: torch.Tensor,
+    k_before: torch.Tensor,
+    method: CoreMethod = "eigh",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ² of Δ2^h and Δ3^h for every query head, from the compressed cores.
+
+    Shapes: q_* (..., H, d, d_h), k_* (..., H_kv, d, d_h) with H divisible by H_kv; leading
+    dimensions batch layers of the same shape. Returns two tensors of shape (..., H, k) with
+    k = min(d, 2·d_h), padded with zeros beyond each increment's rank.
+
+    >>> e = torch.eye(3, dtype=torch.float64)
+    >>> q0, k0 = e[None, :, :1], e[None, :, 1:2]           # one head, d=3, d_h=1
+    >>> dq, dk = torch.zeros_like(q0), e[None, :, 2:3]      # only W_k moves
+    >>> s2, s3 = qk_core_eigvals(q0 + dq, q0, k0 + dk, k0)     # Δ2 = e0 e2ᵀ, Δ3 = 0
+    >>> [round(v, 6) for v in s2.flatten().tolist()], s3.abs().max().item() < 1e-12
+    ([0.0, 1.0], True)
+    """
+    n_heads, n_kv = q_now.shape[-3], k_now.shape[-3]
+    if n_heads % n_kv:
+        raise ValueError(f"query heads ({n_heads}) must be a multiple of key heads ({n_kv})")
+    dtype = compute_dtype(q_now)
+    q_before, k_before = q_before.to(dtype), k_before.to(dtype)
+    dq = q_now.to(dtype) - q_before  # (..., H, d, d_h)
+    dk = k_now.to(dtype) - k_before  # (..., H_kv, d, d_h)
+    d_head = dq.shape[-1]
+    r_a = torch.linalg.qr(torch.cat([dq, q_before], -1), mode="r").R  # (..., H, k, 2d_h)
+    r_b = torch.linalg.qr(torch.cat([k_before, dk], -1), mode="r").R  # (..., H_kv, k, 2d_h)
+    r_b = r_b.repeat_interleave(n_heads // n_kv, dim=-3)  # (..., H, k, 2d_h)
+    core2 = r_a @ r_b.mT  # (..., H, k, k)
+    core3 = r_a[..., :d_head] @ r_b[..., d_head:].mT  # (..., H, k, k)
+    return _core_sigma_sq(core2, method), _core_sigma_sq(core3, method)
+
+
+def qk_increment_spectra(
+    q_now: torch.Tensor,
+    q_before: torch.Tensor,
+    k_now: torch.Tensor,
+    k_before: torch.Tensor,
+    alpha: float = 2.0,
+    method: CoreMethod = "eigh",
+) -> QKSpectra:
+    """Spectral statistics (entropy, effective/stable rank, Frobenius) of Δ2^h and Δ3^h.
+
+    Rank bounds used to normalize the entropies: min(d, 2·d_h) for Δ2, min(d, d_h) for Δ3.
+
+    >>> torch.manual_seed(0) and None
+    >>> q0, k0 = torch.randn(2, 8, 2), torch.randn(2, 8, 2)    # H=2 heads, d=8, d_h=2
+    >>> bias = torch.randn(8, 1) @ torch.ones(1, 2)           # a coherent rank-one drift
+    >>> out = qk_increment_spectra(q0 + 0.1 * bias, q0, k0 + 0.1 * bias, k0)
+    >>> out.d2.entropy.shape, bool((out.d3.entropy < 1e-6).all())   # Δ3 is rank one
+    (torch.Size([2]), True)
+    """
+    s2, s3 = qk_core_eigvals(q_now, q_before, k_now, k_before, method)
+    d, d_head = q_now.shape[-2], q_now.shape[-1]
+    return QKSpectra(
+        spectrum_stats(s2, min(d, 2 * d_head), alpha),
+        spectrum_stats(s3, min(d, d_head), alpha),
+    )

@@ -1,0 +1,81 @@
+"""The monitoring record: one per (run, monitoring step), holding all values of that step.
+
+Torch-free on purpose: consumers (detectors, storage, dashboard) parse records without torch.
+
+A record is a JSON object::
+
+    {"schema": "foreshock.metrics/1", "run_id": "...", "step": 120, "time": 1764513600.0,
+     "rank": 0, "world_size": 1, "values": {"loss": 2.31, "attn.d2.entropy@h.0.attn#h3": 0.71},
+     "flags": ["nonfinite:grad_norm"]}
+
+Each value's key names a series: ``<metric>[@<module>][#h<head>]`` — the metric (its first dot
+component is its family: ``attn``, ``router``; symptoms have none), the module path in the
+model, and the head index for per-head values. A value is a float, or null where it is not
+finite (a flag then says which).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+__all__ = [
+    "METRICS_SCHEMA",
+    "SeriesKey",
+    "family_of",
+    "finite_or_none",
+    "parse_series_key",
+    "series_key",
+]
+
+METRICS_SCHEMA = "foreshock.metrics/1"
+_KEY = re.compile(r"^(?P<metric>[A-Za-z0-9_.]+)(?:@(?P<module>[^#@]*))?(?:#h(?P<head>\d+))?$")
+
+
+class SeriesKey(NamedTuple):
+    metric: str
+    module: str | None
+    head: int | None
+
+
+def series_key(metric: str, module: str | None = None, head: int | None = None) -> str:
+    """Build a series key.
+
+    >>> series_key("attn.d2.entropy", "transformer.h.0.attn", 3)
+    'attn.d2.entropy@transformer.h.0.attn#h3'
+    >>> series_key("loss")
+    'loss'
+    """
+    key = metric if module is None else f"{metric}@{module}"
+    return key if head is None else f"{key}#h{head}"
+
+
+def parse_series_key(key: str) -> SeriesKey:
+    """Split a series key into (metric, module, head); ValueError on a malformed key.
+
+    >>> parse_series_key("attn.d2.entropy@transformer.h.0.attn#h3")
+    SeriesKey(metric='attn.d2.entropy', module='transformer.h.0.attn', head=3)
+    >>> parse_series_key("grad_norm")
+    SeriesKey(metric='grad_norm', module=None, head=None)
+    """
+    match = _KEY.match(key)
+    if match is None:
+        raise ValueError(f"malformed series key: {key!r}")
+    head = match["head"]
+    return SeriesKey(match["metric"], match["module"], None if head is None else int(head))
+
+
+def family_of(metric: str) -> str:
+    """Monitor family of a metric: ``attention-numerics``, ``router`` or ``symptom``.
+
+    >>> family_of("attn.dwq.entropy"), family_of("router.epsilon"), family_of("loss")
+    ('attention-numerics', 'router', 'symptom')
+    """
+    prefix = metric.split(".", 1)[0]
+    return {"attn": "attention-numerics", "router": "router"}.get(prefix, "symptom")
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN/Inf: non-finite values travel as null (and get a flag)."""
+    return value if math.isfinite(value) else None

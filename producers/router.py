@@ -1,0 +1,172 @@
+"""Router monitors for softmax MoE routers over E experts.
+
+Mechanism watched: the stable-winner loop. An expert that wins slightly more gets more gradient
+and wins more; a high learning rate or a small global batch feeds the loop until routing
+collapses onto a few experts. The full softmax distribution sharpens before any top-k choice
+changes, so per-token routing entropy moves first; the router's weight rows drifting toward a
+common direction is the structural trace of the same collapse.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "RoutingAccumulator",
+    "conditioning_ratio",
+    "cosine_lower_bound",
+    "expert_load_stats",
+    "mean_pairwise_cosine",
+    "token_entropy",
+]
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy of the full routing distribution p = softmax(logits)  [nats].
+
+    H(p) = −Σ_e p_e ln p_e, computed stably from log-softmax; shape (..., E) → (...).
+    Ranges over [0, ln E]; divide by ln E for a [0, 1] scale comparable across router sizes.
+
+    >>> round(token_entropy(torch.zeros(4)).item() / math.log(4), 6)
+    1.0
+    >>> token_entropy(torch.tensor([0.0, -1e4])).item()
+    0.0
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return 0.0 - (logp.exp() * logp).sum(-1)
+
+
+def expert_load_stats(load: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy of the expert load after top-k, normalized by ln E, and MaxVio.
+
+    load_e = number of (token, slot) assignments to expert e;  q_e = load_e / Σ load;
+    entropy = −Σ q_e ln q_e / ln E (1 = perfectly balanced, 0 = one expert takes all);
+    MaxVio = max_e load_e / mean_e load_e − 1 (0 = balanced, E − 1 = one expert takes all).
+
+    >>> h, v = expert_load_stats(torch.tensor([5.0, 5.0, 5.0, 5.0]))
+    >>> round(h.item(), 6), v.item()
+    (1.0, 0.0)
+    >>> h, v = expert_load_stats(torch.tensor([8.0, 0.0, 0.0, 0.0]))
+    >>> h.item(), v.item()
+    (0.0, 3.0)
+    """
+    load = load.float()
+    q = load / load.sum().clamp_min(1e-30)
+    entropy = (0.0 - torch.special.xlogy(q, q).sum()) / math.log(load.numel())
+    maxvio = load.max() / load.mean().clamp_min(1e-30) - 1.0
+    return entropy, maxvio
+
+
+def mean_pairwise_cosine(weight: torch.Tensor) -> torch.Tensor:
+    """Mean cosine similarity over all pairs of router weight rows (E×d).
+
+    With û_e = w_e / ‖w_e‖ and ū = mean_e û_e:  Σ_{i≠j} cos(w_i, w_j) = E²‖ū‖² − E, so
+    mean_{i≠j} cos = (E‖ū‖² − 1) / (E − 1). O(E·d), no E×E matrix.
+
+    >>> round(mean_pairwise_cosine(torch.eye(3)).item(), 6)         # orthogonal rows
+    0.0
+    >>> round(mean_pairwise_cosine(torch.ones(4, 5)).item(), 6)     # identical rows
+    1.0
+    """
+    unit = torch.nn.functional.normalize(weight.float(), dim=-1)
+    n = unit.shape[0]
+    u_bar = unit.mean(0)
+    return (n * u_bar.square().sum() - 1.0) / (n - 1)
+
+
+def conditioning_ratio(weight: torch.Tensor) -> torch.Tensor:
+    """Conditioning ratio ε = max_e ‖w_e − w̄‖ / ‖w̄‖ of router rows around their mean w̄.
+
+    Why: a small ε pins every row near the common direction w̄. Writing w_e = w̄ + r_e with
+    ‖r_e‖ ≤ ε‖w̄‖, the angle between w_e and w̄ is at most arcsin ε (ε < 1), so any two rows are
+    within 2·arcsin ε of each other and
+
+        cos(w_i, w_j) ≥ cos(2 arcsin ε) = 1 − 2ε²   for every pair i, j,
+
+    i.e. the router scores every token almost the same way for every expert and cannot
+    discriminate. (For ε ≥ 1 the bound says nothing.) w̄ = 0 gives ε = +inf.
+
+    >>> w = torch.tensor([[1.0, 0.1], [1.0, -0.1]])
+    >>> round(conditioning_ratio(w).item(), 6)
+    0.1
+    >>> round(cosine_lower_bound(conditioning_ratio(w)).item(), 6)
+    0.98
+    """
+    w = weight.float()
+    w_bar = w.mean(0)
+    spread = (w - w_bar).norm(dim=-1).max()
+    return spread / w_bar.norm()
+
+
+def cosine_lower_bound(eps: torch.Tensor) -> torch.Tensor:
+    """The pairwise-cosine floor 1 − 2ε² implied by a conditioning ratio ε (see above)."""
+    return 1.0 - 2.0 * eps.square()
+
+
+class RoutingAccumulator:
+    """Accumulates routing statistics over the forward passes of one monitored step.
+
+    Tokens are never stored: the mean and min are running reductions and the 5th percentile
+    comes from a fixed histogram of normalized entropy on [0, 1] (``bins`` bins, so its
+    resolution is 1/bins), which also merges across gradient-accumulation micro-batches.
+    Everything stays on the logits' device until ``summary()``.
+
+    >>> acc = RoutingAccumulator(n_experts=4, top_k=1)
+    >>> acc.update(torch.tensor([[0.0, 0.0, 0.0, 0.0], [9.0, 0.0, 0.0, 0.0]]))
+    >>> {k: round(float(v), 2) for k, v in acc.summary().items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'token_entropy': 0.69, 'token_entropy_norm': 0.5, 'token_entropy_norm_p05': 0.0,
+     'token_entropy_norm_min': 0.0, 'load_entropy': 0.5, 'load_maxvio': 1.0}
+    """
+
+    def __init__(self, n_experts: int, top_k: int | None, bins: int = 1000) -> None:
+        if n_experts < 2:
+            raise ValueError(f"a router needs at least 2 experts, got {n_experts}")
+        if top_k is not None and not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in [1, {n_experts}], got {top_k}")
+        self.n_experts, self.top_k, self.bins = n_experts, top_k, bins
+        self.reset()
+
+    def reset(self) -> None:
+        self._count = 0
+        self._sum = self._min = self._hist = self._load = None
+
+    @property
+    def empty(self) -> bool:
+        return self._count == 0
+
+    def update(self, logits: torch.Tensor) -> None:
+        """Add a batch of router logits, shape (..., E)."""
+        logits = logits.detach().reshape(-1, self.n_experts)
+        h = token_entropy(logits) / math.log(self.n_experts)  # (tokens,) in [0, 1]
+        hist = torch.histc(h, bins=self.bins, min=0.0, max=1.0)
+        load = None
+        if self.top_k is not None:
+            chosen = logits.topk(self.top_k, dim=-1).indices.flatten()
+            load = torch.bincount(chosen, minlength=self.n_experts).float()
+        if self._count == 0:
+            self._sum, self._min, self._hist, self._load = h.sum(), h.min(), hist, load
+        else:
+            self._sum = self._sum + h.sum()
+            self._min = torch.minimum(self._min, h.min())
+            self._hist = self._hist + hist
+            self._load = None if load is None else self._load + load
+        self._count += h.numel()
+
+    def summary(self) -> dict[str, torch.Tensor]:
+        """Scalar tensors (still on device): mean raw and normalized entropy, p5, min, load."""
+        if self._count == 0:
+            return {}
+        mean_norm = self._sum / self._count
+        cdf = self._hist.cumsum(0) / self._count
+        p05_bin = torch.searchsorted(cdf, torch.tensor(0.05, device=cdf.device))
+        out = {
+            "token_entropy": mean_norm * math.log(self.n_experts),
+            "token_entropy_norm": mean_norm,
+            "token_entropy_norm_p05": p05_bin.float() / self.bins,
+            "token_entropy_norm_min": self._min,
+        }
+        if self._load is not None:
+            out["load_entropy"], out["load_maxvio"] = expert_load_stats(self._load)
+        return out
