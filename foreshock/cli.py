@@ -1,0 +1,65 @@
+"""The ``foreshock`` command line. Subcommands import their heavy dependencies lazily, so
+``foreshock --help`` and the torch-free services never import torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from foreshock import __version__
+
+__all__ = ["main"]
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    try:
+        from foreshock.producers.smoke import SmokeConfig, run_smoke, summary_table
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            print("foreshock smoke needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
+            return 2
+        raise
+    config = SmokeConfig(steps=args.steps, every=args.every, seed=args.seed, out=args.out)
+    print(f"foreshock smoke: {config.steps} steps, monitor every {config.every}, seed {config.seed}")
+    result = run_smoke(config)
+    print(result.discovery)
+    print()
+    print(summary_table(result.records))
+    print()
+    share = result.monitor_seconds / max(result.train_seconds, 1e-9)
+    print(
+        f"records: {len(result.records)} -> {result.path}   errors: {result.errors}   "
+        f"training: {result.train_seconds:.1f} s   monitor: {result.monitor_seconds:.2f} s "
+        f"({share:.2%} of training time)"
+    )
+    return 1 if result.errors or not result.records else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="foreshock",
+        description="Early warning for LLM training runs from mechanism monitors.",
+    )
+    parser.add_argument("--version", action="version", version=f"foreshock {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    smoke = sub.add_parser(
+        "smoke", help="train a small GPT-MoE briefly with the monitors and print a summary"
+    )
+    smoke.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    smoke.add_argument("--every", type=int, default=10, help="monitor every δ steps (default 10)")
+    smoke.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    smoke.add_argument(
+        "--out", default="runs/smoke.jsonl", help="JSON Lines output (default runs/smoke.jsonl)"
+    )
+    smoke.set_defaults(func=_smoke)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
