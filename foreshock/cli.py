@@ -21,7 +21,7 @@ def _smoke(args: argparse.Namespace) -> int:
             return 2
         raise
     config = SmokeConfig(steps=args.steps, every=args.every, seed=args.seed, out=args.out)
-    print(f"foreshock smoke: {config.steps} steps, monitor every {config.every}, seed {config.seed}")
+    print(f"foreshock smoke: {config.steps} steps, every {config.every}, seed {config.seed}")
     result = run_smoke(config)
     print(result.discovery)
     print()

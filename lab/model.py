@@ -71,7 +71,9 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k, self.n_experts = config.top_k, config.n_experts
         self.gate = nn.Linear(config.n_embd, config.n_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(config.n_embd, config.bias) for _ in range(config.n_experts))
+        self.experts = nn.ModuleList(
+            MLP(config.n_embd, config.bias) for _ in range(config.n_experts)
+        )
         self.aux_loss = torch.zeros(())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -87,9 +87,10 @@ def _qk_scales(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | N
     return None, None
 
 
-def _bias(module: nn.Module, rows: slice) -> torch.Tensor | None:
+def _bias(module: nn.Module) -> torch.Tensor | None:
+    """The projection's bias parameter itself (AttentionSpec slices it when read)."""
     bias = getattr(module, "bias", None)
-    return bias[rows] if isinstance(bias, torch.Tensor) else None
+    return bias if isinstance(bias, torch.Tensor) else None
 
 
 def _fused_spec(name: str, module: nn.Module, proj: nn.Module) -> AttentionSpec | str:
@@ -109,7 +110,7 @@ def _fused_spec(name: str, module: nn.Module, proj: nn.Module) -> AttentionSpec 
     return AttentionSpec(
         name, heads, kv_heads, head_dim, weight, weight,
         q_rows=slice(0, q_end), k_rows=slice(q_end, k_end), transposed=transposed,
-        q_bias=_bias(proj, slice(0, q_end)), k_bias=_bias(proj, slice(q_end, k_end)),
+        q_bias=_bias(proj), k_bias=_bias(proj),
         q_scale=q_scale, k_scale=k_scale,
     )  # fmt: skip
 
@@ -128,7 +129,7 @@ def _separate_spec(name: str, module: nn.Module, q: nn.Module, k: nn.Module) -> 
         return f"{name}: q and k projections are stored in different orders"
     return AttentionSpec(
         name, heads, kv_heads, head_dim, q_found[0], k_found[0], transposed=q_found[1],
-        q_bias=_bias(q, slice(None)), k_bias=_bias(k, slice(None)),
+        q_bias=_bias(q), k_bias=_bias(k),
         q_scale=q_scale, k_scale=k_scale,
     )  # fmt: skip
 

@@ -34,6 +34,9 @@ class AttentionSpec:
 
     ``q_rows``/``k_rows`` select the output features of ``q_weight``/``k_weight`` (stored
     (out, in) unless ``transposed``) that hold the query and key heads, in head order.
+    ``q_bias``/``k_bias`` are the projections' whole biases, selected by the same rows. All
+    slicing happens when read, so the spec holds the live parameters themselves: a view taken
+    at discovery would go stale when ``module.to()`` swaps a parameter's storage.
     """
 
     name: str
@@ -63,6 +66,14 @@ class AttentionSpec:
                     f"{self.name}: W_{which} has {rows.shape[0]} output features, expected "
                     f"{heads} heads × {self.head_dim} = {heads * self.head_dim}"
                 )
+            weight = self.q_weight if which == "q" else self.k_weight
+            bias = self.q_bias if which == "q" else self.k_bias
+            out_features = linear_out_in(weight, self.transposed).shape[0]
+            if bias is not None and tuple(bias.shape) != (out_features,):
+                raise ValueError(
+                    f"{self.name}: {which}_bias has shape {tuple(bias.shape)}, expected the "
+                    f"projection's whole bias ({out_features},)"
+                )
 
     @property
     def model_dim(self) -> int:
@@ -78,14 +89,14 @@ class AttentionSpec:
     def heads(self, which: str) -> torch.Tensor:
         """Effective per-head factors, shape (heads, d', d_h), detached, parameter dtype."""
         n = self.n_heads if which == "q" else self.n_kv_heads
-        bias = self.q_bias if which == "q" else self.k_bias
+        bias, rows = (self.q_bias, self.q_rows) if which == "q" else (self.k_bias, self.k_rows)
         scale = self.q_scale if which == "q" else self.k_scale
         other_bias = self.k_bias if which == "q" else self.q_bias
         with torch.no_grad():
             w = self._rows(which).detach()  # (n·d_h, d)
             heads = w.reshape(n, self.head_dim, -1).transpose(1, 2)  # (n, d, d_h)
             if bias is not None or other_bias is not None:
-                b = bias.detach() if bias is not None else w.new_zeros(n * self.head_dim)
+                b = bias.detach()[rows] if bias is not None else w.new_zeros(n * self.head_dim)
                 heads = torch.cat([heads, b.reshape(n, 1, self.head_dim)], dim=1)
             if scale is not None:
                 heads = heads * scale.detach().reshape(-1, 1, self.head_dim)

@@ -142,6 +142,12 @@ def router_chunk(spec: RouterSpec, acc: RoutingAccumulator | None) -> Chunk:
     return keys, torch.stack([v.to(device, torch.float32).reshape(()) for v in stats.values()])
 
 
+def _total_norm(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Global L2 norm, accumulated in float32 whatever the parameters' dtype (bf16 included)."""
+    norms = [torch.linalg.vector_norm(t, dtype=torch.float32).to(device) for t in tensors]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
 def symptom_chunk(
     model: nn.Module, loss: torch.Tensor | float | None, max_logits: dict[str, torch.Tensor]
 ) -> Chunk:
@@ -155,10 +161,10 @@ def symptom_chunk(
         values.append(torch.as_tensor(loss, dtype=torch.float32).detach().to(device))
     if grads:
         keys.append("grad_norm")
-        values.append(torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False))
+        values.append(_total_norm(grads, device))
     if params:
         keys.append("weight_norm")
-        values.append(torch.nn.utils.get_total_norm(params, error_if_nonfinite=False))
+        values.append(_total_norm(params, device))
     for name, value in max_logits.items():
         keys.append(series_key("max_logit", name))
         values.append(value)
