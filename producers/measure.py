@@ -94,7 +94,14 @@ def attention_chunks(
             continue
         q_before = torch.stack([b[0] for b in before])
         k_before = torch.stack([b[1] for b in before])
-        chunks.append(_group_chunk(group, q_now, q_before, k_now, k_before, config))
+        step = config.layers_per_call  # bounds the float32 working set of one batched call
+        for i in range(0, len(group), step):
+            part = slice(i, i + step)
+            chunks.append(
+                _group_chunk(
+                    group[part], q_now[part], q_before[part], k_now[part], k_before[part], config
+                )
+            )
     return chunks
 
 

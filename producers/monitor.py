@@ -53,6 +53,8 @@ class MonitorConfig:
     weight_spectra: ΔW_q/ΔW_k spectra (a d×(H·d_h) Gram eigenproblem per layer, the costliest
                   part for wide models)
     emit_ranks:   "zero" (only global rank 0 measures and emits) or "all" (every rank, labelled)
+    layers_per_call: layers of one shape batched into one QR/eigen call; bounds the transient
+                  float32 working set to ~10× one layer's W_q + W_k times this
     """
 
     every: int = 10
@@ -61,10 +63,13 @@ class MonitorConfig:
     per_head: bool = True
     weight_spectra: bool = True
     emit_ranks: Literal["zero", "all"] = "zero"
+    layers_per_call: int = 8
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.layers_per_call < 1:
+            raise ValueError(f"layers_per_call must be >= 1, got {self.layers_per_call}")
         if self.alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
         if self.core_method not in ("eigh", "svd"):

@@ -33,9 +33,12 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     1.0
     >>> token_entropy(torch.tensor([0.0, -1e4])).item()
     0.0
+    >>> round(token_entropy(torch.tensor([0.0, 0.0, -math.inf])).item(), 6)  # a masked expert
+    0.693147
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return 0.0 - (logp.exp() * logp).sum(-1)
+    # A masked expert (logit −inf) has p = 0 and adds 0 ln 0 = 0, not 0 · (−inf) = NaN.
+    return 0.0 - (logp.exp() * logp.masked_fill(logp == -math.inf, 0.0)).sum(-1)
 
 
 def expert_load_stats(load: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +128,8 @@ class RoutingAccumulator:
             raise ValueError(f"a router needs at least 2 experts, got {n_experts}")
         if top_k is not None and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in [1, {n_experts}], got {top_k}")
+        if bins < 1:
+            raise ValueError(f"bins must be >= 1, got {bins}")
         self.n_experts, self.top_k, self.bins = n_experts, top_k, bins
         self.reset()
 

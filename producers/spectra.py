@@ -68,14 +68,16 @@ def spectrum_stats(sigma_sq: torch.Tensor, rank_bound: int, alpha: float = 2.0) 
     s2 = sigma_sq.clamp_min(0)
     total_sq = s2.sum(-1)
     zero = total_sq == 0
-    weights = s2 if alpha == 2.0 else s2.pow(alpha / 2)
+    s_max = s2.amax(-1).masked_fill(zero, 1.0)
+    # For α ≠ 2, σ^α is taken of σ²/σ_max² ∈ [0, 1] (p is scale-free): (σ²)^(α/2) itself
+    # under- or overflows for α > 2 on tiny or huge matrices, and 0/0 or inf/inf gives NaN.
+    weights = s2 if alpha == 2.0 else (s2 / s_max.unsqueeze(-1)).pow(alpha / 2)
     p = weights / weights.sum(-1, keepdim=True).masked_fill(zero.unsqueeze(-1), 1.0)
     nats = 0.0 - torch.special.xlogy(p, p).sum(-1)  # 0.0 - x: no negative zero
     log_n = math.log(rank_bound)
     entropy = nats / log_n if log_n > 0 else torch.zeros_like(nats)
     eff_rank = torch.exp(nats).masked_fill(zero, 0.0)
-    s_max = s2.amax(-1)
-    stable = total_sq / s_max.masked_fill(zero, 1.0)
+    stable = total_sq / s_max
     return SpectrumStats(entropy, nats, eff_rank, stable, total_sq.sqrt())
 
 
