@@ -36,6 +36,44 @@ def _smoke(args: argparse.Namespace) -> int:
     return 1 if result.errors or not result.records else 0
 
 
+def _lab_run(args: argparse.Namespace) -> int:
+    try:
+        from foreshock.lab.faults import Fault
+        from foreshock.lab.run import RunConfig, run_lab
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            print("foreshock lab needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
+            return 2
+        raise
+    fault = Fault.default(args.scenario, args.onset, args.magnitude)
+    config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every)
+    result = run_lab(config, args.out, progress=not args.quiet)
+    diverged = result.divergence_step is not None
+    status = f"diverged at step {result.divergence_step}" if diverged else "no divergence"
+    print(
+        f"{result.run_id}: {status}; final loss {result.losses[-1]:.3f}; "
+        f"{result.cpu_seconds:.0f} s CPU -> {result.path}"
+    )
+    return 0
+
+
+def _add_lab(sub: argparse._SubParsersAction) -> None:
+    from foreshock.lab.scenarios import SCENARIOS
+
+    lab = sub.add_parser("lab", help="the fault-injection lab")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    run = lab_sub.add_parser("run", help="train one labelled run with a fault scenario")
+    run.add_argument("--scenario", choices=SCENARIOS, default="healthy")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
+    run.add_argument("--onset", type=int, help="fault onset step (scenario default)")
+    run.add_argument("--magnitude", type=float, help="fault magnitude (scenario default)")
+    run.add_argument("--every", type=int, default=25, help="monitor every δ steps (default 25)")
+    run.add_argument("--out", required=True, help="JSON Lines output path")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_lab_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="foreshock",
@@ -53,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="runs/smoke.jsonl", help="JSON Lines output (default runs/smoke.jsonl)"
     )
     smoke.set_defaults(func=_smoke)
+    _add_lab(sub)
     return parser
 
 

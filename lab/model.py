@@ -1,5 +1,8 @@
 """A small decoder-only transformer with MoE MLPs, readable top to bottom (after nanoGPT).
 
+Attention runs through ``flash_attention``: exact forward, FlashAttention's backward, and a
+per-layer ``lowp`` switch that the fault scenarios flip at their onset.
+
 Layouts are the common ones so that foreshock's discovery sees what it sees in the wild:
 a fused ``c_attn`` projection with an ``n_head`` attribute, and MoE blocks with a Linear
 ``gate`` over an ``experts`` list and a ``top_k`` attribute (Mixtral style).
@@ -7,13 +10,14 @@ a fused ``c_attn`` projection with an ``n_head`` attribute, and MoE blocks with 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .attention import LowPrecision, flash_attention
 
 __all__ = ["GPT", "GPTConfig"]
 
@@ -27,6 +31,7 @@ class GPTConfig:
     n_embd: int = 128
     n_experts: int = 8  # 0 = dense MLP
     top_k: int = 2
+    expert_hidden: int = 0  # 0 = 4·n_embd / top_k: top-k experts cost one dense 4d MLP
     aux_loss_weight: float = 0.01  # Switch load-balancing loss; 0 = off
     bias: bool = False
 
@@ -37,28 +42,24 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.register_buffer(
-            "mask", torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        )
+        self.lowp: LowPrecision | None = None  # the fa-lowprec / fa-noise switch
         self.logit_observer: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
-        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+        y, max_logit = flash_attention(q, k, v, self.lowp)  # (B, nh, T, hs), ()
         if self.logit_observer is not None:
-            self.logit_observer(scores.detach())
-        y = F.softmax(scores, dim=-1) @ v  # (B, nh, T, hs)
+            self.logit_observer(max_logit)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 class MLP(nn.Module):
-    def __init__(self, n_embd: int, bias: bool) -> None:
+    def __init__(self, n_embd: int, hidden: int, bias: bool) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
-        self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.c_fc = nn.Linear(n_embd, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, n_embd, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(F.gelu(self.c_fc(x)))
@@ -71,8 +72,9 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k, self.n_experts = config.top_k, config.n_experts
         self.gate = nn.Linear(config.n_embd, config.n_experts, bias=False)
+        hidden = config.expert_hidden or 4 * config.n_embd // config.top_k
         self.experts = nn.ModuleList(
-            MLP(config.n_embd, config.bias) for _ in range(config.n_experts)
+            MLP(config.n_embd, hidden, config.bias) for _ in range(config.n_experts)
         )
         self.aux_loss = torch.zeros(())
 
@@ -99,7 +101,10 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MoE(config) if config.n_experts else MLP(config.n_embd, config.bias)
+        if config.n_experts:
+            self.mlp: nn.Module = MoE(config)
+        else:
+            self.mlp = MLP(config.n_embd, 4 * config.n_embd, config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))

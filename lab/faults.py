@@ -1,0 +1,101 @@
+"""Faults injected into the training computation — never into a metric.
+
+Each scenario switches on at ``onset`` (after a healthy warm-up) with a ``magnitude``:
+
+========== ============================================================== ===================
+scenario   what changes in training                                        magnitude
+========== ============================================================== ===================
+healthy    nothing                                                         —
+fa-lowprec backward's D = rowsum(dO∘O) uses O truncated toward zero         mantissa bits m
+fa-noise   same place, round-to-nearest-even (unbiased control)            mantissa bits m
+lr-high    whole-model learning rate ramps geometrically ×1 → ×magnitude   final factor
+           over ``ramp`` steps (a schedule drifting to a too-high peak)
+gbs-small  global batch size divided by magnitude                          divisor
+combined   fa-lowprec (``bits``) and lr-high (magnitude) together          LR factor
+========== ============================================================== ===================
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch import nn
+
+from .attention import LowPrecision
+
+__all__ = ["DEFAULTS", "SCENARIOS", "Fault"]
+
+from .scenarios import SCENARIOS
+
+# scenario -> (onset, magnitude); chosen by the lab experiments reported in the README
+DEFAULTS: dict[str, tuple[int, float]] = {
+    "healthy": (0, 0.0),
+    "fa-lowprec": (300, 1.0),
+    "fa-noise": (300, 1.0),
+    "lr-high": (300, 30.0),
+    "gbs-small": (300, 8.0),
+    "combined": (300, 30.0),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A scenario with its onset step and magnitude (see the module table)."""
+
+    scenario: str = "healthy"
+    onset: int = 0
+    magnitude: float = 0.0
+    ramp: int = 1000  # lr-high/combined: steps from ×1 to ×magnitude
+    bits: int = 1  # combined: the fa-lowprec mantissa bits
+    layers: tuple[int, ...] | None = None  # fa-*: which attention layers (None = all)
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; choose from {SCENARIOS}")
+        if self.onset < 0 or self.ramp < 1:
+            raise ValueError("onset must be >= 0 and ramp >= 1")
+        if self.scenario.startswith("fa-") and not 0 <= self.magnitude <= 23:
+            raise ValueError(f"{self.scenario}: magnitude is mantissa bits in [0, 23]")
+        if self.scenario in ("lr-high", "combined", "gbs-small") and self.magnitude < 1:
+            raise ValueError(f"{self.scenario}: magnitude is a factor >= 1")
+
+    @classmethod
+    def default(cls, scenario: str, onset: int | None = None, magnitude: float | None = None):
+        d_onset, d_mag = DEFAULTS.get(scenario, (0, 0.0))
+        return cls(scenario, d_onset if onset is None else onset,
+                   d_mag if magnitude is None else magnitude)  # fmt: skip
+
+    def labels(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lowprec(self) -> LowPrecision | None:
+        """The rounding the attention backward sees once the fault is on."""
+        if self.scenario == "fa-lowprec":
+            return LowPrecision(int(self.magnitude), "truncate")
+        if self.scenario == "fa-noise":
+            return LowPrecision(int(self.magnitude), "nearest")
+        if self.scenario == "combined":
+            return LowPrecision(self.bits, "truncate")
+        return None
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier on every param group's base learning rate at ``step``."""
+        if self.scenario not in ("lr-high", "combined") or step < self.onset:
+            return 1.0
+        progress = min(1.0, (step - self.onset) / self.ramp)
+        return self.magnitude**progress
+
+    def batch_size(self, base: int, step: int) -> int:
+        if self.scenario != "gbs-small" or step < self.onset:
+            return base
+        return max(1, round(base / self.magnitude))
+
+    def apply_attention(self, model: nn.Module, step: int) -> None:
+        """Switch the attention layers' backward rounding on from the onset (idempotent)."""
+        if step < self.onset or self.lowprec() is None:
+            return
+        blocks = getattr(model, "h", [])
+        for i, block in enumerate(blocks):
+            if self.layers is None or i in self.layers:
+                block.attn.lowp = self.lowprec()

@@ -1,0 +1,151 @@
+"""One labelled lab run: train the GPT-MoE with a fault scenario and the Monitor attached.
+
+The run is written through the file sink as JSON Lines: a ``start`` record (labels: scenario,
+seed, onset, magnitude, model and optimizer config, versions), the Monitor's metric records,
+and an ``end`` record (status, divergence step by :mod:`foreshock.lab.divergence`, CPU time).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foreshock import __version__
+from foreshock.producers.monitor import Monitor, MonitorConfig
+from foreshock.producers.sinks import JsonlSink
+
+from .data import ByteBatches, stdlib_bytes
+from .divergence import DivergenceRule, divergence_step
+from .faults import Fault
+from .model import GPT, GPTConfig
+
+__all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "run_lab"]
+
+RUN_SCHEMA = "foreshock.run/1"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    fault: Fault = field(default_factory=Fault)
+    seed: int = 0
+    steps: int = 2000
+    every: int = 25
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    model: GPTConfig = field(default_factory=GPTConfig)
+    divergence: DivergenceRule = field(default_factory=DivergenceRule)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.fault.scenario}-s{self.seed}"
+
+
+@dataclass
+class LabResult:
+    run_id: str
+    path: Path
+    divergence_step: int | None
+    losses: list[float]
+    cpu_seconds: float
+    wall_seconds: float
+
+
+class _Progress:
+    """A one-line progress bar on stderr: step, loss, ETA."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled or (step % 10 and step != self.total - 1):
+            return
+        done = step + 1
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / done * (self.total - done)
+        bar = "#" * (30 * done // self.total)
+        print(f"\r[{bar:<30}] {done}/{self.total} loss {loss:6.3f} ETA {eta:5.0f}s",
+              end="", file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+def _labels(config: RunConfig) -> dict[str, Any]:
+    return {
+        "scenario": config.fault.scenario,
+        "seed": config.seed,
+        "onset": config.fault.onset if config.fault.scenario != "healthy" else None,
+        "magnitude": config.fault.magnitude if config.fault.scenario != "healthy" else None,
+        "fault": config.fault.labels(),
+        "steps": config.steps,
+        "every": config.every,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "model": asdict(config.model),
+        "divergence_rule": asdict(config.divergence),
+        "foreshock": __version__,
+        "torch": torch.__version__,
+    }
+
+
+def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabResult:
+    """Train one run and write it to ``out`` (replaced if present)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
+    path = Path(out)
+    path.unlink(missing_ok=True)
+    sink = JsonlSink(path)
+    model = GPT(config.model)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+    batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
+    monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
+    for i, block in enumerate(model.h):
+        block.attn.logit_observer = lambda s, n=f"h.{i}.attn": monitor.observe_max_logit(n, s)
+    sink.write({"schema": RUN_SCHEMA, "kind": "start", "run_id": config.run_id,
+                "time": time.time(), "labels": _labels(config)})  # fmt: skip
+    bar = _Progress(config.steps, progress)
+    losses: list[float] = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for step in range(config.steps):
+        fault = config.fault
+        fault.apply_attention(model, step)
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * fault.lr_factor(step)
+        batches.batch_size = fault.batch_size(config.batch_size, step)
+        x, y = batches.next()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        monitor.step(step, loss=loss)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.update(step, losses[-1])
+        if len(losses) > config.divergence.warmup and not torch.isfinite(loss):
+            break  # nothing more to learn from a NaN run
+    bar.close()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    diverged_at = divergence_step(losses, config.divergence)
+    sink.write({
+        "schema": RUN_SCHEMA, "kind": "end", "run_id": config.run_id, "time": time.time(),
+        "status": "diverged" if diverged_at is not None else "finished",
+        "divergence_step": diverged_at, "last_step": len(losses) - 1,
+        "records": monitor.records_written, "monitor_errors": monitor.errors,
+        "final_loss": _finite(losses[-1]), "best_loss": min(losses),
+        "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2),
+    })  # fmt: skip
+    monitor.close()
+    return LabResult(config.run_id, path, diverged_at, losses, cpu, wall)
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and abs(value) != float("inf") else None

@@ -1,0 +1,3 @@
+"""Scenario names, torch-free so that the CLI can list them without importing torch."""
+
+SCENARIOS = ("healthy", "fa-lowprec", "fa-noise", "lr-high", "gbs-small", "combined")
