@@ -1,0 +1,176 @@
+"""The lab's raw lead times: when each monitor family leaves the healthy band, per scenario.
+
+No detector is involved: this measures what the monitors carry before any detector is tuned.
+
+Band rule: see :mod:`foreshock.lab.bands` (leave-one-out healthy min/max band, widened by half
+its width, left for ``consecutive`` checks in a row). Raw lead time = divergence step − exit
+step of the family (diverged runs, exit before divergence).
+
+Orthogonality matrix: per scenario and family, the share of runs whose family exits at or after
+the fault's onset and before the divergence (or the end of the run): which family moves under
+which fault. Exits before the onset are counted apart as false exits.
+
+``--generate DIR`` trains the runs first (``--seeds``, ``--steps``; two processes at a time):
+long. Without it the table reads recorded runs (default: the ones shipped in lab/recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from foreshock.lab.bands import FAMILIES, family_exits
+from foreshock.lab.recorded import RecordedRun, load_run, shipped_runs
+
+from ._table import emit_json, format_table
+
+SCENARIO_ORDER = ("healthy", "fa-noise", "fa-lowprec", "lr-high", "gbs-small", "combined")
+
+
+def _fmt_range(values: list[int]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f} [{min(values)}–{max(values)}]"
+
+
+def analyse(runs: list[RecordedRun], min_step: int, consecutive: int) -> dict:
+    healthy = [r for r in runs if r.labels.get("scenario") == "healthy"]
+    by_scenario: dict[str, list[RecordedRun]] = defaultdict(list)
+    for run in runs:
+        by_scenario[run.labels.get("scenario", "?")].append(run)
+    figures: dict[str, dict] = {}
+    for scenario in sorted(
+        by_scenario,
+        key=lambda s: (
+            s not in SCENARIO_ORDER,
+            SCENARIO_ORDER.index(s) if s in SCENARIO_ORDER else 0,
+            s,
+        ),
+    ):
+        group = by_scenario[scenario]
+        divs = [r.divergence_step for r in group if r.divergence_step is not None]
+        entry = {"runs": len(group), "diverged": len(divs), "divergence": divs, "families": {}}
+        for family in FAMILIES:
+            exits, leads, moved, false_exits = [], [], 0, 0
+            for run in group:
+                exit_step = family_exits(run, healthy, min_step, consecutive)[family]
+                onset = run.labels.get("onset") or 0
+                end = run.divergence_step
+                if end is None and run.end is not None:
+                    end = run.end.get("last_step", 10**9) + 1
+                if exit_step is None:
+                    continue
+                exits.append(exit_step)
+                if exit_step < onset:
+                    false_exits += 1
+                elif end is None or exit_step < end:
+                    moved += 1
+                if run.divergence_step is not None and exit_step < run.divergence_step:
+                    leads.append(run.divergence_step - exit_step)
+            entry["families"][family] = {
+                "exits": exits, "leads": leads, "moved_share": moved / len(group),
+                "false_exits": false_exits,
+            }  # fmt: skip
+        figures[scenario] = entry
+    return figures
+
+
+def print_tables(figures: dict) -> None:
+    rows = []
+    for scenario, entry in figures.items():
+        row = [scenario, f"{entry['diverged']}/{entry['runs']}", _fmt_range(entry["divergence"])]
+        for family in FAMILIES:
+            fam = entry["families"][family]
+            row.append(_fmt_range(fam["exits"]))
+        rows.append(row)
+    print("First band exit per family, median [range] over runs (steps):")
+    print(format_table(["scenario", "diverged", "divergence step", *FAMILIES], rows))
+    print()
+    rows = []
+    for scenario, entry in figures.items():
+        row = [scenario]
+        for family in FAMILIES:
+            fam = entry["families"][family]
+            row.append(f"{_fmt_range(fam['leads'])}")
+        rows.append(row)
+    print("Raw lead time = divergence − first exit, median [range] (diverged runs only):")
+    print(format_table(["scenario", *FAMILIES], rows))
+    print()
+    rows = [
+        [s, *(f"{e['families'][f]['moved_share']:.2f} ({e['families'][f]['false_exits']})"
+              for f in FAMILIES)]
+        for s, e in figures.items()
+    ]  # fmt: skip
+    print("Orthogonality: share of runs whose family exits after onset, before divergence/end")
+    print("(in parentheses: runs whose family exited before the onset — false exits):")
+    print(format_table(["scenario", *FAMILIES], rows))
+
+
+def generate(directory: Path, seeds: int, steps: int, scenarios: list[str], jobs: int) -> None:
+    """Train the runs with ``foreshock lab run`` in parallel subprocesses; gzip each file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    commands = []
+    for scenario in scenarios:
+        for seed in range(seeds):
+            out = directory / f"{scenario}-s{seed}.jsonl"
+            if (directory / f"{out.name}.gz").exists():
+                continue
+            commands.append([sys.executable, "-m", "foreshock.cli", "lab", "run", "--quiet",
+                             "--scenario", scenario, "--seed", str(seed), "--steps", str(steps),
+                             "--out", str(out)])  # fmt: skip
+
+    def run(command: list[str]) -> None:
+        subprocess.run(command, check=True)
+        out = Path(command[-1])
+        subprocess.run(["gzip", "-9", "-f", str(out)], check=True)
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(run, commands))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="at most 3 runs per scenario")
+    parser.add_argument("--runs", type=Path, help="directory of recorded runs")
+    parser.add_argument("--generate", type=Path, help="train runs into this directory first")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--scenarios", default=",".join(SCENARIO_ORDER))
+    parser.add_argument("--min-step", type=int, default=100)
+    parser.add_argument("--consecutive", type=int, default=3)
+    args = parser.parse_args()
+    directory = args.generate or args.runs
+    if args.generate:
+        generate(args.generate, args.seeds, args.steps, args.scenarios.split(","), args.jobs)
+    runs = [load_run(p) for p in shipped_runs(directory)]
+    if args.quick:
+        kept: dict[str, int] = defaultdict(int)
+        quick = []
+        for run in runs:
+            scenario = run.labels.get("scenario")
+            if kept[scenario] < 3:
+                kept[scenario] += 1
+                quick.append(run)
+        runs = quick
+    if not runs:
+        raise SystemExit("no recorded runs found; use --generate DIR")
+    figures = analyse(runs, args.min_step, args.consecutive)
+    print_tables(figures)
+    cpu = [r.end["cpu_seconds"] for r in runs if r.end and "cpu_seconds" in r.end]
+    print(f"\nruns: {len(runs)}; CPU per run: median {statistics.median(cpu):.0f} s "
+          f"[{min(cpu):.0f}–{max(cpu):.0f}]" if cpu else "")  # fmt: skip
+    emit_json({
+        "runs": len(runs), "cpu_seconds_median": statistics.median(cpu) if cpu else None,
+        "band": {"pad": 0.5, "consecutive": args.consecutive, "min_step": args.min_step},
+        "scenarios": figures,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

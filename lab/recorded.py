@@ -1,0 +1,87 @@
+"""Recorded lab runs: read a run written by ``foreshock lab run`` (plain or gzipped JSON Lines).
+
+Torch-free: detectors, storage, the dashboard and tests replay recorded runs without training.
+The runs shipped with foreshock live in ``lab/recorded/`` (see its README for how they were
+made); ``shipped_runs()`` lists them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RECORDED_DIR", "RecordedRun", "load_run", "shipped_runs"]
+
+RECORDED_DIR = Path(__file__).parent / "recorded"
+
+
+@dataclass
+class RecordedRun:
+    """A run's start labels, its metric records in step order, and its end record."""
+
+    path: Path
+    start: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.start["run_id"]
+
+    @property
+    def labels(self) -> dict[str, Any]:
+        return self.start.get("labels", {})
+
+    @property
+    def divergence_step(self) -> int | None:
+        return None if self.end is None else self.end.get("divergence_step")
+
+    def series(self, key: str) -> tuple[list[int], list[float | None]]:
+        """(steps, values) of one series key, over the records that hold it."""
+        steps, values = [], []
+        for record in self.records:
+            if key in record.get("values", {}):
+                steps.append(record["step"])
+                values.append(record["values"][key])
+        return steps, values
+
+    def keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for record in self.records:
+            seen.update(dict.fromkeys(record.get("values", {})))
+        return list(seen)
+
+
+def _lines(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as file:
+        yield from file
+
+
+def load_run(path: str | Path) -> RecordedRun:
+    """Parse a run file; ValueError if it has no start record."""
+    path = Path(path)
+    start, end, records = None, None, []
+    for line in _lines(path):
+        record = json.loads(line)
+        kind = record.get("kind")
+        if kind == "start":
+            start = record
+        elif kind == "end":
+            end = record
+        else:
+            records.append(record)
+    if start is None:
+        raise ValueError(f"{path}: no start record; not a foreshock lab run")
+    records.sort(key=lambda r: r.get("step", -1))
+    return RecordedRun(path, start, records, end)
+
+
+def shipped_runs(directory: str | Path | None = None) -> list[Path]:
+    """Paths of the recorded runs in ``directory`` (default: the ones shipped with foreshock)."""
+    root = Path(directory) if directory is not None else RECORDED_DIR
+    return sorted([*root.glob("*.jsonl.gz"), *root.glob("*.jsonl")])

@@ -1,0 +1,68 @@
+"""Recorded runs load without torch, and the lab table's band rule scores them as documented."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foreshock.lab.bands import band_exit
+from foreshock.lab.recorded import load_run, shipped_runs
+
+
+def _write_run(path: Path, run_id: str, scenario: str, values: list[float], onset=None) -> Path:
+    lines = [{"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
+              "labels": {"scenario": scenario, "onset": onset}}]  # fmt: skip
+    lines += [
+        {"schema": "foreshock.metrics/1", "run_id": run_id, "step": 10 * i,
+         "values": {"attn.d2.entropy_mean@h.0.attn": v, "loss": 2.0}}
+        for i, v in enumerate(values)
+    ]  # fmt: skip
+    lines.append({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
+                  "divergence_step": None, "last_step": 10 * len(values)})  # fmt: skip
+    with gzip.open(path, "wt") as file:
+        file.writelines(json.dumps(line) + "\n" for line in reversed(lines))
+    return path
+
+
+def test_load_run_orders_records_and_reads_labels(tmp_path: Path) -> None:
+    run = load_run(_write_run(tmp_path / "a.jsonl.gz", "a", "healthy", [0.3, 0.4, 0.5]))
+    assert run.run_id == "a" and run.labels["scenario"] == "healthy"
+    assert run.series("attn.d2.entropy_mean@h.0.attn") == ([0, 10, 20], [0.3, 0.4, 0.5])
+    assert run.divergence_step is None and run.end["last_step"] == 30
+    assert shipped_runs(tmp_path) == [tmp_path / "a.jsonl.gz"]
+
+
+def test_load_run_rejects_a_file_without_start(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"step": 1, "values": {}}\n')
+    with pytest.raises(ValueError, match="no start record"):
+        load_run(path)
+
+
+def test_band_exit_rule(tmp_path: Path) -> None:
+    key = "attn.d2.entropy_mean@h.0.attn"
+    healthy = [
+        load_run(
+            _write_run(tmp_path / f"h{i}.jsonl.gz", f"h{i}", "healthy", [0.30 + 0.01 * i] * 40)
+        )
+        for i in range(3)
+    ]  # band: [0.30, 0.32] padded by 0.01 -> [0.29, 0.33]
+    dip = [0.31] * 20 + [0.25] + [0.31] * 4 + [0.2] * 15  # one-check dip, then a collapse at 250
+    faulty = load_run(_write_run(tmp_path / "f.jsonl.gz", "f", "fa-lowprec", dip, onset=100))
+    assert band_exit(faulty, key, healthy, min_step=0, consecutive=3) == 250
+    assert band_exit(faulty, key, healthy, min_step=0, consecutive=1) == 200
+    assert band_exit(healthy[1], key, healthy, min_step=0, consecutive=1) is None
+
+
+def test_recorded_runs_need_no_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from foreshock.lab.bands import band_exit\n"
+        "from foreshock.lab.recorded import load_run, shipped_runs\n"
+        "print(len(shipped_runs()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
