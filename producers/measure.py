@@ -94,7 +94,8 @@ def attention_chunks(
             continue
         q_before = torch.stack([b[0] for b in before])
         k_before = torch.stack([b[1] for b in before])
-        step = config.layers_per_call  # bounds the float32 working set of one batched call
+        per_layer = q_now[0].numel() * 2  # elements of one layer's [ΔW_q, W_q] factor
+        step = max(1, config.batch_elements // per_layer)  # bounds the transient working set
         for i in range(0, len(group), step):
             part = slice(i, i + step)
             chunks.append(
@@ -114,8 +115,10 @@ def _group_chunk(
     config: Any,
 ) -> Chunk:
     tensors = (q_now, q_before, k_now, k_before)
-    finite = torch.stack([t.isfinite().flatten(1).all(1) for t in tensors]).all(0)  # (L,)
-    q_now, q_before, k_now, k_before = (t.nan_to_num(0.0, 0.0, 0.0) for t in tensors)
+    # A sum is NaN/inf iff an entry is (or, for absurd weights, it overflows): one cheap pass.
+    finite = torch.stack([t.float().sum((1, 2, 3)).isfinite() for t in tensors]).all(0)  # (L,)
+    if not bool(finite.all()):  # a device sync, only to skip four copies in the normal case
+        q_now, q_before, k_now, k_before = (t.nan_to_num(0.0, 0.0, 0.0) for t in tensors)
     inc = qk_increment_spectra(
         q_now, q_before, k_now, k_before, config.alpha, config.core_method
     )  # fields (L, H)
@@ -151,16 +154,25 @@ def router_chunk(spec: RouterSpec, acc: RoutingAccumulator | None) -> Chunk:
 
 def _total_norm(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Global L2 norm, accumulated in float32 whatever the parameters' dtype (bf16 included)."""
-    norms = [torch.linalg.vector_norm(t, dtype=torch.float32).to(device) for t in tensors]
+    by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        by_device[t.device].append(t)
+    norms = [
+        n.to(device)
+        for group in by_device.values()
+        for n in torch._foreach_norm(group, 2, dtype=torch.float32)
+    ]
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def symptom_chunk(
-    model: nn.Module, loss: torch.Tensor | float | None, max_logits: dict[str, torch.Tensor]
+    params: list[nn.Parameter],
+    loss: torch.Tensor | float | None,
+    max_logits: dict[str, torch.Tensor],
 ) -> Chunk:
     """The symptom baselines: loss, global grad norm, total weight norm, max attention logit."""
-    params = [p.detach() for p in model.parameters()]
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    params = [p.detach() for p in params]
     device = params[0].device if params else torch.device("cpu")
     keys, values = [], []
     if loss is not None:

@@ -53,8 +53,10 @@ class MonitorConfig:
     weight_spectra: ΔW_q/ΔW_k spectra (a d×(H·d_h) Gram eigenproblem per layer, the costliest
                   part for wide models)
     emit_ranks:   "zero" (only global rank 0 measures and emits) or "all" (every rank, labelled)
-    layers_per_call: layers of one shape batched into one QR/eigen call; bounds the transient
-                  float32 working set to ~10× one layer's W_q + W_k times this
+    batch_elements: layers of one shape are batched into one QR/eigen call while their
+                  [ΔW_q, W_q] factors hold at most this many elements (at least one layer per
+                  call): many small layers share a call, a wide layer gets its own. The
+                  transient working set is ~10× that in float32 (2**24 → ~640 MB at most)
     """
 
     every: int = 10
@@ -63,13 +65,13 @@ class MonitorConfig:
     per_head: bool = True
     weight_spectra: bool = True
     emit_ranks: Literal["zero", "all"] = "zero"
-    layers_per_call: int = 8
+    batch_elements: int = 2**24
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"every must be >= 1, got {self.every}")
-        if self.layers_per_call < 1:
-            raise ValueError(f"layers_per_call must be >= 1, got {self.layers_per_call}")
+        if self.batch_elements < 1:
+            raise ValueError(f"batch_elements must be >= 1, got {self.batch_elements}")
         if self.alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
         if self.core_method not in ("eigh", "svd"):
@@ -101,6 +103,7 @@ class Monitor:
         self.rank, self.world_size = _rank_and_world()
         self.active = self.config.emit_ranks == "all" or self.rank == 0
         self.discovery = discover(model) if auto_discover else Discovery()
+        self._params = list(model.parameters())  # walked once: named_modules() is slow
         self.errors = 0
         self.records_written = 0
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -196,7 +199,7 @@ class Monitor:
         chunks = attention_chunks(self.discovery.attention, self._snapshots, self.config)
         for router in self.discovery.routers:
             chunks.append(router_chunk(router, self._accumulators.get(router.name)))
-        chunks.append(symptom_chunk(self.model, loss, self._max_logits))
+        chunks.append(symptom_chunk(self._params, loss, self._max_logits))
         keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
         values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
         out: dict[str, float | None] = {}
