@@ -2,13 +2,14 @@
 
 No detector is involved: this measures what the monitors carry before any detector is tuned.
 
-Band rule: see :mod:`foreshock.lab.bands` (leave-one-out healthy min/max band, widened by half
-its width, left for ``consecutive`` checks in a row). Raw lead time = divergence step − exit
+Band rule: see :mod:`foreshock.lab.bands` (leave-one-out healthy min/max band, widened by its
+width on each side, left for 5 checks in a row by default). Raw lead time = divergence step − exit
 step of the family (diverged runs, exit before divergence).
 
-Orthogonality matrix: per scenario and family, the share of runs whose family exits at or after
-the fault's onset and before the divergence (or the end of the run): which family moves under
-which fault. Exits before the onset are counted apart as false exits.
+Exits are counted from the fault's onset: an exit before it (or any exit of a healthy run,
+scored against the other healthy runs) is a false exit, reported apart. Orthogonality matrix:
+per scenario and family, the share of runs whose family exits at or after the onset and before
+the divergence (or the end of the run): which family moves under which fault.
 
 ``--generate DIR`` trains the runs first (``--seeds``, ``--steps``; two processes at a time):
 long. Without it the table reads recorded runs (default: the ones shipped in lab/recorded).
@@ -26,10 +27,9 @@ from pathlib import Path
 
 from foreshock.lab.bands import FAMILIES, family_exits
 from foreshock.lab.recorded import RecordedRun, load_run, shipped_runs
+from foreshock.lab.scenarios import SCENARIOS
 
 from ._table import emit_json, format_table
-
-SCENARIO_ORDER = ("healthy", "fa-noise", "fa-lowprec", "lr-high", "gbs-small", "combined")
 
 
 def _fmt_range(values: list[int]) -> str:
@@ -38,46 +38,58 @@ def _fmt_range(values: list[int]) -> str:
     return f"{statistics.median(values):.0f} [{min(values)}–{max(values)}]"
 
 
-def analyse(runs: list[RecordedRun], min_step: int, consecutive: int) -> dict:
+def _end_of(run: RecordedRun) -> int | None:
+    if run.divergence_step is not None:
+        return run.divergence_step
+    return None if run.end is None else run.end.get("last_step", 0) + 1
+
+
+def _family_figures(group: list[RecordedRun], healthy: list[RecordedRun], min_step: int,
+                    consecutive: int, pad: float) -> dict[str, dict]:  # fmt: skip
+    """Per family: post-onset exits, raw leads, share of runs moved, false (pre-onset) exits."""
+    out = {f: {"exits": [], "leads": [], "moved": 0, "false_exits": 0} for f in FAMILIES}
+    for run in group:
+        is_healthy = run.labels.get("scenario") == "healthy"
+        onset = 0 if is_healthy else run.labels.get("onset") or 0
+        anywhere = family_exits(run, healthy, min_step, consecutive, pad)
+        after = family_exits(run, healthy, max(min_step, onset), consecutive, pad)
+        end = _end_of(run)
+        for family, fig in out.items():
+            first, post = anywhere[family], after[family]
+            if first is not None and (is_healthy or first < onset):
+                fig["false_exits"] += 1
+            if is_healthy or post is None:
+                continue
+            fig["exits"].append(post)
+            if end is None or post < end:
+                fig["moved"] += 1
+            if run.divergence_step is not None and post < run.divergence_step:
+                fig["leads"].append(run.divergence_step - post)
+    for fig in out.values():
+        fig["moved_share"] = fig.pop("moved") / len(group)
+    return out
+
+
+def analyse(runs: list[RecordedRun], min_step: int, consecutive: int, pad: float) -> dict:
     healthy = [r for r in runs if r.labels.get("scenario") == "healthy"]
     by_scenario: dict[str, list[RecordedRun]] = defaultdict(list)
     for run in runs:
         by_scenario[run.labels.get("scenario", "?")].append(run)
     figures: dict[str, dict] = {}
-    for scenario in sorted(
-        by_scenario,
-        key=lambda s: (
-            s not in SCENARIO_ORDER,
-            SCENARIO_ORDER.index(s) if s in SCENARIO_ORDER else 0,
-            s,
-        ),
-    ):
+    for scenario in sorted(by_scenario, key=_scenario_rank):
         group = by_scenario[scenario]
         divs = [r.divergence_step for r in group if r.divergence_step is not None]
-        entry = {"runs": len(group), "diverged": len(divs), "divergence": divs, "families": {}}
-        for family in FAMILIES:
-            exits, leads, moved, false_exits = [], [], 0, 0
-            for run in group:
-                exit_step = family_exits(run, healthy, min_step, consecutive)[family]
-                onset = run.labels.get("onset") or 0
-                end = run.divergence_step
-                if end is None and run.end is not None:
-                    end = run.end.get("last_step", 10**9) + 1
-                if exit_step is None:
-                    continue
-                exits.append(exit_step)
-                if exit_step < onset:
-                    false_exits += 1
-                elif end is None or exit_step < end:
-                    moved += 1
-                if run.divergence_step is not None and exit_step < run.divergence_step:
-                    leads.append(run.divergence_step - exit_step)
-            entry["families"][family] = {
-                "exits": exits, "leads": leads, "moved_share": moved / len(group),
-                "false_exits": false_exits,
-            }  # fmt: skip
-        figures[scenario] = entry
+        figures[scenario] = {
+            "runs": len(group), "diverged": len(divs), "divergence": divs,
+            "cpu_seconds": [r.end.get("cpu_seconds") for r in group if r.end],
+            "families": _family_figures(group, healthy, min_step, consecutive, pad),
+        }  # fmt: skip
     return figures
+
+
+def _scenario_rank(scenario: str) -> tuple[int, str]:
+    known = scenario in SCENARIOS
+    return (SCENARIOS.index(scenario) if known else len(SCENARIOS), scenario)
 
 
 def print_tables(figures: dict) -> None:
@@ -88,7 +100,7 @@ def print_tables(figures: dict) -> None:
             fam = entry["families"][family]
             row.append(_fmt_range(fam["exits"]))
         rows.append(row)
-    print("First band exit per family, median [range] over runs (steps):")
+    print("First band exit per family at or after the onset, median [range] over runs (steps):")
     print(format_table(["scenario", "diverged", "divergence step", *FAMILIES], rows))
     print()
     rows = []
@@ -141,14 +153,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--scenarios", default=",".join(SCENARIO_ORDER))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--min-step", type=int, default=100)
-    parser.add_argument("--consecutive", type=int, default=3)
+    parser.add_argument("--consecutive", type=int, default=5)
+    parser.add_argument("--pad", type=float, default=1.0, help="band widening, × its width")
     args = parser.parse_args()
     directory = args.generate or args.runs
     if args.generate:
         generate(args.generate, args.seeds, args.steps, args.scenarios.split(","), args.jobs)
     runs = [load_run(p) for p in shipped_runs(directory)]
+    unfinished = [r.run_id for r in runs if r.end is None]
+    if unfinished:
+        print(f"skipping runs without an end record: {unfinished}", file=sys.stderr)
+    runs = [r for r in runs if r.end is not None]
     if args.quick:
         kept: dict[str, int] = defaultdict(int)
         quick = []
@@ -160,14 +177,14 @@ def main() -> None:
         runs = quick
     if not runs:
         raise SystemExit("no recorded runs found; use --generate DIR")
-    figures = analyse(runs, args.min_step, args.consecutive)
+    figures = analyse(runs, args.min_step, args.consecutive, args.pad)
     print_tables(figures)
     cpu = [r.end["cpu_seconds"] for r in runs if r.end and "cpu_seconds" in r.end]
     print(f"\nruns: {len(runs)}; CPU per run: median {statistics.median(cpu):.0f} s "
           f"[{min(cpu):.0f}–{max(cpu):.0f}]" if cpu else "")  # fmt: skip
     emit_json({
         "runs": len(runs), "cpu_seconds_median": statistics.median(cpu) if cpu else None,
-        "band": {"pad": 0.5, "consecutive": args.consecutive, "min_step": args.min_step},
+        "band": {"pad": args.pad, "consecutive": args.consecutive, "min_step": args.min_step},
         "scenarios": figures,
     })  # fmt: skip
 

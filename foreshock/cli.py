@@ -14,26 +14,26 @@ __all__ = ["main"]
 
 def _smoke(args: argparse.Namespace) -> int:
     try:
-        from foreshock.producers.smoke import SmokeConfig, run_smoke, summary_table
+        from foreshock.producers.smoke import run_smoke, summary_table
     except ModuleNotFoundError as exc:
         if exc.name == "torch":
             print("foreshock smoke needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
             return 2
         raise
-    config = SmokeConfig(steps=args.steps, every=args.every, seed=args.seed, out=args.out)
-    print(f"foreshock smoke: {config.steps} steps, every {config.every}, seed {config.seed}")
-    result = run_smoke(config)
-    print(result.discovery)
+    print(f"foreshock smoke: {args.steps} steps, every {args.every}, seed {args.seed}")
+    result, run = run_smoke(args.steps, args.every, args.seed, args.out)
+    print(run.start["monitor"]["discovery"])
     print()
-    print(summary_table(result.records))
+    print(summary_table(run.records))
     print()
-    share = result.monitor_seconds / max(result.train_seconds, 1e-9)
+    errors = run.end["monitor_errors"]
+    monitor_s = run.end["monitor_seconds"]
     print(
-        f"records: {len(result.records)} -> {result.path}   errors: {result.errors}   "
-        f"training: {result.train_seconds:.1f} s   monitor: {result.monitor_seconds:.2f} s "
-        f"({share:.2%} of training time)"
+        f"records: {len(run.records)} -> {result.path}   errors: {errors}   "
+        f"training: {result.wall_seconds:.1f} s   monitor: {monitor_s:.2f} s "
+        f"({monitor_s / max(result.wall_seconds, 1e-9):.2%} of training time)"
     )
-    return 1 if result.errors or not result.records else 0
+    return 1 if errors or not run.records else 0
 
 
 def _lab_run(args: argparse.Namespace) -> int:

@@ -3,10 +3,11 @@
 Deliberately simple and detector-free, to measure what the monitors carry before any tuning.
 For a series (one per layer/router; families in FAMILIES) and a monitoring step s, the healthy
 band is [lo − w, hi + w], with lo, hi the min and max of the *other* healthy runs at s
-(leave-one-out, so healthy runs are scored fairly) and w = 0.5·(hi − lo). A run leaves the band
-at the first step s ≥ ``min_step`` from which it stays outside for ``consecutive`` checks in a
-row (a null value counts as outside); a family's exit is the earliest exit of its series.
-Torch-free.
+(leave-one-out, so healthy runs are scored fairly) and w = pad·(hi − lo), pad = 1 by default.
+A run leaves the band at the first step s ≥ ``min_step`` from which it stays outside for
+``consecutive`` checks in a row (a null value counts as outside); a family's exit is the
+earliest exit of its series. A step needs values from at least two other healthy runs (one, if
+only one exists). Torch-free.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ FAMILIES = {
 
 
 def band_exit(
-    run: RecordedRun, key: str, healthy: list[RecordedRun], min_step: int, consecutive: int
+    run: RecordedRun,
+    key: str,
+    healthy: list[RecordedRun],
+    min_step: int,
+    consecutive: int,
+    pad: float = 1.0,
 ) -> int | None:
     others = [h for h in healthy if h.run_id != run.run_id]
     if not others:
@@ -41,11 +47,11 @@ def band_exit(
                 bands[step].append(value)
     streak_start, streak = None, 0
     for step, value in zip(*run.series(key), strict=True):
-        if step < min_step or len(bands.get(step, ())) < len(others):
+        if step < min_step or len(bands.get(step, ())) < min(2, len(others)):
             continue
         lo, hi = min(bands[step]), max(bands[step])
-        pad = 0.5 * (hi - lo)
-        outside = value is None or not (lo - pad <= value <= hi + pad)
+        width = pad * (hi - lo)
+        outside = value is None or not (lo - width <= value <= hi + width)
         if outside:
             streak_start = step if streak == 0 else streak_start
             streak += 1
@@ -57,13 +63,17 @@ def band_exit(
 
 
 def family_exits(
-    run: RecordedRun, healthy: list[RecordedRun], min_step: int, consecutive: int
+    run: RecordedRun,
+    healthy: list[RecordedRun],
+    min_step: int,
+    consecutive: int,
+    pad: float = 1.0,
 ) -> dict[str, int | None]:
     keys = run.keys()
     exits = {}
     for family, pattern in FAMILIES.items():
         found = [
-            band_exit(run, key, healthy, min_step, consecutive)
+            band_exit(run, key, healthy, min_step, consecutive, pad)
             for key in keys
             if re.match(pattern, key)
         ]

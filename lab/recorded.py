@@ -67,7 +67,10 @@ def load_run(path: str | Path) -> RecordedRun:
     path = Path(path)
     start, end, records = None, None, []
     for line in _lines(path):
-        record = json.loads(line)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn line (a run cut short while writing)
         kind = record.get("kind")
         if kind == "start":
             start = record
@@ -82,6 +85,6 @@ def load_run(path: str | Path) -> RecordedRun:
 
 
 def shipped_runs(directory: str | Path | None = None) -> list[Path]:
-    """Paths of the recorded runs in ``directory`` (default: the ones shipped with foreshock)."""
+    """Paths of the finished, gzipped runs in ``directory`` (default: those shipped)."""
     root = Path(directory) if directory is not None else RECORDED_DIR
-    return sorted([*root.glob("*.jsonl.gz"), *root.glob("*.jsonl")])
+    return sorted(root.glob("*.jsonl.gz"))

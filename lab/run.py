@@ -7,6 +7,7 @@ and an ``end`` record (status, divergence step by :mod:`foreshock.lab.divergence
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -112,10 +113,11 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
     for i, block in enumerate(model.h):
         block.attn.logit_observer = lambda s, n=f"h.{i}.attn": monitor.observe_max_logit(n, s)
     sink.write({"schema": RUN_SCHEMA, "kind": "start", "run_id": config.run_id,
-                "time": time.time(), "labels": _labels(config)})  # fmt: skip
+                "time": time.time(), "labels": _labels(config),
+                "monitor": monitor.describe()})  # fmt: skip
     bar = _Progress(config.steps, progress)
     losses: list[float] = []
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, monitor_seconds = time.process_time(), time.perf_counter(), 0.0
     for step in range(config.steps):
         fault = config.fault
         fault.apply_attention(model, step)
@@ -126,7 +128,9 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
         _, loss = model(x, y)
         loss.backward()
         optimizer.step()
+        tick = time.perf_counter()
         monitor.step(step, loss=loss)
+        monitor_seconds += time.perf_counter() - tick
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         bar.update(step, losses[-1])
@@ -140,12 +144,14 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
         "status": "diverged" if diverged_at is not None else "finished",
         "divergence_step": diverged_at, "last_step": len(losses) - 1,
         "records": monitor.records_written, "monitor_errors": monitor.errors,
-        "final_loss": _finite(losses[-1]), "best_loss": min(losses),
+        "final_loss": _finite(losses[-1]),
+        "best_loss": min((x for x in losses if math.isfinite(x)), default=None),
         "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2),
+        "monitor_seconds": round(monitor_seconds, 3),
     })  # fmt: skip
     monitor.close()
     return LabResult(config.run_id, path, diverged_at, losses, cpu, wall)
 
 
 def _finite(value: float) -> float | None:
-    return value if value == value and abs(value) != float("inf") else None
+    return value if math.isfinite(value) else None

@@ -56,7 +56,9 @@ def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "attn.d2.entropy_mean@h.0.attn" in done.stdout
     assert "router.token_entropy_norm@h.0.mlp.gate" in done.stdout
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["kind"] == "start" and lines[-1]["kind"] == "end"
+    records = lines[1:-1]
     assert [r["step"] for r in records] == [0, 5, 10, 15, 20]
     assert "attn.d2.entropy_mean@h.1.attn" not in records[0]["values"]  # no snapshot yet
     assert 0.0 <= records[-1]["values"]["attn.d2.entropy_mean@h.1.attn"] <= 1.0
