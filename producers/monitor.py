@@ -190,20 +190,32 @@ class Monitor:
             self._fail(step, exc)
             return None
         finally:
-            for acc in self._accumulators.values():
-                acc.reset()
-            self._max_logits.clear()
+            if self._armed:  # only an armed step gathered anything
+                for acc in self._accumulators.values():
+                    acc.reset()
+                self._max_logits.clear()
             self._armed = (step + 1) % self.config.every == 0
 
     def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
-        chunks = attention_chunks(self.discovery.attention, self._snapshots, self.config)
+        flags: set[str] = set()
+        chunks: list[tuple[list[str], torch.Tensor]] = []
+
+        def gather(part: str, make: Any) -> None:
+            try:  # one failing part (e.g. an eigen-solver) loses only its own values
+                made = make()
+                chunks.extend(made if isinstance(made, list) else [made])
+            except Exception as exc:
+                self._fail_part(step, part, exc)
+                flags.add(f"monitor_error@{part}")
+
+        gather("attention", lambda: attention_chunks(
+            self.discovery.attention, self._snapshots, self.config))  # fmt: skip
         for router in self.discovery.routers:
-            chunks.append(router_chunk(router, self._accumulators.get(router.name)))
-        chunks.append(symptom_chunk(self._params, loss, self._max_logits))
+            gather(router.name, lambda r=router: router_chunk(r, self._accumulators.get(r.name)))
+        gather("symptoms", lambda: symptom_chunk(self._params, loss, self._max_logits))
         keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
         values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
         out: dict[str, float | None] = {}
-        flags: set[str] = set()
         for key, value in zip(keys, values, strict=True):
             if value != value or value in (float("inf"), float("-inf")):
                 module = parse_series_key(key).module
@@ -221,6 +233,11 @@ class Monitor:
             "values": out,
             "flags": sorted(flags),
         }
+
+    def _fail_part(self, step: int, part: str, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors <= 3:
+            log.warning("foreshock monitor: %s failed at step %s: %r", part, step, exc)
 
     def _fail(self, step: int, exc: Exception) -> None:
         self.errors += 1

@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 WORLD = 2
 STEPS = 12
 EVERY = 5
-TIMEOUT_S = 50
+TIMEOUT_S = 120
 EMIT_RANKS = ("zero", "all")
 
 
