@@ -45,7 +45,11 @@ def _lab_run(args: argparse.Namespace) -> int:
             print("foreshock lab needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
             return 2
         raise
-    fault = Fault.default(args.scenario, args.onset, args.magnitude)
+    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    fault = Fault.default(
+        args.scenario, args.onset, args.magnitude,
+        ramp=args.ramp, bits=args.bits, layers=layers, lr_target=args.lr_target,
+    )  # fmt: skip
     config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every)
     result = run_lab(config, args.out, progress=not args.quiet)
     diverged = result.divergence_step is not None
@@ -68,6 +72,13 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     run.add_argument("--onset", type=int, help="fault onset step (scenario default)")
     run.add_argument("--magnitude", type=float, help="fault magnitude (scenario default)")
+    run.add_argument("--ramp", type=int, default=1000, help="lr-high: ramp steps (default 1000)")
+    run.add_argument("--bits", type=int, default=1, help="combined: mantissa bits (default 1)")
+    run.add_argument("--layers", help="fa-*: comma-separated attention layers (default all)")
+    run.add_argument(
+        "--lr-target", choices=("model", "router"), default="model",
+        help="lr-high: raise every learning rate (model) or only the routers' (router)",
+    )  # fmt: skip
     run.add_argument("--every", type=int, default=25, help="monitor every δ steps (default 25)")
     run.add_argument("--out", required=True, help="JSON Lines output path")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

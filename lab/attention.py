@@ -83,7 +83,9 @@ class _FlashAttention(torch.autograd.Function):
         out_for_d = out if lowp is None else round_mantissa(out, lowp.mantissa_bits, lowp.rounding)
         ctx.save_for_backward(q, k, v, p, out_for_d)
         ctx.scale = scale
-        return out, scores.detach().amax()
+        max_logit = scores.detach().amax()
+        ctx.mark_non_differentiable(max_logit)
+        return out, max_logit
 
     @staticmethod
     def backward(ctx, d_out, _d_max):

@@ -9,7 +9,8 @@ healthy    nothing                                                         —
 fa-lowprec backward's D = rowsum(dO∘O) uses O truncated toward zero         mantissa bits m
 fa-noise   same place, round-to-nearest-even (unbiased control)            mantissa bits m
 lr-high    whole-model learning rate ramps geometrically ×1 → ×magnitude   final factor
-           over ``ramp`` steps (a schedule drifting to a too-high peak)
+           over ``ramp`` steps (a schedule drifting to a too-high peak);
+           ``lr_target="router"`` raises only the routers' learning rate
 gbs-small  global batch size divided by magnitude                          divisor
 combined   fa-lowprec (``bits``) and lr-high (magnitude) together          LR factor
 ========== ============================================================== ===================
@@ -49,6 +50,7 @@ class Fault:
     ramp: int = 1000  # lr-high/combined: steps from ×1 to ×magnitude
     bits: int = 1  # combined: the fa-lowprec mantissa bits
     layers: tuple[int, ...] | None = None  # fa-*: which attention layers (None = all)
+    lr_target: str = "model"  # lr-high/combined: "model" (every parameter) or "router" only
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -59,12 +61,22 @@ class Fault:
             raise ValueError(f"{self.scenario}: magnitude is mantissa bits in [0, 23]")
         if self.scenario in ("lr-high", "combined", "gbs-small") and self.magnitude < 1:
             raise ValueError(f"{self.scenario}: magnitude is a factor >= 1")
+        if self.scenario.startswith("fa-") and self.magnitude != int(self.magnitude):
+            raise ValueError(f"{self.scenario}: mantissa bits must be whole, got {self.magnitude}")
+        if not 0 <= self.bits <= 23:
+            raise ValueError(f"bits must be in [0, 23], got {self.bits}")
+        if self.lr_target not in ("model", "router"):
+            raise ValueError(f"lr_target must be 'model' or 'router', got {self.lr_target!r}")
 
     @classmethod
-    def default(cls, scenario: str, onset: int | None = None, magnitude: float | None = None):
+    def default(
+        cls, scenario: str, onset: int | None = None, magnitude: float | None = None, **more: Any
+    ) -> Fault:
+        """The scenario with its default onset and magnitude unless given; ``more`` sets the
+        other fields (ramp, bits, layers, lr_target)."""
         d_onset, d_mag = DEFAULTS.get(scenario, (0, 0.0))
         return cls(scenario, d_onset if onset is None else onset,
-                   d_mag if magnitude is None else magnitude)  # fmt: skip
+                   d_mag if magnitude is None else magnitude, **more)  # fmt: skip
 
     def labels(self) -> dict[str, Any]:
         return asdict(self)

@@ -97,6 +97,18 @@ def _labels(config: RunConfig) -> dict[str, Any]:
     }
 
 
+def _param_groups(model: GPT, fault: Fault) -> list[dict[str, Any]] | Any:
+    """One group, or — for a router-only learning-rate fault — routers apart from the rest."""
+    if fault.lr_target != "router":
+        return model.parameters()
+    routers = {id(b.mlp.gate.weight): b.mlp.gate.weight for b in model.h if hasattr(b.mlp, "gate")}
+    rest = [p for p in model.parameters() if id(p) not in routers]
+    return [
+        {"params": list(routers.values()), "faulted": True},
+        {"params": rest, "faulted": False},
+    ]
+
+
 def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabResult:
     """Train one run and write it to ``out`` (replaced if present)."""
     torch.set_num_threads(1)
@@ -106,7 +118,7 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
     sink = JsonlSink(path)
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        _param_groups(model, config.fault), lr=config.lr, weight_decay=config.weight_decay
     )
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
     monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
@@ -122,7 +134,8 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
         fault = config.fault
         fault.apply_attention(model, step)
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * fault.lr_factor(step)
+            factor = fault.lr_factor(step) if group.get("faulted", True) else 1.0
+            group["lr"] = config.lr * factor
         batches.batch_size = fault.batch_size(config.batch_size, step)
         x, y = batches.next()
         _, loss = model(x, y)

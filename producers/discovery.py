@@ -165,6 +165,18 @@ def _router_spec(name: str, module: nn.Module) -> RouterSpec | str | None:
     return None
 
 
+def _centring_norm_note(name: str, module: nn.Module) -> str | None:
+    for q_name, _ in _QK_NORMS:
+        norm = getattr(module, q_name, None)
+        if isinstance(norm, nn.LayerNorm | nn.GroupNorm):
+            kind = type(norm).__name__
+            return (
+                f"{name}: {q_name} is a centring norm ({kind}); only its scale is folded, "
+                "the mean-centring and bias are not (approximate)"
+            )
+    return None
+
+
 def discover(model: nn.Module) -> Discovery:
     """Walk ``model.named_modules()`` and collect every recognised attention layer and router.
 
@@ -182,6 +194,9 @@ def discover(model: nn.Module) -> Discovery:
                 found.skipped.append(spec)
             elif isinstance(spec, AttentionSpec):
                 found.attention.append(spec)
+                note = _centring_norm_note(name, module)
+                if note:
+                    found.skipped.append(note)
             elif isinstance(spec, RouterSpec):
                 if spec.top_k is None:
                     found.skipped.append(

@@ -8,9 +8,10 @@ W_q^h, W_k^h ∈ R^{d'×d_h} of the bilinear form x M^h xᵀ that produces atten
 * Bias, treated in homogeneous coordinates: x W + b = [x, 1] [W; b], so the bias is one more
   input row of W (d' = d + 1). That keeps the score form x̃ M x̃ᵀ exact, including the
   key-dependent term b_q W_kᵀ xᵀ that a bias adds to the scores.
-* QK-norm: q = norm(x W_q) ⊙ g_q. The normalization only rescales each token's row, so the
-  learnable scale is folded in: W_q^h diag(g_q^h) (likewise for k). Its updates then count as
-  updates of the circuit.
+* QK-norm: q = norm(x W_q) ⊙ g_q. An RMS norm only rescales each token's row, so the
+  learnable scale is folded in: W_q^h diag(g_q^h) (likewise for k), in float32. Its updates
+  then count as updates of the circuit. A LayerNorm-type q/k norm also centres the row and may
+  add a bias; those are not folded (discovery says so in ``skipped``).
 * Rotary position embeddings act after the projections and are not part of W_q, W_k.
 """
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .spectra import compute_dtype
 
 __all__ = ["AttentionSpec", "RouterSpec", "linear_out_in"]
 
@@ -87,7 +90,8 @@ class AttentionSpec:
         return linear_out_in(weight, self.transposed)[rows]
 
     def heads(self, which: str) -> torch.Tensor:
-        """Effective per-head factors, shape (heads, d', d_h), detached, parameter dtype."""
+        """Effective per-head factors (heads, d', d_h), detached; parameter dtype, or float32
+        when a QK-norm scale is folded in."""
         n = self.n_heads if which == "q" else self.n_kv_heads
         bias, rows = (self.q_bias, self.q_rows) if which == "q" else (self.k_bias, self.k_rows)
         scale = self.q_scale if which == "q" else self.k_scale
@@ -98,8 +102,9 @@ class AttentionSpec:
             if bias is not None or other_bias is not None:
                 b = bias.detach()[rows] if bias is not None else w.new_zeros(n * self.head_dim)
                 heads = torch.cat([heads, b.reshape(n, 1, self.head_dim)], dim=1)
-            if scale is not None:
-                heads = heads * scale.detach().reshape(-1, 1, self.head_dim)
+            if scale is not None:  # folded in float32: bf16 rounding of W·g would swamp ΔW
+                dtype = compute_dtype(heads)
+                heads = heads.to(dtype) * scale.detach().to(dtype).reshape(-1, 1, self.head_dim)
             return heads
 
 

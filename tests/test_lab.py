@@ -10,7 +10,7 @@ from foreshock.lab.attention import LowPrecision, flash_attention, round_mantiss
 from foreshock.lab.divergence import DivergenceRule, divergence_step
 from foreshock.lab.faults import Fault
 from foreshock.lab.model import GPT, GPTConfig
-from foreshock.lab.run import RunConfig, run_lab
+from foreshock.lab.run import RunConfig, _param_groups, run_lab
 
 torch.set_num_threads(1)
 
@@ -138,3 +138,13 @@ def test_lab_run_writes_labelled_records(tmp_path) -> None:
     assert end["kind"] == "end" and end["last_step"] == 40
     assert end["divergence_step"] == result.divergence_step
     assert len(result.losses) == 41 and end["monitor_errors"] == 0
+
+
+def test_router_only_learning_rate_fault_targets_only_the_gates() -> None:
+    model = GPT(TINY)
+    groups = _param_groups(model, Fault("lr-high", magnitude=10, lr_target="router"))
+    router_ids = {id(block.mlp.gate.weight) for block in model.h}
+    assert {id(p) for p in groups[0]["params"]} == router_ids and groups[0]["faulted"]
+    assert not groups[1]["faulted"]
+    assert router_ids.isdisjoint(id(p) for p in groups[1]["params"])
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(list(model.parameters()))
