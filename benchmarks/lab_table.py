@@ -47,7 +47,10 @@ def _end_of(run: RecordedRun) -> int | None:
 def _family_figures(group: list[RecordedRun], healthy: list[RecordedRun], min_step: int,
                     consecutive: int, pad: float) -> dict[str, dict]:  # fmt: skip
     """Per family: post-onset exits, raw leads, share of runs moved, false (pre-onset) exits."""
-    out = {f: {"exits": [], "leads": [], "moved": 0, "false_exits": 0} for f in FAMILIES}
+    out = {
+        f: {"exits": [], "leads": [], "moved": 0, "false_exits": 0, "directions": [], "where": []}
+        for f in FAMILIES
+    }
     for run in group:
         is_healthy = run.labels.get("scenario") == "healthy"
         onset = 0 if is_healthy else run.labels.get("onset") or 0
@@ -55,12 +58,15 @@ def _family_figures(group: list[RecordedRun], healthy: list[RecordedRun], min_st
         after = family_exits(run, healthy, max(min_step, onset), consecutive, pad)
         end = _end_of(run)
         for family, fig in out.items():
-            first, post = anywhere[family], after[family]
-            if first is not None and (is_healthy or first < onset):
+            first, exit_ = anywhere[family], after[family]
+            if first is not None and (is_healthy or first.step < onset):
                 fig["false_exits"] += 1
-            if is_healthy or post is None:
+            if is_healthy or exit_ is None:
                 continue
+            post = exit_.step
             fig["exits"].append(post)
+            fig["directions"].append(exit_.direction)
+            fig["where"].append(exit_.key)
             if end is None or post < end:
                 fig["moved"] += 1
             if run.divergence_step is not None and post < run.divergence_step:
@@ -113,14 +119,18 @@ def print_tables(figures: dict) -> None:
     print("Raw lead time = divergence − first exit, median [range] (diverged runs only):")
     print(format_table(["scenario", *FAMILIES], rows))
     print()
-    rows = [
-        [s, *(f"{e['families'][f]['moved_share']:.2f} ({e['families'][f]['false_exits']})"
-              for f in FAMILIES)]
-        for s, e in figures.items()
-    ]  # fmt: skip
-    print("Orthogonality: share of runs whose family exits after onset, before divergence/end")
-    print("(in parentheses: runs whose family exited before the onset — false exits):")
+    rows = [[s, *(_moved_cell(e["families"][f]) for f in FAMILIES)] for s, e in figures.items()]
+    print("Orthogonality: share of runs whose family exits after onset, before divergence/end;")
+    print("(n) runs whose family exited before the onset or, for healthy runs, at all (false")
+    print("exits); arrows: direction of the post-onset exits (v below, ^ above the band):")
     print(format_table(["scenario", *FAMILIES], rows))
+
+
+def _moved_cell(fig: dict) -> str:
+    arrows = "".join(
+        sorted({"below": "v", "above": "^", "null": "x"}[d] for d in fig["directions"])
+    )
+    return f"{fig['moved_share']:.2f} ({fig['false_exits']}) {arrows}".rstrip()
 
 
 def generate(directory: Path, seeds: int, steps: int, scenarios: list[str], jobs: int) -> None:

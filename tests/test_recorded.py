@@ -52,8 +52,8 @@ def test_band_exit_rule(tmp_path: Path) -> None:
     ]  # band: [0.30, 0.32] padded by its width 0.02 -> [0.28, 0.34]
     dip = [0.31] * 20 + [0.25] + [0.31] * 4 + [0.2] * 15  # one-check dip, then a collapse at 250
     faulty = load_run(_write_run(tmp_path / "f.jsonl.gz", "f", "fa-lowprec", dip, onset=100))
-    assert band_exit(faulty, key, healthy, min_step=0, consecutive=3) == 250
-    assert band_exit(faulty, key, healthy, min_step=0, consecutive=1) == 200
+    assert band_exit(faulty, key, healthy, min_step=0, consecutive=3) == (250, "below", key)
+    assert band_exit(faulty, key, healthy, min_step=0, consecutive=1).step == 200
     assert band_exit(healthy[1], key, healthy, min_step=0, consecutive=1) is None
 
 
