@@ -12,7 +12,7 @@ per scenario and family, the share of runs whose family exits at or after the on
 the divergence (or the end of the run): which family moves under which fault.
 
 ``--generate DIR`` trains the runs first (``--seeds``, ``--steps``; two processes at a time):
-long. Without it the table reads recorded runs (default: the ones shipped in lab/recorded).
+long. Without it the table reads recorded runs (default: the ones shipped in lab/runs).
 """
 
 from __future__ import annotations

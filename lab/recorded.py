@@ -1,7 +1,7 @@
 """Recorded lab runs: read a run written by ``foreshock lab run`` (plain or gzipped JSON Lines).
 
 Torch-free: detectors, storage, the dashboard and tests replay recorded runs without training.
-The runs shipped with foreshock live in ``lab/recorded/`` (see its README for how they were
+The runs shipped with foreshock live in ``lab/runs/`` (see its README for how they were
 made); ``shipped_runs()`` lists them.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["RECORDED_DIR", "RecordedRun", "load_run", "shipped_runs"]
 
-RECORDED_DIR = Path(__file__).parent / "recorded"
+RECORDED_DIR = Path(__file__).parent / "runs"
 
 
 @dataclass

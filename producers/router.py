@@ -104,8 +104,14 @@ def conditioning_ratio(weight: torch.Tensor) -> torch.Tensor:
 
 
 def cosine_lower_bound(eps: torch.Tensor) -> torch.Tensor:
-    """The pairwise-cosine floor 1 − 2ε² implied by a conditioning ratio ε (see above)."""
-    return 1.0 - 2.0 * eps.square()
+    """The pairwise-cosine floor max(1 − 2ε², −1) implied by a conditioning ratio ε (see above).
+
+    For ε ≥ 1 the bound says nothing, and the floor is the trivial −1.
+
+    >>> cosine_lower_bound(torch.tensor([0.1, 3.0])).tolist()
+    [0.9800000190734863, -1.0]
+    """
+    return (1.0 - 2.0 * eps.square()).clamp_min(-1.0)
 
 
 class RoutingAccumulator:
@@ -145,6 +151,7 @@ class RoutingAccumulator:
         """Add a batch of router logits, shape (..., E)."""
         logits = logits.detach().reshape(-1, self.n_experts)
         h = token_entropy(logits) / math.log(self.n_experts)  # (tokens,) in [0, 1]
+        h = h.clamp(0.0, 1.0)  # round-off just past an edge would fall out of the histogram
         hist = torch.histc(h, bins=self.bins, min=0.0, max=1.0)
         load = None
         if self.top_k is not None:

@@ -66,3 +66,21 @@ def test_recorded_runs_need_no_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_shipped_runs_meet_the_lab_acceptance() -> None:
+    """The recorded runs that ship: healthy and fa-noise never diverge, the faults do."""
+    runs = [load_run(p) for p in shipped_runs()]
+    by_scenario: dict[str, list] = {}
+    for run in runs:
+        assert run.end is not None, run.run_id
+        assert {"scenario", "seed", "onset", "magnitude"} <= set(run.labels), run.run_id
+        by_scenario.setdefault(run.labels["scenario"], []).append(run)
+    for scenario in ("healthy", "fa-lowprec", "lr-high"):
+        assert len(by_scenario[scenario]) >= 5, scenario
+    for scenario in ("healthy", "fa-noise"):
+        assert all(r.divergence_step is None for r in by_scenario[scenario]), scenario
+    for scenario in ("fa-lowprec", "lr-high"):
+        for run in by_scenario[scenario]:
+            assert run.divergence_step is not None, run.run_id
+            assert run.divergence_step > run.labels["onset"], run.run_id
