@@ -1,1 +1,1 @@
-"""The fault-injection lab: a small GPT-MoE trained on CPU, and (later) its faults."""
+"""The fault-injection lab: a small GPT-MoE trained on CPU, its faults, runs and recordings."""

@@ -25,6 +25,10 @@ class DivergenceRule:
     ema: float = 0.05  # EMA weight of the newest loss
     warmup: int = 100  # steps before which no divergence can start
 
+    def __post_init__(self) -> None:
+        if self.margin <= 0 or self.patience < 1 or not 0 < self.ema <= 1 or self.warmup < 0:
+            raise ValueError(f"invalid divergence rule: {self}")
+
 
 def divergence_step(
     losses: Iterable[float], rule: DivergenceRule = DivergenceRule(), first_step: int = 0
