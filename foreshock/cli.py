@@ -5,21 +5,33 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from foreshock import __version__
 
 __all__ = ["main"]
 
 
-def _smoke(args: argparse.Namespace) -> int:
-    try:
-        from foreshock.producers.smoke import run_smoke, summary_table
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch":
-            print("foreshock smoke needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
+def _needs_torch(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """Run a torch-side subcommand; without torch, say how to install it (exit 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            print(f"foreshock {args.command} needs torch: pip install 'foreshock[torch]'",
+                  file=sys.stderr)  # fmt: skip
             return 2
-        raise
+
+    return run
+
+
+@_needs_torch
+def _smoke(args: argparse.Namespace) -> int:
+    from foreshock.producers.smoke import run_smoke, summary_table
+
     print(f"foreshock smoke: {args.steps} steps, every {args.every}, seed {args.seed}")
     result, run = run_smoke(args.steps, args.every, args.seed, args.out)
     print(run.start["monitor"]["discovery"])
@@ -36,15 +48,11 @@ def _smoke(args: argparse.Namespace) -> int:
     return 1 if errors or not run.records else 0
 
 
+@_needs_torch
 def _lab_run(args: argparse.Namespace) -> int:
-    try:
-        from foreshock.lab.faults import Fault
-        from foreshock.lab.run import RunConfig, run_lab
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch":
-            print("foreshock lab needs torch: pip install 'foreshock[torch]'", file=sys.stderr)
-            return 2
-        raise
+    from foreshock.lab.faults import Fault
+    from foreshock.lab.run import RunConfig, run_lab
+
     layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
     fault = Fault.default(
         args.scenario, args.onset, args.magnitude,

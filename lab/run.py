@@ -18,6 +18,7 @@ import torch
 
 from foreshock import __version__
 from foreshock.producers.monitor import Monitor, MonitorConfig
+from foreshock.producers.records import finite_or_none
 from foreshock.producers.sinks import JsonlSink
 
 from .data import ByteBatches, stdlib_bytes
@@ -157,14 +158,10 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
         "status": "diverged" if diverged_at is not None else "finished",
         "divergence_step": diverged_at, "last_step": len(losses) - 1,
         "records": monitor.records_written, "monitor_errors": monitor.errors,
-        "final_loss": _finite(losses[-1]),
+        "final_loss": finite_or_none(losses[-1]),
         "best_loss": min((x for x in losses if math.isfinite(x)), default=None),
         "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2),
         "monitor_seconds": round(monitor_seconds, 3),
     })  # fmt: skip
     monitor.close()
     return LabResult(config.run_id, path, diverged_at, losses, cpu, wall)
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
