@@ -9,7 +9,8 @@ Per head h, attention scores are ∝ x W_q^h (x W_k^h)ᵀ = x M^h xᵀ with M^h 
 the query/key gradients. Both are products A Bᵀ of thin d×r factors (r = 2·d_h, resp. d_h).
 With thin QR A = Q_A R_A and B = Q_B R_B, A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ, so the singular values
 of the d×d product are exactly those of the small r×r core R_A R_Bᵀ: O(d r² + r³) instead of
-O(d³), and no d×d matrix is ever formed.
+O(d³), and no d×d matrix is ever formed. (R is taken from a Cholesky factorization of the
+Gram where that is well defined, see ``r_factor``; it enters only through RᵀR.)
 
 Only two QRs per layer are needed: the first d_h columns of R_A are the R factor of ΔW_q and the
 last d_h columns of R_B that of ΔW_k, so the Δ3 core is R_A[:, :d_h] R_B[:, d_h:]ᵀ for free.
@@ -25,7 +26,7 @@ import torch
 
 from .spectra import SpectrumStats, compute_dtype, spectrum_stats
 
-__all__ = ["QKSpectra", "qk_core_eigvals", "qk_increment_spectra"]
+__all__ = ["QKSpectra", "qk_core_eigvals", "qk_increment_spectra", "r_factor"]
 
 CoreMethod = Literal["eigh", "svd"]
 
@@ -35,6 +36,36 @@ class QKSpectra(NamedTuple):
 
     d2: SpectrumStats
     d3: SpectrumStats
+
+
+def r_factor(x: torch.Tensor) -> torch.Tensor:
+    """An R with RᵀR = XᵀX for a batch of d×r factors X, shape (..., min(d, r), r).
+
+    Singular values of the cores depend on each factor only through its Gram XᵀX, so any such
+    R is as good as thin QR's. Cholesky of the Gram (one batched matmul and an r×r
+    factorization) is several times faster than Householder QR on small factors; factors whose
+    Gram is not numerically positive definite (rank-deficient: a frozen W, a zero update, d < r)
+    take the Householder route (padded with zero rows to r×r when d ≥ r).
+
+    >>> x = torch.tensor([[3.0, 0.0], [4.0, 5.0]], dtype=torch.float64)
+    >>> r = r_factor(x)
+    >>> torch.allclose(r.mT @ r, x.mT @ x)
+    True
+    >>> r_factor(torch.zeros(3, 2)).abs().max().item()     # rank 0: the QR route
+    0.0
+    """
+    rows, cols = x.shape[-2], x.shape[-1]
+    if rows < cols:  # never positive definite: R is (d, r) as from thin QR
+        return torch.linalg.qr(x, mode="r").R
+    chol, info = torch.linalg.cholesky_ex(x.mT @ x)  # G = L Lᵀ
+    r = chol.mT.contiguous()
+    failed = info != 0
+    if bool(failed.any()):  # a sync; rare outside frozen layers and first steps
+        exact = torch.linalg.qr(x[failed], mode="r").R  # (n, min(d, r), r)
+        padded = exact.new_zeros(exact.shape[0], cols, cols)
+        padded[:, : exact.shape[1]] = exact
+        r[failed] = padded
+    return r
 
 
 def _core_sigma_sq(core: torch.Tensor, method: CoreMethod) -> torch.Tensor:
@@ -73,8 +104,8 @@ def qk_core_eigvals(
     dq = q_now.to(dtype) - q_before  # (..., H, d, d_h)
     dk = k_now.to(dtype) - k_before  # (..., H_kv, d, d_h)
     d_head = dq.shape[-1]
-    r_a = torch.linalg.qr(torch.cat([dq, q_before], -1), mode="r").R  # (..., H, k, 2d_h)
-    r_b = torch.linalg.qr(torch.cat([k_before, dk], -1), mode="r").R  # (..., H_kv, k, 2d_h)
+    r_a = r_factor(torch.cat([dq, q_before], -1))  # (..., H, k, 2d_h)
+    r_b = r_factor(torch.cat([k_before, dk], -1))  # (..., H_kv, k, 2d_h)
     r_b = r_b.repeat_interleave(n_heads // n_kv, dim=-3)  # (..., H, k, 2d_h)
     core2 = r_a @ r_b.mT  # (..., H, k, k)
     core3 = r_a[..., :d_head] @ r_b[..., d_head:].mT  # (..., H, k, k)
