@@ -12,12 +12,12 @@ length d), and for entropies |H − H_ref| ≤ 1e-6·max(1, |H_ref|).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from _reference import reference_stats
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -31,24 +31,6 @@ METHODS = ("eigh", "svd")
 
 
 # ---- reference ----------------------------------------------------------------------------
-
-
-def reference_stats(sigma: np.ndarray, rank_bound: int, alpha: float) -> dict[str, float]:
-    """Every statistic of one matrix from its singular values σ, in float64 numpy."""
-    total_sq = float(np.sum(sigma**2))
-    if total_sq == 0.0:
-        return dict.fromkeys(SpectrumStats._fields, 0.0)
-    weights = sigma**alpha
-    p = weights / weights.sum()
-    p = p[p > 0]
-    nats = float(-np.sum(p * np.log(p)))
-    return {
-        "entropy": nats / math.log(rank_bound) if rank_bound > 1 else 0.0,
-        "entropy_nats": nats,
-        "effective_rank": math.exp(nats),
-        "stable_rank": total_sq / float(np.max(sigma) ** 2),
-        "frobenius": math.sqrt(total_sq),
-    }
 
 
 def dense_increments(
