@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, help="directory of recorded runs")
     parser.add_argument("--generate", type=Path, help="train runs into this directory first")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--min-step", type=int, default=100)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from foreshock import __version__
+from foreshock.transport.commands import add_transport_commands
 
 __all__ = ["main"]
 
@@ -58,14 +59,25 @@ def _lab_run(args: argparse.Namespace) -> int:
         args.scenario, args.onset, args.magnitude,
         ramp=args.ramp, bits=args.bits, layers=layers, lr_target=args.lr_target,
     )  # fmt: skip
-    config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every)
-    result = run_lab(config, args.out, progress=not args.quiet)
+    config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every,
+                       after_divergence=None if args.to_horizon else 250)  # fmt: skip
+    sink = None
+    if args.kafka is not None:
+        from foreshock.producers.kafka_sink import KafkaSink
+        from foreshock.transport.settings import load_settings
+
+        settings = load_settings(args.config)
+        sink = KafkaSink(settings.with_bootstrap(args.kafka) if args.kafka else settings)
+    result = run_lab(config, args.out, progress=not args.quiet, sink=sink)
     diverged = result.divergence_step is not None
     status = f"diverged at step {result.divergence_step}" if diverged else "no divergence"
     print(
         f"{result.run_id}: {status}; final loss {result.losses[-1]:.3f}; "
-        f"{result.cpu_seconds:.0f} s CPU -> {result.path}"
+        f"{result.cpu_seconds:.0f} s CPU -> {result.path or 'kafka'}"
     )
+    if sink is not None:
+        print(f"kafka: {sink.delivered} delivered, {sink.spooled} spooled"
+              + (f" (kept in {sink.spool_path})" if sink.pending() else ""))  # fmt: skip
     return 0
 
 
@@ -77,7 +89,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     run = lab_sub.add_parser("run", help="train one labelled run with a fault scenario")
     run.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
+    run.add_argument("--steps", type=int, default=1600, help="training steps (default 1600)")
     run.add_argument("--onset", type=int, help="fault onset step (scenario default)")
     run.add_argument("--magnitude", type=float, help="fault magnitude (scenario default)")
     run.add_argument("--ramp", type=int, default=1000, help="lr-high: ramp steps (default 1000)")
@@ -88,7 +100,16 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         help="lr-high: raise every learning rate (model) or only the routers' (router)",
     )  # fmt: skip
     run.add_argument("--every", type=int, default=25, help="monitor every δ steps (default 25)")
-    run.add_argument("--out", required=True, help="JSON Lines output path")
+    run.add_argument(
+        "--to-horizon",
+        action="store_true",
+        help="keep training after a divergence (default: stop 250 steps past it)",
+    )
+    out = run.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", help="JSON Lines output path")
+    out.add_argument("--kafka", nargs="?", const="", metavar="BOOTSTRAP",
+                     help="send the run to Kafka (settings from --config/environment, or "
+                     "these bootstrap servers)")  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_lab_run)
 
@@ -99,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Early warning for LLM training runs from mechanism monitors.",
     )
     parser.add_argument("--version", action="version", version=f"foreshock {__version__}")
+    parser.add_argument("--config", help="TOML settings file (default $FORESHOCK_CONFIG)")
     sub = parser.add_subparsers(dest="command", required=True)
     smoke = sub.add_parser(
         "smoke", help="train a small GPT-MoE briefly with the monitors and print a summary"
@@ -111,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     smoke.set_defaults(func=_smoke)
     _add_lab(sub)
+    add_transport_commands(sub)
     return parser
 
 

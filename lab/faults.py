@@ -32,11 +32,11 @@ from .scenarios import SCENARIOS
 # scenario -> (onset, magnitude); chosen by the lab experiments reported in the README
 DEFAULTS: dict[str, tuple[int, float]] = {
     "healthy": (0, 0.0),
-    "fa-lowprec": (500, 1.0),
-    "fa-noise": (500, 1.0),
-    "lr-high": (500, 100.0),
-    "gbs-small": (500, 8.0),
-    "combined": (500, 100.0),
+    "fa-lowprec": (300, 1.0),
+    "fa-noise": (300, 1.0),
+    "lr-high": (300, 100.0),
+    "gbs-small": (300, 8.0),
+    "combined": (300, 100.0),
 }
 
 

@@ -84,15 +84,23 @@ class MoE(nn.Module):
         probs = F.softmax(self.gate(flat), dim=-1)  # (N, E)
         top_p, top_i = probs.topk(self.top_k, dim=-1)  # (N, k)
         top_p = top_p / top_p.sum(-1, keepdim=True)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = (top_i == e).nonzero(as_tuple=True)
-            if token.numel():
-                out.index_add_(0, token, expert(flat[token]) * top_p[token, slot, None])
+        out = self._dispatch(flat, top_i, top_p)
         # Switch balancing loss: E · Σ_e (fraction of tokens routed to e) · (mean prob of e)
         load = F.one_hot(top_i[:, 0], self.n_experts).float().mean(0)
         self.aux_loss = self.n_experts * (load * probs.mean(0)).sum()
         return out.view(B, T, C)
+
+    def _dispatch(self, flat: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor):
+        """Σ_k p_k · expert_k(x): one gather sorted by expert, one matmul pair per expert, one
+        scatter back — rather than a mask, a gather and a scatter per expert."""
+        expert_of = top_i.reshape(-1)  # (N·k,) assignment → expert
+        order = expert_of.argsort(stable=True)
+        token = order // self.top_k
+        counts = torch.bincount(expert_of, minlength=self.n_experts).tolist()
+        chunks = flat[token].split(counts)
+        y = torch.cat([expert(c) for expert, c in zip(self.experts, chunks, strict=True)])
+        y = y * top_p.reshape(-1)[order, None]
+        return torch.zeros_like(flat).index_add_(0, token, y)
 
 
 class Block(nn.Module):

@@ -18,8 +18,8 @@ import torch
 
 from foreshock import __version__
 from foreshock.producers.monitor import Monitor, MonitorConfig
-from foreshock.producers.records import finite_or_none
-from foreshock.producers.sinks import JsonlSink
+from foreshock.producers.records import RUN_SCHEMA, finite_or_none
+from foreshock.producers.sinks import JsonlSink, Sink
 
 from .data import ByteBatches, stdlib_bytes
 from .divergence import DivergenceRule, divergence_step
@@ -28,20 +28,19 @@ from .model import GPT, GPTConfig
 
 __all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "run_lab"]
 
-RUN_SCHEMA = "foreshock.run/1"
-
 
 @dataclass(frozen=True)
 class RunConfig:
     fault: Fault = field(default_factory=Fault)
     seed: int = 0
-    steps: int = 2000
+    steps: int = 1600
     every: int = 25
     batch_size: int = 16
     lr: float = 1e-3
     weight_decay: float = 0.1
     model: GPTConfig = field(default_factory=GPTConfig)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
+    after_divergence: int | None = 250  # steps kept past the divergence step; None = horizon
 
     @property
     def run_id(self) -> str:
@@ -51,7 +50,7 @@ class RunConfig:
 @dataclass
 class LabResult:
     run_id: str
-    path: Path
+    path: Path | None
     divergence_step: int | None
     losses: list[float]
     cpu_seconds: float
@@ -87,6 +86,7 @@ def _labels(config: RunConfig) -> dict[str, Any]:
         "magnitude": config.fault.magnitude if config.fault.scenario != "healthy" else None,
         "fault": config.fault.labels(),
         "steps": config.steps,
+        "after_divergence": config.after_divergence,
         "every": config.every,
         "batch_size": config.batch_size,
         "lr": config.lr,
@@ -110,16 +110,33 @@ def _param_groups(model: GPT, fault: Fault) -> list[dict[str, Any]] | Any:
     ]
 
 
-def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabResult:
-    """Train one run and write it to ``out`` (replaced if present)."""
+def _past_divergence(losses: list[float], config: RunConfig) -> bool:
+    """True once the run is ``after_divergence`` steps past its divergence step (checked every
+    25 steps: the rule rescans the whole loss history)."""
+    if config.after_divergence is None or len(losses) % 25:
+        return False
+    diverged_at = divergence_step(losses, config.divergence)
+    return diverged_at is not None and len(losses) - 1 >= diverged_at + config.after_divergence
+
+
+def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
+            sink: Sink | None = None) -> LabResult:  # fmt: skip
+    """Train one run and write it to ``sink``, or to the JSON Lines file ``out`` (replaced)."""
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # subnormal floats take a slow path on x86 CPUs
     torch.manual_seed(config.seed)
-    path = Path(out)
-    path.unlink(missing_ok=True)
-    sink = JsonlSink(path)
+    path = Path(out) if out is not None else None
+    if sink is None:
+        if path is None:
+            raise ValueError("run_lab needs an output path or a sink")
+        path.unlink(missing_ok=True)
+        sink = JsonlSink(path)
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(
-        _param_groups(model, config.fault), lr=config.lr, weight_decay=config.weight_decay
+        _param_groups(model, config.fault),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=True,  # one kernel for all parameters: ~8 % of a CPU step saved
     )
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
     monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
@@ -150,6 +167,8 @@ def run_lab(config: RunConfig, out: str | Path, progress: bool = True) -> LabRes
         bar.update(step, losses[-1])
         if len(losses) > config.divergence.warmup and not torch.isfinite(loss):
             break  # nothing more to learn from a NaN run
+        if _past_divergence(losses, config):
+            break
     bar.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     diverged_at = divergence_step(losses, config.divergence)

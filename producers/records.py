@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 __all__ = [
     "METRICS_SCHEMA",
+    "RUN_SCHEMA",
     "SeriesKey",
     "family_of",
     "finite_or_none",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 METRICS_SCHEMA = "foreshock.metrics/1"
+RUN_SCHEMA = "foreshock.run/1"  # run-lifecycle records: kind "start" / "end"
 _KEY = re.compile(r"^(?P<metric>[A-Za-z0-9_.]+)(?:@(?P<module>[^#@]*))?(?:#h(?P<head>\d+))?$")
 
 

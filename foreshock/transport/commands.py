@@ -1,0 +1,76 @@
+"""``foreshock broker``, ``foreshock topics`` and ``foreshock spool flush`` (torch-free)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from .settings import load_settings
+
+__all__ = ["add_transport_commands"]
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from .broker import BrokerNotFoundError, EmbeddedBroker
+
+    try:
+        broker = EmbeddedBroker(port=args.port, host=args.host).start()
+    except BrokerNotFoundError as exc:
+        print(f"foreshock broker: {exc}", file=sys.stderr)
+        return 2
+    print(f"foreshock broker: Tansu (memory storage) on {broker.bootstrap}; Ctrl-C stops it. "
+          f"Clients: FORESHOCK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}", flush=True)  # fmt: skip
+    if not args.no_topics:
+        from .topics import ensure_topics
+
+        settings = load_settings(args.config).with_bootstrap(broker.bootstrap)
+        print(f"topics: {ensure_topics(settings).partitions}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while broker.running and not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    running = broker.running
+    broker.stop()
+    return 0 if running else 1
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from .topics import ensure_topics
+
+    settings = load_settings(args.config)
+    for name, partitions in ensure_topics(settings).partitions.items():
+        print(f"{name}\t{partitions} partitions")
+    return 0
+
+
+def _spool_flush(args: argparse.Namespace) -> int:
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    settings = load_settings(args.config)
+    sink = KafkaSink(settings)  # takes over every spool no live producer holds
+    done = sink.wait_delivered(args.timeout)
+    left = sink.pending()
+    sink.close(timeout=5)
+    print(f"spool {settings.spool_dir}: {sink.delivered} messages delivered, "
+          f"{left} bytes still spooled")  # fmt: skip
+    return 0 if done else 1
+
+
+def add_transport_commands(sub: argparse._SubParsersAction) -> None:
+    broker = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu)")
+    broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
+    broker.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    broker.add_argument("--no-topics", action="store_true", help="do not create the topics")
+    broker.set_defaults(func=_broker)
+    topics = sub.add_parser("topics", help="create foreshock's topics if missing; list them")
+    topics.set_defaults(func=_topics)
+    spool = sub.add_parser("spool", help="the local spool of undelivered messages")
+    spool_sub = spool.add_subparsers(dest="spool_command", required=True)
+    flush = spool_sub.add_parser("flush", help="re-send every spooled message to Kafka")
+    flush.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    flush.set_defaults(func=_spool_flush)

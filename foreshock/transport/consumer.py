@@ -1,0 +1,160 @@
+"""Read the metrics topic: decoded, de-duplicated messages; malformed ones to the dead letters.
+
+Producers deliver at least once (a message re-sent from the spool may already have arrived),
+so every consumer drops duplicates on (run_id, rank, seq) with :class:`Deduplicator`. A message
+that is not wire format v1 never stops a consumer: it goes to the dead-letter topic with the
+reason in a header and its origin (topic, partition, offset).
+
+After the broker was unreachable the consumer rewinds its partitions to the committed offsets
+(or the beginning where none survive: a restarted Tansu forgot both offsets and messages and
+its new messages start again at offset 0) — re-reads are dropped as duplicates, nothing is
+skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .settings import KafkaSettings
+from .wire import WireError, decode, stream_of
+
+__all__ = ["CONSUMER_DEFAULTS", "Deduplicator", "MetricsConsumer"]
+
+log = logging.getLogger(__name__)
+RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")
+
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,  # commit after the messages are safely handled
+    "session.timeout.ms": 6_000,  # Tansu holds a JoinGroup for session.timeout.ms / 2
+    "heartbeat.interval.ms": 1_000,
+    "allow.auto.create.topics": False,
+    "topic.metadata.refresh.interval.ms": 2_000,
+}
+
+
+@dataclass
+class _Stream:
+    below: int = 0  # every seq < below has been seen
+    above: set[int] = field(default_factory=set)  # seen seqs > below (arrived out of order)
+
+
+class Deduplicator:
+    """Remembers which (run_id, rank, seq) were seen, in O(out-of-order) memory per stream.
+
+    >>> d = Deduplicator()
+    >>> [d.admit({"run_id": "r", "seq": s}) for s in (0, 1, 1, 3, 2, 3)]
+    [True, True, False, True, True, False]
+    >>> d.missing("r", 0), d.duplicates
+    ([], 2)
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[tuple[str, int], _Stream] = {}
+        self.duplicates = 0
+
+    def admit(self, message: dict[str, Any]) -> bool:
+        """True the first time a (run_id, rank, seq) is seen, False for a duplicate."""
+        stream = self._streams.setdefault(stream_of(message), _Stream())
+        seq = message["seq"]
+        if seq < stream.below or seq in stream.above:
+            self.duplicates += 1
+            return False
+        stream.above.add(seq)
+        while stream.below in stream.above:
+            stream.above.remove(stream.below)
+            stream.below += 1
+        return True
+
+    def missing(self, run_id: str, rank: int = 0, upto: int | None = None) -> list[int]:
+        """Seqs not yet seen below ``upto`` (default: the highest seen)."""
+        stream = self._streams.get((run_id, rank), _Stream())
+        top = upto if upto is not None else max(stream.above, default=stream.below - 1) + 1
+        return [s for s in range(stream.below, top) if s not in stream.above]
+
+
+class MetricsConsumer:
+    """A consumer-group member of the metrics topic (or ``topics``)."""
+
+    def __init__(self, settings: KafkaSettings, group_id: str,
+                 topics: Iterable[str] | None = None, **config: Any) -> None:  # fmt: skip
+        from confluent_kafka import Consumer, Producer
+
+        self.settings = settings
+        self.topics = list(topics or [settings.metrics_topic])
+        self.dedup = Deduplicator()
+        self.dead_letters = 0
+        self._rewind = False
+        self._consumer = Consumer(settings.librdkafka(
+            CONSUMER_DEFAULTS, **{"group.id": group_id, "error_cb": self._on_error,
+                                  "logger": RDKAFKA_LOG, **config}))  # fmt: skip
+        self._dlq = Producer(settings.librdkafka({"allow.auto.create.topics": False},
+                                                 logger=RDKAFKA_LOG))  # fmt: skip
+        self._consumer.subscribe(self.topics)
+
+    def _on_error(self, err: Any) -> None:
+        if err.name() in ("_ALL_BROKERS_DOWN", "_TRANSPORT"):
+            self._rewind = True
+
+    def poll_batch(self, max_messages: int = 500, timeout: float = 1.0) -> list[dict[str, Any]]:
+        """Valid, first-seen messages (each with ``_partition`` and ``_offset``)."""
+        if self._rewind:
+            self._rewind_to_committed()
+        out = []
+        for raw in self._consumer.consume(max_messages, timeout):
+            if raw.error():
+                if raw.error().name() not in ("_PARTITION_EOF",):
+                    log.debug("foreshock consumer: %s", raw.error())
+                continue
+            try:
+                message = decode(raw.value())
+            except WireError as exc:
+                self.dead_letter(raw, str(exc))
+                continue
+            if self.dedup.admit(message):
+                message["_partition"], message["_offset"] = raw.partition(), raw.offset()
+                out.append(message)
+        return out
+
+    def dead_letter(self, raw: Any, reason: str) -> None:
+        """Keep a bad message, verbatim, with why and where it came from."""
+        headers = {"reason": reason[:1000], "topic": raw.topic(),
+                   "partition": str(raw.partition()), "offset": str(raw.offset())}  # fmt: skip
+        self._dlq.produce(self.settings.deadletter_topic, key=raw.key(), value=raw.value(),
+                          headers=headers)  # fmt: skip
+        self._dlq.poll(0)
+        self.dead_letters += 1
+        log.warning("foreshock: dead-lettered %s[%s]@%s: %s", raw.topic(), raw.partition(),
+                    raw.offset(), reason)  # fmt: skip
+
+    def _rewind_to_committed(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        try:
+            assigned = self._consumer.assignment()
+            committed = self._consumer.committed(assigned, timeout=2.0)
+        except Exception:
+            return  # still away: try again on the next poll
+        for tp in committed:
+            if tp.offset < 0:
+                tp.offset = OFFSET_BEGINNING
+            try:
+                self._consumer.seek(tp)
+            except Exception as exc:
+                log.debug("foreshock consumer: seek %s failed: %s", tp, exc)
+                return
+        self._rewind = False
+
+    def commit(self) -> None:
+        """Commit the consumed positions (after the caller has stored what it got)."""
+        try:
+            self._consumer.commit(asynchronous=False)
+        except Exception as exc:  # nothing consumed yet, or the broker is away
+            log.debug("foreshock consumer: commit failed: %s", exc)
+
+    def close(self) -> None:
+        self._dlq.flush(5)
+        self._consumer.close()

