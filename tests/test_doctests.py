@@ -11,6 +11,7 @@ torch.set_num_threads(1)
 
 PACKAGES = [
     "foreshock",
+    "foreshock.transport",
     "foreshock.producers",
     "foreshock.detectors",
     "foreshock.storage",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,26 @@ def test_sink_write_rejects_bad_records_without_raising(kafka_settings, caplog):
         sink.write({"schema": METRICS, "run_id": "run-r", "step": -3, "values": {}})
     sink.close()
     assert sink.rejected == 1 and "step" in caplog.text
+
+
+def test_lab_run_goes_to_kafka_with_its_labels(kafka_settings):
+    collector = Collector(kafka_settings)
+    env = {"FORESHOCK_KAFKA_METRICS_TOPIC": kafka_settings.metrics_topic,
+           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": kafka_settings.deadletter_topic,
+           "FORESHOCK_KAFKA_SPOOL_DIR": kafka_settings.spool_dir}  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "lab", "run", "--scenario", "fa-lowprec",
+         "--onset", "10", "--steps", "30", "--every", "5", "--quiet",
+         "--kafka", kafka_settings.bootstrap_servers],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "kafka: 8 delivered, 0 spooled" in run.stdout
+    try:
+        assert collector.wait_for(has_end("fa-lowprec-s0"), 60)
+    finally:
+        collector.close()
+    start, *metrics, end = sorted(collector.messages, key=lambda m: m["seq"])
+    assert start["labels"]["scenario"] == "fa-lowprec" and start["labels"]["onset"] == 10
+    assert [m["step"] for m in metrics] == [0, 5, 10, 15, 20, 25]
+    assert end["status"] == "finished" and end["last_seq"] == 7

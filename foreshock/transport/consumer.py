@@ -33,6 +33,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "heartbeat.interval.ms": 1_000,
     "allow.auto.create.topics": False,
     "topic.metadata.refresh.interval.ms": 2_000,
+    "fetch.wait.max.ms": 100,  # Tansu answers a fetch only at this deadline: it bounds latency
 }
 
 

@@ -1,0 +1,147 @@
+"""Transport throughput and latency: many concurrent producers replaying recorded lab runs.
+
+``--producers`` simulated trainers (default 100), each a :class:`KafkaSink` of its own, spread
+over ``--processes`` OS processes, replay the metric records of the shipped lab runs (run id
+and step renumbered, ``time`` stamped at ``write``) as fast as the sinks take them. One
+consumer in this process reads the metrics topic and de-duplicates. Figures:
+
+* delivered rate: messages (and metric values) per second from the first ``write`` to the
+  last message consumed — end to end, not what ``write`` alone can absorb;
+* latency: consumer receipt time − the message's ``time`` stamp (same host clock), p50/p95/p99;
+* lost: messages written but not consumed within the timeout (must be 0).
+
+Broker: the embedded Tansu (default) or ``--bootstrap HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+import uuid
+from typing import Any
+
+from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.transport.settings import KafkaSettings
+
+from ._table import emit_json, format_table, quantile
+
+
+def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int, float]:
+    """One worker process: its producers write their messages round-robin (``rate`` messages
+    per second each, 0 = as fast as possible), then close."""
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ids, bootstrap, topic, per_producer, spool_dir, rate = args
+    settings = KafkaSettings(bootstrap_servers=bootstrap, metrics_topic=topic,
+                             deadletter_topic=f"{topic}.dead", spool_dir=spool_dir)  # fmt: skip
+    runs = [load_run(p).records for p in shipped_runs()]
+    sinks = {i: KafkaSink(settings, name=f"bench-{i}") for i in ids}
+    for sink in sinks.values():  # connected, topics checked: measure the steady state
+        sink.wait_delivered(30)
+    written = values = 0
+    first = time.time()
+    for n in range(per_producer):
+        if rate > 0:
+            time.sleep(max(0.0, first + n / rate - time.time()))
+        for i in ids:
+            records = runs[i % len(runs)]
+            record = dict(records[n % len(records)])
+            record.update(run_id=f"sim-{i}", step=n, time=time.time())
+            sinks[i].write(record)
+            written += 1
+            values += len(record["values"])
+    for sink in sinks.values():
+        sink.close(timeout=60)
+    return written + 2 * len(ids), values, first  # + start and end per producer
+
+
+def _joined_consumer(settings: KafkaSettings) -> Any:
+    """A consumer that has joined its group and holds its partitions (Tansu takes seconds)."""
+    from foreshock.transport.consumer import MetricsConsumer
+
+    consumer = MetricsConsumer(settings, group_id=f"bench-{uuid.uuid4().hex[:6]}")
+    deadline = time.monotonic() + 60
+    while not consumer._consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll_batch(1, timeout=0.2)
+    return consumer
+
+
+def _consume(consumer: Any, expected: int, timeout: float) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    seen, last = 0, time.time()
+    deadline = time.monotonic() + timeout
+    while seen < expected and time.monotonic() < deadline:
+        batch = consumer.poll_batch(1000, timeout=0.5)
+        now = time.time()
+        for message in batch:
+            seen += 1
+            if message["kind"] == "metrics":
+                latencies.append(now - message["time"])
+        if batch:
+            last = now
+    consumer.close()
+    return latencies, last
+
+
+def run(producers: int, processes: int, per_producer: int, rate: float,
+        bootstrap: str | None) -> dict:  # fmt: skip
+    from foreshock.transport.broker import EmbeddedBroker
+    from foreshock.transport.topics import ensure_topics
+
+    broker = None if bootstrap else EmbeddedBroker().start()
+    bootstrap = bootstrap or broker.bootstrap
+    topic = f"bench.{uuid.uuid4().hex[:8]}"
+    spool_dir = f"/tmp/foreshock-bench-spool-{uuid.uuid4().hex[:6]}"
+    settings = KafkaSettings(bootstrap_servers=bootstrap, metrics_topic=topic,
+                             deadletter_topic=f"{topic}.dead", spool_dir=spool_dir)  # fmt: skip
+    ensure_topics(settings, names=[topic, settings.deadletter_topic])
+    groups = [list(range(producers))[k::processes] for k in range(processes)]
+    expected = producers * (per_producer + 2)
+    try:
+        with mp.get_context("spawn").Pool(processes) as pool:
+            consumer = _joined_consumer(settings)
+            jobs = [(g, bootstrap, topic, per_producer, spool_dir, rate) for g in groups]
+            pending = pool.map_async(_replay, jobs)
+            latencies, last = _consume(consumer, expected, 600)
+            results = pending.get(timeout=600)
+    finally:
+        if broker is not None:
+            broker.stop()
+    written = sum(r[0] for r in results)
+    values = sum(r[1] for r in results)
+    first = min(r[2] for r in results)
+    seconds = max(last - first, 1e-9)
+    return {
+        "producers": producers, "processes": processes, "offered_per_producer_per_s": rate,
+        "messages": written,
+        "consumed": len(latencies) + 2 * producers, "lost": written - len(latencies) - 2 * producers,
+        "seconds": round(seconds, 2), "messages_per_s": round(written / seconds, 1),
+        "values_per_s": round(values / seconds, 1),
+        "latency_p50_s": round(quantile(latencies, 0.50), 4),
+        "latency_p95_s": round(quantile(latencies, 0.95), 4),
+        "latency_p99_s": round(quantile(latencies, 0.99), 4),
+        "broker": "external" if broker is None else "tansu (embedded, memory)",
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 producers x 50 messages")
+    parser.add_argument("--producers", type=int, default=100)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--messages", type=int, default=200, help="per producer (default 200)")
+    parser.add_argument("--rate", type=float, default=5.0,
+                        help="messages/s per producer (default 5; 0 = as fast as possible)")
+    parser.add_argument("--bootstrap", help="an existing Kafka instead of the embedded Tansu")
+    args = parser.parse_args()
+    if args.quick:
+        args.producers, args.processes, args.messages = 10, 2, 50
+    figures = run(args.producers, args.processes, args.messages, args.rate, args.bootstrap)
+    rows: list[list[Any]] = [[k, v] for k, v in figures.items()]
+    print(format_table(["figure", "value"], rows))
+    emit_json(figures)
+
+
+if __name__ == "__main__":
+    main()
