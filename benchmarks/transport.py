@@ -112,10 +112,11 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
     values = sum(r[1] for r in results)
     first = min(r[2] for r in results)
     seconds = max(last - first, 1e-9)
+    consumed = len(latencies) + 2 * producers  # + start and end messages
     return {
         "producers": producers, "processes": processes, "offered_per_producer_per_s": rate,
         "messages": written,
-        "consumed": len(latencies) + 2 * producers, "lost": written - len(latencies) - 2 * producers,
+        "consumed": consumed, "lost": written - consumed,
         "seconds": round(seconds, 2), "messages_per_s": round(written / seconds, 1),
         "values_per_s": round(values / seconds, 1),
         "latency_p50_s": round(quantile(latencies, 0.50), 4),
@@ -131,8 +132,12 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=100)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--messages", type=int, default=200, help="per producer (default 200)")
-    parser.add_argument("--rate", type=float, default=5.0,
-                        help="messages/s per producer (default 5; 0 = as fast as possible)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=5.0,
+        help="messages/s per producer (default 5; 0 = as fast as possible)",
+    )
     parser.add_argument("--bootstrap", help="an existing Kafka instead of the embedded Tansu")
     args = parser.parse_args()
     if args.quick:

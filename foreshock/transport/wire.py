@@ -58,7 +58,7 @@ def decode(data: bytes | None) -> dict[str, Any]:
     >>> decode(b'{"kind":"metrics"')
     Traceback (most recent call last):
     ...
-    foreshock.transport.wire.WireError: not JSON: Expecting ',' delimiter: line 1 column 18 (char 17)
+    foreshock.transport.wire.WireError: not JSON: Expecting ',' delimiter: ...
     """
     if data is None:
         raise WireError("empty message (null value)")
