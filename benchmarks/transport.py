@@ -67,7 +67,7 @@ def _joined_consumer(settings: KafkaSettings) -> Any:
     return consumer
 
 
-def _consume(consumer: Any, expected: int, timeout: float) -> tuple[list[float], float]:
+def _consume(consumer: Any, expected: int, timeout: float) -> tuple[list[float], int, float]:
     latencies: list[float] = []
     seen, last = 0, time.time()
     deadline = time.monotonic() + timeout
@@ -81,7 +81,7 @@ def _consume(consumer: Any, expected: int, timeout: float) -> tuple[list[float],
         if batch:
             last = now
     consumer.close()
-    return latencies, last
+    return latencies, seen, last
 
 
 def run(producers: int, processes: int, per_producer: int, rate: float,
@@ -103,7 +103,7 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
             consumer = _joined_consumer(settings)
             jobs = [(g, bootstrap, topic, per_producer, spool_dir, rate) for g in groups]
             pending = pool.map_async(_replay, jobs)
-            latencies, last = _consume(consumer, expected, 600)
+            latencies, consumed, last = _consume(consumer, expected, 600)
             results = pending.get(timeout=600)
     finally:
         if broker is not None:
@@ -112,7 +112,6 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
     values = sum(r[1] for r in results)
     first = min(r[2] for r in results)
     seconds = max(last - first, 1e-9)
-    consumed = len(latencies) + 2 * producers  # + start and end messages
     return {
         "producers": producers, "processes": processes, "offered_per_producer_per_s": rate,
         "messages": written,
