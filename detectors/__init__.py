@@ -1,1 +1,1 @@
-"""Placeholder package: arrives in a later issue (see README roadmap)."""
+"""Online detectors: calibrated, attributed early warnings (torch-free)."""

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from foreshock import __version__
+from foreshock.detectors.commands import add_detector_commands
 from foreshock.transport.commands import add_transport_commands
 
 __all__ = ["main"]
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.set_defaults(func=_smoke)
     _add_lab(sub)
     add_transport_commands(sub)
+    add_detector_commands(sub)
     return parser
 
 

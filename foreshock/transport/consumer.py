@@ -81,7 +81,8 @@ class MetricsConsumer:
     """A consumer-group member of the metrics topic (or ``topics``)."""
 
     def __init__(self, settings: KafkaSettings, group_id: str,
-                 topics: Iterable[str] | None = None, **config: Any) -> None:  # fmt: skip
+                 topics: Iterable[str] | None = None, on_assign: Any = None,
+                 **config: Any) -> None:  # fmt: skip
         from confluent_kafka import Consumer, Producer
 
         self.settings = settings
@@ -94,7 +95,10 @@ class MetricsConsumer:
                                   "logger": RDKAFKA_LOG, **config}))  # fmt: skip
         self._dlq = Producer(settings.librdkafka({"allow.auto.create.topics": False},
                                                  logger=RDKAFKA_LOG))  # fmt: skip
-        self._consumer.subscribe(self.topics)
+        if on_assign is not None:
+            self._consumer.subscribe(self.topics, on_assign=on_assign)
+        else:
+            self._consumer.subscribe(self.topics)
 
     def _on_error(self, err: Any) -> None:
         if err.name() in ("_ALL_BROKERS_DOWN", "_TRANSPORT"):

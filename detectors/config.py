@@ -1,0 +1,87 @@
+"""Which series feed which family, in which direction, and the calibrated thresholds.
+
+A detector config is versioned by the hash of its content: every warning carries the version
+that produced it, so a warning can always be traced to its thresholds and rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_RULES", "FAMILIES", "DetectorConfig", "SeriesRule"]
+
+FAMILIES = ("attention-numerics", "router", "symptom")
+MECHANISMS = ("attention-numerics", "router")
+
+
+@dataclass(frozen=True)
+class SeriesRule:
+    """A metric (all its modules) feeding a family; direction ``up``, ``down`` or ``both``."""
+
+    metric: str
+    family: str
+    direction: str
+
+    def directions(self) -> tuple[str, ...]:
+        return ("up", "down") if self.direction == "both" else (self.direction,)
+
+
+DEFAULT_RULES: tuple[SeriesRule, ...] = (
+    SeriesRule("attn.d2.entropy_mean", "attention-numerics", "down"),
+    SeriesRule("attn.dwq.entropy", "attention-numerics", "down"),
+    SeriesRule("attn.dwk.entropy", "attention-numerics", "down"),
+    SeriesRule("router.token_entropy_norm", "router", "down"),
+    SeriesRule("router.load_entropy", "router", "down"),
+    SeriesRule("router.epsilon", "router", "both"),
+    SeriesRule("loss", "symptom", "up"),
+    SeriesRule("grad_norm", "symptom", "up"),
+    SeriesRule("weight_norm", "symptom", "up"),
+)
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    rules: tuple[SeriesRule, ...] = DEFAULT_RULES
+    warmup_start: int = 100  # first step of each run's warm-up window
+    warmup_records: int = 6  # monitoring records in it
+    k: float = 0.5  # CUSUM allowance (warm-up σ)
+    baseline: str = "trend"  # "trend": residual from the run's own EMA; "level": vs warm-up
+    trend_beta: float = 0.2  # EMA weight per record of the trend baseline
+    thresholds: dict[str, float] = field(default_factory=dict)  # metric -> h; none = never fire
+    false_alarm: dict[str, float] = field(default_factory=dict)  # family -> calibrated rate
+    calibration: dict[str, Any] = field(default_factory=dict)  # how the thresholds were set
+
+    @property
+    def version(self) -> str:
+        """sha1 of the content (12 hex digits)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def rule_for(self, metric: str) -> SeriesRule | None:
+        return next((r for r in self.rules if r.metric == metric), None)
+
+    def with_thresholds(self, thresholds: dict[str, float], false_alarm: dict[str, float],
+                        calibration: dict[str, Any]) -> DetectorConfig:  # fmt: skip
+        return replace(self, thresholds=thresholds, false_alarm=false_alarm,
+                       calibration=calibration)  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetectorConfig:
+        rules = tuple(SeriesRule(**r) for r in data.get("rules", []) or []) or DEFAULT_RULES
+        return cls(**{**data, "rules": rules})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({**self.to_dict(), "version": self.version}, indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> DetectorConfig:
+        data = json.loads(Path(path).read_text())
+        data.pop("version", None)
+        return cls.from_dict(data)

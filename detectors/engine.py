@@ -1,0 +1,192 @@
+"""One run's detectors: standardize each series, accumulate, warn, attribute, time the lead.
+
+The same code runs live (the Kafka worker) and offline (``foreshock detect --replay``): it
+sees a run's wire messages in seq order and returns events.
+
+* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is
+  standardized against the run's own warm-up and fed to a one-sided CUSUM per direction.
+* A family fires for a module when one of its series' statistics crosses that metric's
+  calibrated threshold h; one warning stays open per (run, family, module) until every one of
+  its statistics is back below h (then a ``cleared`` event).
+* Attribution: the first mechanism family to fire in a run is the ``cause``; warnings of the
+  other mechanism family that follow are ``secondary`` (a consequence, e.g. attention
+  numerics degrading after a router collapse); symptom warnings are ``symptom``.
+* The loss divergence (the lab's rule, :mod:`foreshock.detectors.divergence`, or the run's own
+  ``end.divergence_step`` when the producer knew it) gives each warning its lead time, sent as
+  an ``updated`` event once known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from foreshock.producers.records import parse_series_key
+
+from .config import MECHANISMS, DetectorConfig
+from .cusum import OneSidedCUSUM
+from .divergence import LossDivergence
+from .standardize import TrendStandardizer, WarmupStandardizer
+
+__all__ = ["ALERT_SCHEMA", "Alert", "RunDetector"]
+
+ALERT_SCHEMA = "foreshock.warning/1"
+
+
+@dataclass
+class Alert:
+    id: str
+    run_id: str
+    family: str
+    module: str | None
+    series: str
+    direction: str
+    step: int
+    role: str  # cause | secondary | symptom
+    statistic: float
+    threshold: float
+    false_alarm_rate: float | None
+    config_version: str
+    evidence: dict[str, Any]
+    event: str = "opened"  # opened | cleared | updated
+    divergence_step: int | None = None
+    lead_time: int | None = None
+    cleared_step: int | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        return {"schema": ALERT_SCHEMA, **asdict(self)}
+
+
+def alert_id(run_id: str, family: str, module: str | None, step: int, version: str) -> str:
+    """Deterministic: a restart or a replay re-derives the same id, never a duplicate."""
+    text = f"{run_id}|{family}|{module}|{step}|{version}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Series:
+    key: str
+    metric: str
+    family: str
+    module: str | None
+    standardizer: WarmupStandardizer | TrendStandardizer
+    cusums: dict[str, OneSidedCUSUM]
+    recent: deque = field(default_factory=lambda: deque(maxlen=6))  # (step, value, z)
+
+
+class RunDetector:
+    """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``."""
+
+    def __init__(self, run_id: str, config: DetectorConfig) -> None:
+        self.run_id, self.config = run_id, config
+        self._series: dict[str, _Series] = {}
+        self._open: dict[tuple[str, str | None], Alert] = {}
+        self.alerts: list[Alert] = []
+        self.cause: str | None = None
+        self.peaks: dict[str, float] = {}  # metric -> largest statistic (for calibration)
+        self.divergence = LossDivergence()
+        self.divergence_step: int | None = None
+        self.last_step = -1
+
+    def update(self, message: dict[str, Any]) -> list[Alert]:
+        kind = message.get("kind", "metrics")
+        events: list[Alert] = []
+        if kind == "metrics":
+            step = int(message["step"])
+            self.last_step = max(self.last_step, step)
+            events += self._metrics(step, message.get("values", {}))
+            self.divergence.update(step, message.get("values", {}).get("loss"))
+            if self.divergence.divergence_step is not None:
+                events += self._diverged(self.divergence.divergence_step)
+        elif kind == "end" and message.get("divergence_step") is not None:
+            events += self._diverged(int(message["divergence_step"]))
+        return events
+
+    def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
+        events = []
+        for key, value in values.items():
+            series = self._series.get(key) or self._new_series(key)
+            if series is None:
+                continue
+            z = series.standardizer.update(step, value)
+            if z is None:
+                continue
+            series.recent.append((step, value, round(z, 3)))
+            for direction, cusum in series.cusums.items():
+                cusum.update(z)
+                self.peaks[series.metric] = max(self.peaks.get(series.metric, 0.0), cusum.peak)
+                if cusum.drift_detected and (series.family, series.module) not in self._open:
+                    events.append(self._open_alert(series, direction, cusum, step))
+        return events + self._clear(step)
+
+    def _new_series(self, key: str) -> _Series | None:
+        try:
+            metric, module, head = parse_series_key(key)
+        except ValueError:
+            return None
+        rule = self.config.rule_for(metric)
+        if rule is None or head is not None:
+            return None
+        h = self.config.thresholds.get(rule.metric, math.inf)
+        series = _Series(
+            key, metric, rule.family, module,
+            self._standardizer(),
+            {d: OneSidedCUSUM(d, self.config.k, h) for d in rule.directions()},
+        )  # fmt: skip
+        self._series[key] = series
+        return series
+
+    def _standardizer(self) -> WarmupStandardizer | TrendStandardizer:
+        c = self.config
+        if c.baseline == "trend":
+            return TrendStandardizer(c.warmup_start, c.warmup_records, c.trend_beta)
+        return WarmupStandardizer(c.warmup_start, c.warmup_records)
+
+    def _open_alert(self, series: _Series, direction: str, cusum: OneSidedCUSUM,
+                    step: int) -> Alert:  # fmt: skip
+        family = series.family
+        if family in MECHANISMS:
+            self.cause = self.cause or family
+            role = "cause" if self.cause == family else "secondary"
+        else:
+            role = "symptom"
+        alert = Alert(
+            id=alert_id(self.run_id, family, series.module, step, self.config.version),
+            run_id=self.run_id, family=family, module=series.module, series=series.key,
+            direction=direction, step=step, role=role, statistic=round(cusum.statistic, 3),
+            threshold=cusum.h, false_alarm_rate=self.config.false_alarm.get(family),
+            config_version=self.config.version,
+            evidence={"warmup_mean": series.standardizer.mean,
+                      "warmup_scale": series.standardizer.scale,
+                      "recent": [list(r) for r in series.recent]},
+            divergence_step=self.divergence_step,
+            lead_time=None if self.divergence_step is None else self.divergence_step - step,
+        )  # fmt: skip
+        self._open[(family, series.module)] = alert
+        self.alerts.append(alert)
+        return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
+
+    def _clear(self, step: int) -> list[Alert]:
+        events = []
+        for (family, module), alert in list(self._open.items()):
+            alarmed = any(c.in_alarm for s in self._series.values()
+                          if s.family == family and s.module == module
+                          for c in s.cusums.values())  # fmt: skip
+            if not alarmed:
+                del self._open[(family, module)]
+                alert.cleared_step = step
+                events.append(Alert(**{**asdict(alert), "event": "cleared"}))
+        return events
+
+    def _diverged(self, step: int) -> list[Alert]:
+        if self.divergence_step is not None:
+            return []
+        self.divergence_step = step
+        events = []
+        for alert in self.alerts:
+            alert.divergence_step, alert.lead_time = step, step - alert.step
+            events.append(Alert(**{**asdict(alert), "event": "updated"}))
+        return events

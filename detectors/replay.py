@@ -1,0 +1,47 @@
+"""Offline: run the detectors over recorded runs — the same code path as the live worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from foreshock.lab.recorded import RecordedRun, load_run
+
+from .config import DetectorConfig
+from .engine import Alert, RunDetector
+
+__all__ = ["RunReport", "replay", "replay_run"]
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    labels: dict[str, Any]
+    divergence_step: int | None  # the producer's own (exact, every step) when it sent one
+    alerts: list[Alert]
+    peaks: dict[str, float]
+    events: list[Alert] = field(default_factory=list)
+
+    def first(self, family: str, before: int | None = None) -> Alert | None:
+        """The first warning of ``family`` (optionally only those before step ``before``)."""
+        hits = [a for a in self.alerts if a.family == family
+                and (before is None or a.step < before)]  # fmt: skip
+        return min(hits, key=lambda a: a.step, default=None)
+
+
+def replay_run(run: RecordedRun, config: DetectorConfig) -> RunReport:
+    run_id = run.start.get("run_id") or run.path.name.split(".")[0]
+    detector = RunDetector(run_id, config)
+    events = []
+    for record in run.records:
+        events += detector.update({**record, "kind": "metrics"})
+    if run.end is not None:
+        events += detector.update({**run.end, "kind": "end"})
+    exact = (run.end or {}).get("divergence_step")
+    return RunReport(run_id, run.start.get("labels", {}), exact, detector.alerts,
+                     detector.peaks, events)  # fmt: skip
+
+
+def replay(paths: list[str | Path], config: DetectorConfig) -> list[RunReport]:
+    return [replay_run(load_run(p), config) for p in paths]

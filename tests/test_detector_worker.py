@@ -1,0 +1,119 @@
+"""The live detector service against the real broker: same warnings as the offline replay,
+and identical warnings after a worker is killed mid-stream and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from foreshock.detectors.calibrate import calibrate, uncalibrated
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.replay import replay, replay_run
+from foreshock.detectors.worker import DetectorWorker
+from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.producers.kafka_sink import KafkaSink
+from foreshock.transport.topics import ensure_topics
+
+RUNS = ["fa-lowprec-s0", "lr-high-s0", "healthy-s1", "fa-lowprec-s2"]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> tuple[DetectorConfig, str]:
+    healthy = [p for p in shipped_runs() if p.name.startswith("healthy")]
+    calibrated = calibrate(replay(healthy, uncalibrated(DetectorConfig())), DetectorConfig())
+    path = tmp_path_factory.mktemp("det") / "config.json"
+    calibrated.save(path)
+    return calibrated, str(path)
+
+
+def _publish(settings, names: list[str]) -> None:
+    sink = KafkaSink(settings)
+    for name in names:
+        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
+        sink.write({**run.start, "run_id": name})
+        for record in run.records:
+            sink.write({**record, "run_id": name})
+        sink.write({**run.end, "run_id": name})
+    sink.close()
+    assert sink.pending() == 0
+
+
+def _read_warnings(settings, idle: float = 3.0) -> list[dict]:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "read",
+                         "enable.auto.commit": False})  # fmt: skip
+    consumer.assign([TopicPartition(settings.warnings_topic, p, 0)
+                     for p in range(settings.partitions)])  # fmt: skip
+    out, last = [], time.monotonic()
+    while time.monotonic() - last < idle:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            out.append(json.loads(msg.value()))
+            last = time.monotonic()
+    consumer.close()
+    return out
+
+
+def _events(warnings: list[dict]) -> set[tuple]:
+    return {(w["id"], w["event"], w["family"], w["step"], w["lead_time"]) for w in warnings}
+
+
+def test_worker_emits_what_the_replay_finds(kafka_settings, config):
+    calibrated, _ = config
+    _publish(kafka_settings, RUNS)
+    worker = DetectorWorker(kafka_settings, calibrated, group_id="det-a")
+    worker.run(threading.Event(), idle_exit=4)
+    live = _read_warnings(kafka_settings)
+    offline = set()
+    for name in RUNS:
+        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
+        run.start["run_id"] = name
+        report = replay_run(run, calibrated)
+        offline |= _events([e.to_message() for e in report.events])
+    assert _events(live) == offline
+    assert any(w["family"] == "attention-numerics" for w in live)
+
+
+def _worker(settings, config_path: str, idle_exit: float) -> subprocess.Popen:
+    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions)}  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "foreshock.cli", "detect", "--detector-config", config_path,
+         "--group", "det-kill", "--idle-exit", str(idle_exit)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_worker_killed_mid_stream_resumes_with_identical_warnings(kafka_settings, config):
+    calibrated, path = config
+    reference = replace(kafka_settings, metrics_topic=kafka_settings.metrics_topic + ".ref",
+                        warnings_topic=kafka_settings.warnings_topic + ".ref")  # fmt: skip
+    _publish(reference, RUNS)
+    DetectorWorker(reference, calibrated, group_id="det-ref").run(threading.Event(), idle_exit=4)
+    expected = _events(_read_warnings(reference))
+    assert expected
+
+    ensure_topics(kafka_settings)
+    _publish(kafka_settings, RUNS[:2])
+    first = _worker(kafka_settings, path, idle_exit=120)
+    deadline = time.monotonic() + 90
+    while not _read_warnings(kafka_settings, idle=0.5) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first.send_signal(signal.SIGKILL)  # mid-stream: two more runs are still to come
+    first.wait(10)
+    _publish(kafka_settings, RUNS[2:])
+    second = _worker(kafka_settings, path, idle_exit=20)  # > session timeout: the dead
+    # member must be evicted and its partitions reassigned before the idle exit
+    _, err = second.communicate(timeout=180)
+    assert second.returncode == 0, err
+    assert _events(_read_warnings(kafka_settings)) == expected
