@@ -8,9 +8,12 @@ sees a run's wire messages in seq order and returns events.
 * A family fires for a module when one of its series' statistics crosses that metric's
   calibrated threshold h; one warning stays open per (run, family, module) until every one of
   its statistics is back below h (then a ``cleared`` event).
-* Attribution: the first mechanism family to fire in a run is the ``cause``; warnings of the
-  other mechanism family that follow are ``secondary`` (a consequence, e.g. attention
-  numerics degrading after a router collapse); symptom warnings are ``symptom``.
+* Attribution is earned, not assumed: the first mechanism family to fire is the ``cause``
+  only if the other mechanism family is calm at that moment (each of its statistics below
+  ``calm_ratio`` of its threshold); warnings of the other family that follow are
+  ``secondary`` (a consequence, e.g. routers degrading after the attention numerics). If the
+  other family is already building up, both are moving at once and every mechanism warning
+  of the run is ``ambiguous``. Symptom warnings are ``symptom``.
 * The loss divergence (the lab's rule, :mod:`foreshock.detectors.divergence`, or the run's own
   ``end.divergence_step`` when the producer knew it) gives each warning its lead time, sent as
   an ``updated`` event once known.
@@ -45,7 +48,7 @@ class Alert:
     series: str
     direction: str
     step: int
-    role: str  # cause | secondary | symptom
+    role: str  # cause | secondary | ambiguous | symptom
     statistic: float
     threshold: float
     false_alarm_rate: float | None
@@ -83,6 +86,7 @@ class RunDetector:
     def __init__(self, run_id: str, config: DetectorConfig) -> None:
         self.run_id, self.config = run_id, config
         self._series: dict[str, _Series] = {}
+        self._ignored: set[str] = set()  # series keys no rule reads
         self._open: dict[tuple[str, str | None], Alert] = {}
         self.alerts: list[Alert] = []
         self.cause: str | None = None
@@ -102,14 +106,17 @@ class RunDetector:
             if self.divergence.divergence_step is not None:
                 events += self._diverged(self.divergence.divergence_step)
         elif kind == "end" and message.get("divergence_step") is not None:
-            events += self._diverged(int(message["divergence_step"]))
+            events += self._diverged(int(message["divergence_step"]), exact=True)
         return events
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
         events = []
         for key, value in values.items():
+            if key in self._ignored:
+                continue
             series = self._series.get(key) or self._new_series(key)
             if series is None:
+                self._ignored.add(key)
                 continue
             z = series.standardizer.update(step, value)
             if z is None:
@@ -149,8 +156,12 @@ class RunDetector:
                     step: int) -> Alert:  # fmt: skip
         family = series.family
         if family in MECHANISMS:
-            self.cause = self.cause or family
-            role = "cause" if self.cause == family else "secondary"
+            if self.cause is None:
+                others = [f for f in MECHANISMS if f != family]
+                calm = all(self._pressure(f) < self.config.calm_ratio for f in others)
+                self.cause = family if calm else "ambiguous"
+            role = ("ambiguous" if self.cause == "ambiguous"
+                    else "cause" if self.cause == family else "secondary")  # fmt: skip
         else:
             role = "symptom"
         alert = Alert(
@@ -169,6 +180,12 @@ class RunDetector:
         self.alerts.append(alert)
         return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
 
+    def _pressure(self, family: str) -> float:
+        """How close ``family`` is to firing: its largest statistic / threshold (0 = calm)."""
+        ratios = [c.statistic / c.h for s in self._series.values() if s.family == family
+                  for c in s.cusums.values() if math.isfinite(c.h)]  # fmt: skip
+        return max(ratios, default=0.0)
+
     def _clear(self, step: int) -> list[Alert]:
         events = []
         for (family, module), alert in list(self._open.items()):
@@ -181,8 +198,9 @@ class RunDetector:
                 events.append(Alert(**{**asdict(alert), "event": "cleared"}))
         return events
 
-    def _diverged(self, step: int) -> list[Alert]:
-        if self.divergence_step is not None:
+    def _diverged(self, step: int, exact: bool = False) -> list[Alert]:
+        """Set the divergence step; the producer's exact (every-step) one overrides ours."""
+        if self.divergence_step is not None and (not exact or step == self.divergence_step):
             return []
         self.divergence_step = step
         events = []

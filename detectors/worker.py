@@ -48,6 +48,7 @@ class DetectorWorker:
         self.runs: dict[str, RunDetector] = {}
         self.orderer = SeqOrderer()
         self.messages = self.values = self.warnings = 0
+        self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where to resume emitting; read each partition from its beginning."""
@@ -84,13 +85,19 @@ class DetectorWorker:
 
         idle_since = time.monotonic()
         while not stop.is_set():
+            t0 = time.perf_counter()
             batch = self.consumer.poll_batch(1000, timeout=0.5)
+            t1 = time.perf_counter()
             for message in batch:
                 self.warnings += self.process(message)
+            t2 = time.perf_counter()
             if batch:
                 if self.producer.flush(30) == 0:
                     self.consumer.commit()
                 idle_since = time.monotonic()
+                self.seconds["consume+decode"] += t1 - t0
+                self.seconds["detect"] += t2 - t1
+                self.seconds["produce+commit"] += time.perf_counter() - t2
             elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                 break
         self.producer.flush(30)

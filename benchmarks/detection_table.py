@@ -1,0 +1,111 @@
+"""Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
+
+Thresholds come from the healthy runs with seed < ``--calibration-seeds``
+(:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
+
+* detected: runs with a warning of the fault's own family before divergence (fa-lowprec →
+  attention-numerics, lr-high → router; combined: either), and for runs that do not diverge
+  (healthy, fa-noise, gbs-small) any mechanism warning at all — a false alarm for healthy and
+  fa-noise;
+* attribution: the role of the run's first mechanism warning — cause of the right family
+  (correct), of the wrong family (wrong), or ambiguous;
+* lead: divergence step − first warning step, for the mechanism families and for the symptom
+  family (loss, grad norm, weight norm: the baseline foreshock must beat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from foreshock.detectors.calibrate import calibrate, uncalibrated
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.replay import RunReport, replay
+from foreshock.lab.recorded import RECORDED_DIR
+
+from ._table import emit_json, format_table
+
+OWN = {"fa-lowprec": {"attention-numerics"}, "lr-high": {"router"},
+       "combined": {"attention-numerics", "router"}}  # fmt: skip
+
+
+def _seed(path: Path) -> int:
+    return int(path.name.split("-s")[-1].split(".")[0])
+
+
+def _judge(report: RunReport, scenario: str) -> dict:
+    div = report.divergence_step
+    mechanism = [
+        a for a in report.alerts if a.family != "symptom" and (div is None or a.step < div)
+    ]
+    symptom = report.first("symptom", before=div)
+    first = mechanism[0] if mechanism else None
+    own = OWN.get(scenario, set())
+    detected = bool(mechanism) if div is None else any(a.family in own for a in mechanism)
+    if first is None:
+        attribution = "none"
+    elif first.role == "ambiguous":
+        attribution = "ambiguous"
+    else:
+        attribution = "correct" if first.family in own else "wrong"
+    return {"run": report.run_id, "divergence": div, "detected": detected,
+            "attribution": attribution,
+            "first": first and (first.family, first.module, first.step),
+            "mechanism_lead": None if div is None or first is None else div - first.step,
+            "symptom_lead": None if div is None or symptom is None else div - symptom.step,
+            }  # fmt: skip
+
+
+def _median(values: list[int]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
+    parser.add_argument(
+        "--calibration-seeds",
+        type=int,
+        default=10,
+        help="healthy seeds below this calibrate; the rest are held out",
+    )
+    parser.add_argument("--quick", action="store_true", help="same runs (replay is fast)")
+    parser.add_argument("--save-config", type=Path, help="write the calibrated config here")
+    args = parser.parse_args()
+    paths = sorted(args.runs.glob("*.jsonl.gz"))
+    scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
+    calib = [p for p in paths if scenario_of[p] == "healthy" and _seed(p) < args.calibration_seeds]
+    held = [p for p in paths if p not in calib]
+    base = DetectorConfig()
+    config = calibrate(replay(calib, uncalibrated(base)), base)
+    if args.save_config:
+        config.save(args.save_config)
+    verdicts: dict[str, list[dict]] = {}
+    for path, report in zip(held, replay(held, config), strict=True):
+        verdicts.setdefault(scenario_of[path], []).append(_judge(report, scenario_of[path]))
+    rows, figures = [], {}
+    for scenario, runs in sorted(verdicts.items()):
+        n = len(runs)
+        mech = [r["mechanism_lead"] for r in runs if r["mechanism_lead"] is not None]
+        sym = [r["symptom_lead"] for r in runs if r["symptom_lead"] is not None]
+        count = {k: sum(r["attribution"] == k for r in runs) for k in
+                 ("correct", "wrong", "ambiguous", "none")}  # fmt: skip
+        detected = sum(r["detected"] for r in runs)
+        rows.append([f"{scenario} ({n})", f"{detected}/{n}", sum(r["divergence"] is not None
+                     for r in runs), count["correct"], count["wrong"], count["ambiguous"],
+                     _median(mech), _median(sym)])  # fmt: skip
+        figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
+                             "mechanism_lead_median": _median(mech),
+                             "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
+    print(f"calibrated on {len(calib)} healthy runs (seeds < {args.calibration_seeds}); "
+          f"false-alarm bound per run: {config.false_alarm}; config {config.version}")  # fmt: skip
+    header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
+              "ambiguous", "lead: mechanism", "lead: symptom"]  # fmt: skip
+    print(format_table(header, rows))
+    emit_json({"config_version": config.version, "calibration_runs": len(calib),
+               "false_alarm_bound": config.false_alarm, "scenarios": figures})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Detectors on real recorded lab runs: calibration, attribution, lead time, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from foreshock.detectors.calibrate import calibrate, uncalibrated
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.engine import RunDetector
+from foreshock.detectors.replay import replay
+from foreshock.lab.recorded import load_run, shipped_runs
+
+
+def _runs(prefix: str) -> list:
+    return [p for p in shipped_runs() if p.name.startswith(prefix + "-s")]
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> DetectorConfig:
+    healthy = _runs("healthy")
+    return calibrate(replay(healthy, uncalibrated(DetectorConfig())), DetectorConfig())
+
+
+def test_calibration_puts_every_healthy_maximum_under_its_threshold(calibrated):
+    assert set(calibrated.thresholds) == {r.metric for r in calibrated.rules}
+    for report in replay(_runs("healthy"), uncalibrated(DetectorConfig())):
+        for metric, peak in report.peaks.items():
+            assert peak < calibrated.thresholds[metric]
+    n = len(_runs("healthy"))
+    assert calibrated.false_alarm["router"] == pytest.approx(3 / (n + 1), abs=1e-4)
+
+
+def test_calibration_runs_raise_no_warning(calibrated):
+    for report in replay(_runs("healthy"), calibrated):
+        assert report.alerts == []
+
+
+def test_numerics_fault_warns_attention_before_divergence(calibrated):
+    for report in replay(_runs("fa-lowprec"), calibrated):
+        first = report.first("attention-numerics", before=report.divergence_step)
+        assert first is not None, report.run_id
+        assert first.role in ("cause", "ambiguous")
+        assert first.lead_time == report.divergence_step - first.step > 0
+        assert first.false_alarm_rate == calibrated.false_alarm["attention-numerics"]
+        assert first.config_version == calibrated.version
+        assert first.evidence["recent"] and first.module.endswith(".attn")
+
+
+def test_learning_rate_fault_warns_router_before_divergence(calibrated):
+    for report in replay(_runs("lr-high"), calibrated):
+        first = report.first("router", before=report.divergence_step)
+        assert first is not None, report.run_id
+        assert first.module.endswith("mlp.gate")
+
+
+def test_ids_are_deterministic_and_one_warning_is_open_per_module(calibrated):
+    path = _runs("fa-lowprec")[0]
+    first, again = replay([path, path], calibrated)
+    assert [a.id for a in first.alerts] == [a.id for a in again.alerts]
+    opened = [e for e in first.events if e.event == "opened"]
+    cleared = [e for e in first.events if e.event == "cleared"]
+    for key in {(e.family, e.module) for e in opened}:
+        sequence = sorted([(e.step, "o") for e in opened if (e.family, e.module) == key]
+                          + [(e.cleared_step, "c") for e in cleared
+                             if (e.family, e.module) == key])  # fmt: skip
+        kinds = [k for _, k in sequence]
+        assert all(a != b for a, b in itertools.pairwise(kinds)), key
+
+
+def test_no_threshold_means_no_warning_only_peaks():
+    run = load_run(_runs("fa-lowprec")[0])
+    detector = RunDetector("r", uncalibrated(DetectorConfig()))
+    for record in run.records:
+        assert detector.update(record) == [] or all(
+            e.event == "updated" for e in detector.update({"kind": "end"})
+        )
+    assert detector.peaks and all(math.isfinite(v) for v in detector.peaks.values())
+
+
+def test_detect_replay_cli_prints_json_per_run(tmp_path, calibrated):
+    config = tmp_path / "config.json"
+    calibrated.save(config)
+    paths = [str(_runs("fa-lowprec")[0]), str(_runs("healthy")[0])]
+    command = [sys.executable, "-m", "foreshock.cli", "detect", "--json",
+               "--detector-config", str(config), "--replay", *paths]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["scenario"] for line in lines] == ["fa-lowprec", "healthy"]
+    assert lines[0]["warnings"] and lines[1]["warnings"] == []
+    assert lines[0]["config_version"] == calibrated.version
