@@ -117,3 +117,31 @@ def test_worker_killed_mid_stream_resumes_with_identical_warnings(kafka_settings
     _, err = second.communicate(timeout=180)
     assert second.returncode == 0, err
     assert _events(_read_warnings(kafka_settings)) == expected
+
+
+def test_two_workers_share_the_partitions_and_skip_bad_messages(kafka_settings, config):
+    from confluent_kafka import Producer
+
+    calibrated, _ = config
+    ensure_topics(kafka_settings)
+    raw = Producer({"bootstrap.servers": kafka_settings.bootstrap_servers})
+    raw.produce(kafka_settings.metrics_topic, key=b"bad", value=b'{"kind": "metrics", "seq": 0}')
+    raw.flush(10)
+    _publish(kafka_settings, RUNS)
+    workers = [DetectorWorker(kafka_settings, calibrated, group_id="det-two") for _ in range(2)]
+    threads = [threading.Thread(target=w.run, args=(threading.Event(), 8)) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(w.messages > 0 for w in workers)  # both got partitions
+    assert sum(w.consumer.dead_letters for w in workers) == 1
+    assert sum(w.messages for w in workers) == sum(
+        len(load_run(next(p for p in shipped_runs() if p.name.startswith(n + "."))).records) + 2
+        for n in RUNS)  # fmt: skip
+    offline = set()
+    for name in RUNS:
+        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
+        run.start["run_id"] = name
+        offline |= _events([e.to_message() for e in replay_run(run, calibrated).events])
+    assert _events(_read_warnings(kafka_settings)) == offline
