@@ -123,7 +123,6 @@ def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
             sink: Sink | None = None) -> LabResult:  # fmt: skip
     """Train one run and write it to ``sink``, or to the JSON Lines file ``out`` (replaced)."""
     torch.set_num_threads(1)
-    torch.set_flush_denormal(True)  # subnormal floats take a slow path on x86 CPUs
     torch.manual_seed(config.seed)
     path = Path(out) if out is not None else None
     if sink is None:
