@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import sys
 import time
 import uuid
 from typing import Any
@@ -27,7 +28,7 @@ from foreshock.transport.settings import KafkaSettings
 from ._table import emit_json, format_table, quantile
 
 
-def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int, float]:
+def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int, float, dict]:
     """One worker process: its producers write their messages round-robin (``rate`` messages
     per second each, 0 = as fast as possible), then close."""
     from foreshock.producers.kafka_sink import KafkaSink
@@ -51,9 +52,17 @@ def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int
             sinks[i].write(record)
             written += 1
             values += len(record["values"])
+    left = 0
     for sink in sinks.values():
         sink.close(timeout=60)
-    return written + 2 * len(ids), values, first  # + start and end per producer
+        left += sink.pending()
+    stats = {
+        "spooled": sum(s.spooled for s in sinks.values()),
+        "rejected": sum(s.rejected for s in sinks.values()),
+        "replayed": sum(s.replayed for s in sinks.values()),
+        "left_in_spool_bytes": left,
+    }
+    return written + 2 * len(ids), values, first, stats  # + start and end per producer
 
 
 def _joined_consumer(settings: KafkaSettings) -> Any:
@@ -67,21 +76,36 @@ def _joined_consumer(settings: KafkaSettings) -> Any:
     return consumer
 
 
-def _consume(consumer: Any, expected: int, timeout: float) -> tuple[list[float], int, float]:
+def _consume(consumer: Any, expected: int, timeout: float, producers: int,
+             finished: Any) -> tuple[list[float], int, float, list[str]]:  # fmt: skip
+    """Until every message arrived, or ``timeout``, or 30 s of silence after the producers
+    finished (a message missing by then is counted lost)."""
     latencies: list[float] = []
     seen, last = 0, time.time()
     deadline = time.monotonic() + timeout
+    quiet_since = time.monotonic()
     while seen < expected and time.monotonic() < deadline:
         batch = consumer.poll_batch(1000, timeout=0.5)
         now = time.time()
+        if batch or not finished():
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 30:
+            break
         for message in batch:
             seen += 1
             if message["kind"] == "metrics":
                 latencies.append(now - message["time"])
         if batch:
             last = now
+    missing = [
+        f"sim-{i}:{seq}"
+        for i in range(producers)
+        for seq in consumer.dedup.missing(f"sim-{i}", 0, expected // producers)
+    ]
+    print(f"consumer: {consumer.rereads} gap re-reads, {consumer.dedup.duplicates} duplicates "
+          f"dropped", file=sys.stderr)  # fmt: skip
     consumer.close()
-    return latencies, seen, last
+    return latencies, seen, last, missing[:20]
 
 
 def run(producers: int, processes: int, per_producer: int, rate: float,
@@ -103,7 +127,8 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
             consumer = _joined_consumer(settings)
             jobs = [(g, bootstrap, topic, per_producer, spool_dir, rate) for g in groups]
             pending = pool.map_async(_replay, jobs)
-            latencies, consumed, last = _consume(consumer, expected, 600)
+            latencies, consumed, last, missing = _consume(
+                consumer, expected, 600, producers, pending.ready)  # fmt: skip
             results = pending.get(timeout=600)
     finally:
         if broker is not None:
@@ -115,7 +140,8 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
     return {
         "producers": producers, "processes": processes, "offered_per_producer_per_s": rate,
         "messages": written,
-        "consumed": consumed, "lost": written - consumed,
+        "consumed": consumed, "lost": written - consumed, "missing": missing,
+        "sink": {k: sum(r[3][k] for r in results) for k in results[0][3]},
         "seconds": round(seconds, 2), "messages_per_s": round(written / seconds, 1),
         "values_per_s": round(values / seconds, 1),
         "latency_p50_s": round(quantile(latencies, 0.50), 4),

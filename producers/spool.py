@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 __all__ = ["Spool", "SpooledMessage", "orphaned_spools"]
 
@@ -44,9 +44,28 @@ class Spool:
         self.path = Path(directory) / f"{name}.spool"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.cursor_path = self.path.with_suffix(".cursor")
-        self._file = self.path.open("a+b")
-        fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if owned
+        self._file = self._open_locked()
         self.appended = 0
+
+    def _open_locked(self) -> BinaryIO:
+        """Open (or create) the spool holding its lock; BlockingIOError if another owns it.
+
+        A new spool is created and locked under a hidden name and then renamed into place, so
+        that a producer scanning the folder for orphans never locks a spool being born.
+        """
+        if self.path.exists():
+            file = self.path.open("a+b")
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.close()
+                raise
+            return file
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        file = tmp.open("a+b")
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(tmp, self.path)
+        return file
 
     @classmethod
     def try_open(cls, path: Path) -> Spool | None:

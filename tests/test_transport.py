@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,29 @@ def test_lab_run_goes_to_kafka_with_its_labels(kafka_settings):
     assert start["labels"]["scenario"] == "fa-lowprec" and start["labels"]["onset"] == 10
     assert [m["step"] for m in metrics] == [0, 5, 10, 15, 20, 25]
     assert end["status"] == "finished" and end["last_seq"] == 7
+
+
+def test_consumer_rereads_a_partition_it_read_past(kafka_settings):
+    """A seq gap within one partition makes the consumer seek back and find the message."""
+    from confluent_kafka import TopicPartition
+
+    from foreshock.transport.consumer import MetricsConsumer
+
+    sink = KafkaSink(kafka_settings)
+    for step in range(4):
+        sink.write(_metrics("run-g", step))
+    sink.close()
+    consumer = MetricsConsumer(kafka_settings, group_id="gap", gap_wait=0.3)
+    got: list[dict] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += consumer.poll_batch(max_messages=1, timeout=0.5)
+    assert [m["seq"] for m in got] == [0, 1]
+    partition = got[0]["_partition"]
+    consumer._consumer.seek(TopicPartition(kafka_settings.metrics_topic, partition,
+                                           got[1]["_offset"] + 2))  # skip seq 2  # fmt: skip
+    while len(got) < 6 and time.monotonic() < deadline:
+        got += consumer.poll_batch(max_messages=10, timeout=0.5)
+    consumer.close()
+    assert sorted(m["seq"] for m in got) == list(range(6))
+    assert consumer.rereads >= 1

@@ -14,6 +14,7 @@ skipped.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,11 @@ class Deduplicator:
             stream.below += 1
         return True
 
+    def has_gap(self, stream: tuple[str, int]) -> bool:
+        """True while a seq above an unseen one has arrived in ``stream``."""
+        entry = self._streams.get(stream)
+        return bool(entry and entry.above)
+
     def missing(self, run_id: str, rank: int = 0, upto: int | None = None) -> list[int]:
         """Seqs not yet seen below ``upto`` (default: the highest seen)."""
         stream = self._streams.get((run_id, rank), _Stream())
@@ -82,13 +88,17 @@ class MetricsConsumer:
 
     def __init__(self, settings: KafkaSettings, group_id: str,
                  topics: Iterable[str] | None = None, on_assign: Any = None,
-                 **config: Any) -> None:  # fmt: skip
+                 gap_wait: float = 1.0, **config: Any) -> None:  # fmt: skip
         from confluent_kafka import Consumer, Producer
 
         self.settings = settings
         self.topics = list(topics or [settings.metrics_topic])
         self.dedup = Deduplicator()
         self.dead_letters = 0
+        self.rereads = 0
+        self.gap_wait = gap_wait
+        self._gaps: dict[tuple[str, int], list[float]] = {}
+        self._anchor: dict[tuple[str, int], tuple[str, int, int]] = {}
         self._rewind = False
         self._consumer = Consumer(settings.librdkafka(
             CONSUMER_DEFAULTS, **{"group.id": group_id, "error_cb": self._on_error,
@@ -122,7 +132,42 @@ class MetricsConsumer:
             if self.dedup.admit(message):
                 message["_partition"], message["_offset"] = raw.partition(), raw.offset()
                 out.append(message)
+                self._track_gap(message, raw.topic())
+        self._reread_gaps()
         return out
+
+    def _track_gap(self, message: dict[str, Any], topic: str) -> None:
+        """Remember where each stream was last contiguous, and since when it has a gap."""
+        stream = stream_of(message)
+        if self.dedup.has_gap(stream):
+            self._gaps.setdefault(stream, [time.monotonic(), 0])
+        else:
+            self._gaps.pop(stream, None)
+            self._anchor[stream] = (topic, message["_partition"], message["_offset"])
+
+    def _reread_gaps(self) -> None:
+        """Seek back to re-read a partition whose stream kept a gap for ``gap_wait`` seconds.
+
+        A seq gap within one partition means the consumer read past a message: Tansu can make
+        a later batch visible before an earlier one when producers append concurrently
+        (measured here: ~1 message in 2,000 under 50 producers). Re-reading from the last
+        contiguous offset finds it; duplicates are dropped. Three tries per gap, backing off —
+        a message still in a producer's spool arrives later by itself.
+        """
+        from confluent_kafka import TopicPartition
+
+        now = time.monotonic()
+        for stream, gap in list(self._gaps.items()):
+            since, tries = gap
+            if tries >= 3 or now - since < self.gap_wait * (2**tries) or stream not in self._anchor:
+                continue
+            topic, partition, offset = self._anchor[stream]
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset + 1))
+                self.rereads += 1
+            except Exception as exc:
+                log.debug("foreshock consumer: re-read seek failed: %s", exc)
+            gap[1] = tries + 1
 
     def dead_letter(self, raw: Any, reason: str) -> None:
         """Keep a bad message, verbatim, with why and where it came from."""
