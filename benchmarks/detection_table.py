@@ -3,10 +3,9 @@
 Thresholds come from the healthy runs with seed < ``--calibration-seeds``
 (:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
 
-* detected: runs with a warning of the fault's own family before divergence (fa-lowprec →
-  attention-numerics, lr-high → router; combined: either), and for runs that do not diverge
-  (healthy, fa-noise, gbs-small) any mechanism warning at all — a false alarm for healthy and
-  fa-noise;
+* warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
+  attention-numerics, lr-high and gbs-small → router; combined: either); for healthy and
+  fa-noise runs, any mechanism warning at all — a false alarm;
 * attribution: the role of the run's first mechanism warning — cause of the right family
   (correct), of the wrong family (wrong), or ambiguous;
 * lead: divergence step − first warning step, for the mechanism families and for the symptom
@@ -26,7 +25,8 @@ from foreshock.lab.recorded import RECORDED_DIR
 
 from ._table import emit_json, format_table
 
-OWN = {"fa-lowprec": {"attention-numerics"}, "lr-high": {"router"},
+# gbs-small feeds the router's stable-winner loop too (noisier margins): its family is router
+OWN = {"fa-lowprec": {"attention-numerics"}, "lr-high": {"router"}, "gbs-small": {"router"},
        "combined": {"attention-numerics", "router"}}  # fmt: skip
 
 
@@ -42,7 +42,7 @@ def _judge(report: RunReport, scenario: str) -> dict:
     symptom = report.first("symptom", before=div)
     first = mechanism[0] if mechanism else None
     own = OWN.get(scenario, set())
-    detected = bool(mechanism) if div is None else any(a.family in own for a in mechanism)
+    detected = any(a.family in own for a in mechanism) if own else bool(mechanism)
     if first is None:
         attribution = "none"
     elif first.role == "ambiguous":
