@@ -18,7 +18,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from foreshock.detectors.calibrate import calibrate, uncalibrated
+from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.replay import RunReport, replay
 from foreshock.lab.recorded import RECORDED_DIR
@@ -70,6 +70,11 @@ def main() -> None:
         default=10,
         help="healthy seeds below this calibrate; the rest are held out",
     )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        help="threshold margin (default: leave-one-out on the calibration runs)",
+    )
     parser.add_argument("--quick", action="store_true", help="same runs (replay is fast)")
     parser.add_argument("--save-config", type=Path, help="write the calibrated config here")
     args = parser.parse_args()
@@ -78,7 +83,9 @@ def main() -> None:
     calib = [p for p in paths if scenario_of[p] == "healthy" and _seed(p) < args.calibration_seeds]
     held = [p for p in paths if p not in calib]
     base = DetectorConfig()
-    config = calibrate(replay(calib, uncalibrated(base)), base)
+    healthy = replay(calib, uncalibrated(base))
+    margin = leave_one_out_margin(healthy, base) if args.margin is None else args.margin
+    config = calibrate(healthy, base, margin=margin)
     if args.save_config:
         config.save(args.save_config)
     verdicts: dict[str, list[dict]] = {}
@@ -98,7 +105,8 @@ def main() -> None:
         figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
                              "mechanism_lead_median": _median(mech),
                              "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
-    print(f"calibrated on {len(calib)} healthy runs (seeds < {args.calibration_seeds}); "
+    print(f"calibrated on {len(calib)} healthy runs (seeds < {args.calibration_seeds}), "
+          f"margin {margin}; "
           f"false-alarm bound per run: {config.false_alarm}; config {config.version}")  # fmt: skip
     header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
               "ambiguous", "lead: mechanism", "lead: symptom"]  # fmt: skip

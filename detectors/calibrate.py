@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from .config import FAMILIES, DetectorConfig
 from .replay import RunReport
 
-__all__ = ["calibrate"]
+__all__ = ["MARGINS", "calibrate", "leave_one_out_margin"]
+
+MARGINS = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 
 
 def calibrate(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
-              margin: float = 0.1) -> DetectorConfig:  # fmt: skip
+              margin: float | dict[str, float] = 0.1) -> DetectorConfig:  # fmt: skip
     """A config whose thresholds put each family's healthy maxima under h (see above).
 
     ``healthy`` must be replayed with ``config`` *without* thresholds (peaks only).
@@ -34,15 +36,43 @@ def calibrate(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
     if n < k:
         raise ValueError(f"need at least {k} healthy runs to calibrate, got {n}")
     thresholds, rates = {}, {}
+    margins = margin if isinstance(margin, dict) else {r.metric: margin for r in config.rules}
     for rule in config.rules:
-        maxima = sorted((r.peaks.get(rule.metric, 0.0) for r in healthy), reverse=True)
-        thresholds[rule.metric] = round(max(maxima[k - 1] * (1 + margin), config.k), 4)
+        peaks = [r.peaks.get(rule.metric, 0.0) for r in healthy]
+        thresholds[rule.metric] = _threshold(peaks, k, margins[rule.metric], config.k)
     for family in FAMILIES:
         size = sum(rule.family == family for rule in config.rules)
         rates[family] = round(min(1.0, size * k / (n + 1)), 4)
     calibration = {"method": "conformal max-statistic", "healthy_runs": n, "k": k,
                    "margin": margin, "runs": sorted(r.run_id for r in healthy)}  # fmt: skip
     return config.with_thresholds(thresholds, rates, calibration)
+
+
+def leave_one_out_margin(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
+                         margins: Sequence[float] = MARGINS) -> dict[str, float]:  # fmt: skip
+    """Per metric, the smallest margin under which no calibration run, left out in turn,
+    exceeds the threshold set by the others.
+
+    Healthy maxima are heavy-tailed here, and more so for some metrics than others: the
+    largest of n runs is a poor guard for run n+1. Leave-one-out measures that on the
+    calibration runs alone — no faulty or held-out run is looked at — and gives each metric the
+    margin its own tail asks for.
+    """
+    chosen = {}
+    for rule in config.rules:
+        peaks = [r.peaks.get(rule.metric, 0.0) for r in healthy]
+        for margin in margins:
+            exceed = sum(
+                peak > _threshold([*peaks[:i], *peaks[i + 1 :]], k, margin, config.k)
+                for i, peak in enumerate(peaks))  # fmt: skip
+            if exceed == 0:
+                break
+        chosen[rule.metric] = margin
+    return chosen
+
+
+def _threshold(peaks: Sequence[float], k: int, margin: float, floor: float) -> float:
+    return round(max(sorted(peaks, reverse=True)[k - 1] * (1 + margin), floor), 4)
 
 
 def uncalibrated(config: DetectorConfig) -> DetectorConfig:

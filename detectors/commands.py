@@ -77,12 +77,13 @@ def _detect(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate, uncalibrated
+    from .calibrate import calibrate, leave_one_out_margin, uncalibrated
     from .replay import replay
 
     base = _load_config(args.detector_config) if args.detector_config else DetectorConfig()
     reports = replay(args.healthy, uncalibrated(base))
-    config = calibrate(reports, base, k=args.k, margin=args.margin)
+    margin = args.margin if args.margin is not None else leave_one_out_margin(reports, base, args.k)
+    config = calibrate(reports, base, k=args.k, margin=margin)
     config.save(args.out)
     rows = [[m, h] for m, h in config.thresholds.items()]
     print(format_table(["metric", "threshold h"], rows))
@@ -104,6 +105,10 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--healthy", nargs="+", type=Path, required=True, metavar="RUN")
     cal.add_argument("--out", required=True, help="config file to write (JSON)")
     cal.add_argument("--k", type=int, default=1, help="k-th largest healthy maximum")
-    cal.add_argument("--margin", type=float, default=0.1, help="relative margin over it")
+    cal.add_argument(
+        "--margin",
+        type=float,
+        help="relative margin over it (default: per metric, by leave-one-out)",
+    )
     cal.add_argument("--detector-config", help="rules to start from (default: built-in)")
     cal.set_defaults(func=_calibrate)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from foreshock.detectors.calibrate import calibrate, uncalibrated
+from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.replay import replay
@@ -32,8 +32,10 @@ def _calibration_runs() -> list:
 
 @pytest.fixture(scope="module")
 def calibrated() -> DetectorConfig:
-    healthy = _calibration_runs()
-    return calibrate(replay(healthy, uncalibrated(DetectorConfig())), DetectorConfig())
+    healthy = replay(_calibration_runs(), uncalibrated(DetectorConfig()))
+    return calibrate(
+        healthy, DetectorConfig(), margin=leave_one_out_margin(healthy, DetectorConfig())
+    )
 
 
 def test_shipped_config_is_this_calibration(calibrated):
@@ -49,6 +51,15 @@ def test_calibration_puts_every_healthy_maximum_under_its_threshold(calibrated):
             assert peak < calibrated.thresholds[metric]
     n = len(_calibration_runs())
     assert calibrated.false_alarm["router"] == pytest.approx(3 / (n + 1), abs=1e-4)
+
+
+def test_leave_one_out_margin_keeps_every_left_out_run_quiet():
+    healthy = replay(_calibration_runs(), uncalibrated(DetectorConfig()))
+    margins = leave_one_out_margin(healthy, DetectorConfig())
+    for i, left_out in enumerate(healthy):
+        others = calibrate([*healthy[:i], *healthy[i + 1 :]], DetectorConfig(), margin=margins)
+        for metric, h in others.thresholds.items():
+            assert left_out.peaks.get(metric, 0.0) <= h, (left_out.run_id, metric)
 
 
 def test_calibration_runs_raise_no_warning(calibrated):
