@@ -1,7 +1,7 @@
 """Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
 
-Thresholds come from the healthy runs with seed < ``--calibration-seeds``
-(:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
+Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14 by default;
+:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
 
 * warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
   attention-numerics, lr-high and gbs-small → router; combined: either); for healthy and
@@ -65,10 +65,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
     parser.add_argument(
-        "--calibration-seeds",
-        type=int,
-        default=10,
-        help="healthy seeds below this calibrate; the rest are held out",
+        "--held-out",
+        default="10-14",
+        help="healthy seeds held out (FIRST-LAST); the other healthy calibrate",
     )
     parser.add_argument(
         "--margin",
@@ -80,7 +79,9 @@ def main() -> None:
     args = parser.parse_args()
     paths = sorted(args.runs.glob("*.jsonl.gz"))
     scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
-    calib = [p for p in paths if scenario_of[p] == "healthy" and _seed(p) < args.calibration_seeds]
+    first, last = (int(x) for x in args.held_out.split("-"))
+    calib = [p for p in paths
+             if scenario_of[p] == "healthy" and not first <= _seed(p) <= last]  # fmt: skip
     held = [p for p in paths if p not in calib]
     base = DetectorConfig()
     healthy = replay(calib, uncalibrated(base))
@@ -105,7 +106,7 @@ def main() -> None:
         figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
                              "mechanism_lead_median": _median(mech),
                              "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
-    print(f"calibrated on {len(calib)} healthy runs (seeds < {args.calibration_seeds}), "
+    print(f"calibrated on {len(calib)} healthy runs (held out: seeds {args.held_out}), "
           f"margin {margin}; "
           f"false-alarm bound per run: {config.false_alarm}; config {config.version}")  # fmt: skip
     header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
