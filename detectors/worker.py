@@ -20,8 +20,8 @@ import logging
 import threading
 from typing import Any
 
-from foreshock.transport.consumer import RDKAFKA_LOG, MetricsConsumer
-from foreshock.transport.settings import KafkaSettings
+from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
 from .config import DetectorConfig

@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from foreshock import __version__
-from foreshock.transport.settings import KafkaSettings, load_settings
+from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings, load_settings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import WireError, encode
 
@@ -38,7 +38,6 @@ from .spool import Spool, SpooledMessage, orphaned_spools
 __all__ = ["PRODUCER_DEFAULTS", "KafkaSink"]
 
 log = logging.getLogger(__name__)
-RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "acks": "all",

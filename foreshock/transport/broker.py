@@ -16,7 +16,6 @@ What Tansu does differently from Apache Kafka (measured here, handled by foresho
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -24,6 +23,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from .settings import RDKAFKA_LOG
 
 __all__ = ["BrokerNotFoundError", "EmbeddedBroker", "find_tansu", "free_port"]
 
@@ -75,7 +76,7 @@ def _answers(host: str, port: int, timeout: float) -> bool:
         {
             "bootstrap.servers": f"{host}:{port}",
             "socket.timeout.ms": 1000,
-            "logger": logging.getLogger("foreshock.rdkafka"),
+            "logger": RDKAFKA_LOG,
         }
     )
     try:

@@ -19,13 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import KafkaSettings
+from .settings import RDKAFKA_LOG, KafkaSettings
 from .wire import WireError, decode, stream_of
 
 __all__ = ["CONSUMER_DEFAULTS", "Deduplicator", "MetricsConsumer"]
 
 log = logging.getLogger(__name__)
-RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")
 
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",

@@ -23,13 +23,16 @@ dots written as underscores (``FORESHOCK_RDKAFKA_SASL_PASSWORD`` → ``sasl.pass
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KafkaSettings", "load_settings"]
+__all__ = ["RDKAFKA_LOG", "KafkaSettings", "load_settings"]
+
+RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines, all clients
 
 
 def _default_spool_dir() -> str:

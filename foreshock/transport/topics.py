@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .settings import KafkaSettings
+from .settings import RDKAFKA_LOG, KafkaSettings
 
 __all__ = ["Topics", "ensure_topics", "topic_names"]
 
@@ -41,7 +41,7 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
     admin = AdminClient(
         settings.librdkafka(
             {"socket.timeout.ms": int(timeout * 1000)},
-            logger=logging.getLogger("foreshock.rdkafka"),
+            logger=RDKAFKA_LOG,
         )
     )
     existing = admin.list_topics(timeout=timeout).topics
