@@ -51,7 +51,8 @@ class DetectorConfig:
     k: float = 0.5  # CUSUM allowance (warm-up σ)
     baseline: str = "trend"  # "trend": residual from the run's own EMA; "level": vs warm-up
     trend_beta: float = 0.2  # EMA weight per record of the trend baseline
-    calm_ratio: float = 0.5  # the other mechanism family counts as calm below this × h
+    confirm: int = 2  # consecutive records in alarm before a warning opens
+    calm_ratio: float = 1.0  # the other mechanism family counts as calm below this × h
     thresholds: dict[str, float] = field(default_factory=dict)  # metric -> h; none = never fire
     false_alarm: dict[str, float] = field(default_factory=dict)  # family -> calibrated rate
     calibration: dict[str, Any] = field(default_factory=dict)  # how the thresholds were set

@@ -9,11 +9,17 @@ warm-up σ) the statistic is
 and the detector fires when S_t exceeds h (Page 1954). k (σ) is the allowance: shifts smaller
 than k never accumulate; h (σ·records) trades delay for false alarms and is calibrated per
 family on healthy runs (:mod:`foreshock.detectors.calibrate`).
+
+With ``confirm`` = c > 1 it fires only when S has stayed above h for c updates in a row: the
+sustained statistic min(S_{t−c+1}, …, S_t) crosses h. One noisy record then cannot open a
+warning (nor name a wrong cause), and calibration on the sustained statistic's peak keeps
+the false-alarm bound: its healthy maxima are lower, so thresholds come out lower too.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from river import base
 
@@ -31,27 +37,42 @@ class OneSidedCUSUM(base.DriftDetector):
     fired at x=-3.0, S=6.0
     >>> cusum.in_alarm
     True
+
+    Confirmed over two updates, a single spike no longer fires:
+
+    >>> cusum = OneSidedCUSUM(direction="up", k=0.5, h=4.0, confirm=2)
+    >>> fired = []
+    >>> for x in [6.0, -6.0, 3.0, 3.0, 3.0]:
+    ...     cusum.update(x)
+    ...     fired.append(cusum.drift_detected)
+    >>> fired
+    [False, False, False, False, True]
     """
 
-    def __init__(self, direction: str = "up", k: float = 0.5, h: float = 5.0) -> None:
+    def __init__(self, direction: str = "up", k: float = 0.5, h: float = 5.0,
+                 confirm: int = 1) -> None:  # fmt: skip
         super().__init__()
         if direction not in ("up", "down"):
             raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
-        if k < 0 or h <= 0:
-            raise ValueError("k must be >= 0 and h > 0")
+        if k < 0 or h <= 0 or confirm < 1:
+            raise ValueError("k must be >= 0, h > 0 and confirm >= 1")
         self.direction, self.k, self.h = direction, k, h
         self.statistic = 0.0
-        self.peak = 0.0  # the largest statistic seen: what calibration records
+        self.sustained = 0.0  # min of the last ``confirm`` statistics
+        self.peak = 0.0  # the largest sustained statistic seen: what calibration records
+        self._last: deque[float] = deque(maxlen=confirm)
 
     def update(self, x: float) -> None:
         self._drift_detected = False
         if not math.isfinite(x):
             return
         sign = 1.0 if self.direction == "up" else -1.0
-        before = self.statistic
         self.statistic = max(0.0, self.statistic + sign * x - self.k)
-        self.peak = max(self.peak, self.statistic)
-        self._drift_detected = before <= self.h < self.statistic
+        self._last.append(self.statistic)
+        before = self.sustained
+        self.sustained = min(self._last) if len(self._last) == self._last.maxlen else 0.0
+        self.peak = max(self.peak, self.sustained)
+        self._drift_detected = before <= self.h < self.sustained
 
     @property
     def in_alarm(self) -> bool:

@@ -5,15 +5,19 @@ sees a run's wire messages in seq order and returns events.
 
 * Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is
   standardized against the run's own warm-up and fed to a one-sided CUSUM per direction.
-* A family fires for a module when one of its series' statistics crosses that metric's
-  calibrated threshold h; one warning stays open per (run, family, module) until every one of
-  its statistics is back below h (then a ``cleared`` event).
-* Attribution is earned, not assumed: the first mechanism family to fire is the ``cause``
-  only if the other mechanism family is calm at that moment (each of its statistics below
-  ``calm_ratio`` of its threshold); warnings of the other family that follow are
-  ``secondary`` (a consequence, e.g. routers degrading after the attention numerics). If the
-  other family is already building up, both are moving at once and every mechanism warning
-  of the run is ``ambiguous``. Symptom warnings are ``symptom``.
+* A family fires for a module when one of its series' statistics has stayed above that
+  metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
+  per (run, family, module) until every one of its statistics is back below h (then a
+  ``cleared`` event).
+* Attribution is earned, not assumed: the lab shows the families are *not* orthogonal (a
+  learning-rate ramp moves the attention entropies too, some 500 steps after the router), so
+  what names the cause is which family moves first. The first mechanism family to fire is
+  the ``cause`` when the other family is calm at that record (each of its sustained
+  statistics below ``calm_ratio`` × h; 1.0 = has not crossed what healthy runs never
+  cross); warnings of the other family that follow are ``secondary`` (a consequence). When
+  both cross on the same record nothing tells them apart and every mechanism warning of the
+  run is ``ambiguous``. A record is read whole before any warning opens, so the order of
+  its values never decides. Symptom warnings are ``symptom``.
 * The loss divergence (the lab's rule, :mod:`foreshock.detectors.divergence`, or the run's own
   ``end.divergence_step`` when the producer knew it) gives each warning its lead time, sent as
   an ``updated`` event once known.
@@ -110,7 +114,8 @@ class RunDetector:
         return events
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
-        events = []
+        """Update every series first, then open warnings: attribution sees the whole record."""
+        fired = []
         for key, value in values.items():
             if key in self._ignored:
                 continue
@@ -125,8 +130,12 @@ class RunDetector:
             for direction, cusum in series.cusums.items():
                 cusum.update(z)
                 self.peaks[series.metric] = max(self.peaks.get(series.metric, 0.0), cusum.peak)
-                if cusum.drift_detected and (series.family, series.module) not in self._open:
-                    events.append(self._open_alert(series, direction, cusum, step))
+                if cusum.drift_detected:
+                    fired.append((series, direction, cusum))
+        events = []
+        for series, direction, cusum in fired:
+            if (series.family, series.module) not in self._open:
+                events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)
 
     def _new_series(self, key: str) -> _Series | None:
@@ -141,7 +150,8 @@ class RunDetector:
         series = _Series(
             key, metric, rule.family, module,
             self._standardizer(),
-            {d: OneSidedCUSUM(d, self.config.k, h) for d in rule.directions()},
+            {d: OneSidedCUSUM(d, self.config.k, h, self.config.confirm)
+             for d in rule.directions()},
         )  # fmt: skip
         self._series[key] = series
         return series
@@ -181,8 +191,8 @@ class RunDetector:
         return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
 
     def _pressure(self, family: str) -> float:
-        """How close ``family`` is to firing: its largest statistic / threshold (0 = calm)."""
-        ratios = [c.statistic / c.h for s in self._series.values() if s.family == family
+        """How close ``family`` is to firing: its largest sustained statistic / threshold."""
+        ratios = [c.sustained / c.h for s in self._series.values() if s.family == family
                   for c in s.cusums.values() if math.isfinite(c.h)]  # fmt: skip
         return max(ratios, default=0.0)
 

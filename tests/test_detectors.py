@@ -68,25 +68,57 @@ def test_calibration_runs_raise_no_warning(calibrated):
         assert report.alerts == []
 
 
-def test_numerics_fault_warns_attention_before_divergence(calibrated):
-    misnamed = []
+def _first_mechanism(report):
+    before = report.divergence_step
+    return next(a for a in report.alerts if a.family != "symptom" and a.step < before)
+
+
+def test_numerics_fault_warns_attention_first_and_names_it_the_cause(calibrated):
     for report in replay(_runs("fa-lowprec"), calibrated):
-        first = report.first("attention-numerics", before=report.divergence_step)
-        assert first is not None, report.run_id
-        if first.role == "secondary":  # the router fired first while attention was calm
-            misnamed.append(report.run_id)
+        first = _first_mechanism(report)
+        assert (first.family, first.role) == ("attention-numerics", "cause"), report.run_id
         assert first.lead_time == report.divergence_step - first.step > 0
         assert first.false_alarm_rate == calibrated.false_alarm["attention-numerics"]
         assert first.config_version == calibrated.version
         assert first.evidence["recent"] and first.module.endswith(".attn")
-    assert misnamed in ([], ["fa-lowprec-s7"])  # the known miss of issue 5: no new ones
 
 
-def test_learning_rate_fault_warns_router_before_divergence(calibrated):
+def test_learning_rate_fault_warns_router_first_and_names_it_the_cause(calibrated):
     for report in replay(_runs("lr-high"), calibrated):
-        first = report.first("router", before=report.divergence_step)
-        assert first is not None, report.run_id
+        first = _first_mechanism(report)
+        assert (first.family, first.role) == ("router", "cause"), report.run_id
         assert first.module.endswith("mlp.gate")
+
+
+def _two_families(drop_attention: int, drop_router: int) -> list[dict]:
+    """A synthetic run: both mechanisms wobble, then each collapses from its own step."""
+    records = []
+    for i, step in enumerate(range(0, 1200, 25)):
+        wobble = 0.01 * ((i * 7) % 5 - 2)
+        attention = (
+            3.0 + wobble - (0.2 * (step - drop_attention) / 25 if step >= drop_attention else 0)
+        )
+        router = 0.9 + wobble - (0.2 * (step - drop_router) / 25 if step >= drop_router else 0)
+        records.append({"kind": "metrics", "step": step, "values": {
+            "attn.dwq.entropy@h.0.attn": attention,
+            "router.token_entropy_norm@h.0.mlp.gate": router}})  # fmt: skip
+    return records
+
+
+@pytest.mark.parametrize(
+    ("drop_attention", "drop_router", "roles"),
+    [(600, 900, {"attention-numerics": "cause", "router": "secondary"}),
+     (900, 600, {"attention-numerics": "secondary", "router": "cause"}),
+     (600, 600, {"attention-numerics": "ambiguous", "router": "ambiguous"})],
+)  # fmt: skip
+def test_the_family_that_moves_first_is_the_cause_and_a_tie_is_ambiguous(
+    drop_attention, drop_router, roles
+):
+    config = DetectorConfig(thresholds={"attn.dwq.entropy": 4.0, "router.token_entropy_norm": 4.0})
+    detector = RunDetector("synthetic", config)
+    for record in _two_families(drop_attention, drop_router):
+        detector.update(record)
+    assert {a.family: a.role for a in detector.alerts} == roles
 
 
 def test_ids_are_deterministic_and_one_warning_is_open_per_module(calibrated):
