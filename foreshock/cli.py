@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from foreshock import __version__
 from foreshock.detectors.commands import add_detector_commands
+from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
 
 __all__ = ["main"]
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     add_transport_commands(sub)
     add_detector_commands(sub)
+    add_storage_commands(sub)
     return parser
 
 

@@ -1,1 +1,1 @@
-"""Placeholder package: arrives in a later issue (see README roadmap)."""
+"""History: the store (Parquet segments + manifest, one writer), its readers, queries and sink."""

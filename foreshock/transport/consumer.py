@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,22 @@ class Deduplicator:
             stream.below += 1
         return True
 
+    def seed(self, stream: tuple[str, int], seqs: Iterable[int]) -> None:
+        """Mark ``seqs`` of ``stream`` as seen (e.g. what storage already holds)."""
+        entry = self._streams.setdefault(stream, _Stream())
+        entry.above.update(s for s in seqs if s >= entry.below)
+        while entry.below in entry.above:
+            entry.above.remove(entry.below)
+            entry.below += 1
+
+    def seed_prefix(self, stream: tuple[str, int], below: int) -> None:
+        """Mark every seq < ``below`` of ``stream`` as seen, in O(1) memory."""
+        entry = self._streams.setdefault(stream, _Stream())
+        if below > entry.below:
+            entry.below = below
+            entry.above = {s for s in entry.above if s >= below}
+        self.seed(stream, ())
+
     def has_gap(self, stream: tuple[str, int]) -> bool:
         """True while a seq above an unseen one has arrived in ``stream``."""
         entry = self._streams.get(stream)
@@ -83,15 +99,24 @@ class Deduplicator:
 
 
 class MetricsConsumer:
-    """A consumer-group member of the metrics topic (or ``topics``)."""
+    """A consumer-group member of the metrics topic (or ``topics``).
+
+    ``decoders`` maps other topics to their own decoder (raw Kafka message → dict, or
+    :class:`WireError`): their messages skip the seq bookkeeping and come out with ``_topic``.
+    """
 
     def __init__(self, settings: KafkaSettings, group_id: str,
                  topics: Iterable[str] | None = None, on_assign: Any = None,
-                 gap_wait: float = 1.0, **config: Any) -> None:  # fmt: skip
+                 gap_wait: float = 1.0,
+                 decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
+                 **config: Any) -> None:  # fmt: skip
         from confluent_kafka import Consumer, Producer
 
         self.settings = settings
-        self.topics = list(topics or [settings.metrics_topic])
+        self.decoders = dict(decoders or {})
+        self.topics = list(topics or [settings.metrics_topic]) + [
+            t for t in self.decoders if t not in (topics or [settings.metrics_topic])
+        ]
         self.dedup = Deduplicator()
         self.dead_letters = 0
         self.rereads = 0
@@ -123,12 +148,17 @@ class MetricsConsumer:
                 if raw.error().name() not in ("_PARTITION_EOF",):
                     log.debug("foreshock consumer: %s", raw.error())
                 continue
+            decoder = self.decoders.get(raw.topic())
             try:
-                message = decode(raw.value())
+                message = decoder(raw) if decoder else decode(raw.value())
             except WireError as exc:
                 self.dead_letter(raw, str(exc))
                 continue
-            if self.dedup.admit(message):
+            if decoder:
+                message["_topic"], message["_partition"] = raw.topic(), raw.partition()
+                message["_offset"] = raw.offset()
+                out.append(message)
+            elif self.dedup.admit(message):
                 message["_partition"], message["_offset"] = raw.partition(), raw.offset()
                 out.append(message)
                 self._track_gap(message, raw.topic())

@@ -1,0 +1,210 @@
+"""Every query the dashboard, ``foreshock report`` and ``foreshock tune`` make — the only SQL.
+
+Each function takes a :class:`~foreshock.storage.reader.History` snapshot (one per page render,
+so a page's numbers agree with each other) and returns plain Python rows. All parameters are
+bound (``?``), never spliced; large series are downsampled here, in the query, so a page never
+pulls more than ``max_points`` per line.
+
+A run's **status** (fleet page): ``diverged`` once its loss diverged (the producer's exact step,
+else the detectors'); ``warning: <family>`` while a mechanism warning is open; ``finished`` when
+it ended; ``healthy`` while it runs quietly. Urgency: open warning, diverged, healthy, finished.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from foreshock.producers.records import series_key
+
+from .reader import History
+
+__all__ = ["dead_letters", "fleet", "lead_table", "run_records", "run_series_index",
+           "run_warnings", "series", "series_across_runs", "summary"]  # fmt: skip
+
+MECHANISM_FAMILIES = ("attention-numerics", "router")
+
+_FLEET = """
+WITH w AS (
+    SELECT run_id,
+        list(family || ' @ ' || coalesce(module, '-') ORDER BY step)
+            FILTER (WHERE event <> 'cleared' AND family <> 'symptom') AS active,
+        arg_min(family, step) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
+            AS active_family,
+        min(step) FILTER (WHERE family <> 'symptom') AS first_warning_step,
+        arg_min(family, step) FILTER (WHERE family <> 'symptom') AS first_family,
+        max(divergence_step) AS detected_divergence
+    FROM warnings_latest GROUP BY run_id)
+SELECT r.run_id, r.project, r.scenario, r.fault, r.status AS lifecycle, r.last_step,
+       r.last_time, r.last_received, r.records, w.active, w.active_family,
+       w.first_warning_step, w.first_family,
+       CASE WHEN r.divergence_known THEN r.divergence_step ELSE w.detected_divergence END
+           AS divergence_step
+FROM runs r LEFT JOIN w USING (run_id)
+WHERE (?::VARCHAR IS NULL OR r.project = ?)
+  AND (?::DOUBLE IS NULL OR coalesce(r.last_received, r.started_at) >= ?)
+"""
+
+
+def _status(row: dict[str, Any]) -> str:
+    if row["divergence_step"] is not None:
+        return "diverged"
+    if row["active_family"]:
+        return f"warning: {row['active_family']}"
+    return "healthy" if row["lifecycle"] == "running" else "finished"
+
+
+_URGENCY = {"warning": 0, "diverged": 1, "healthy": 2, "finished": 3}
+
+
+def fleet(
+    history: History,
+    project: str | None = None,
+    status: str | None = None,
+    family: str | None = None,
+    since: float | None = None,
+) -> list[dict[str, Any]]:
+    """One row per run, most urgent first; filters on project, status (prefix), fault family
+    (a run with a warning or first warning of it) and last data after ``since`` (Unix s)."""
+    rows = history.sql(_FLEET, [project, project, since, since]).to_pylist()
+    for row in rows:
+        row["status"] = _status(row)
+        row["active"] = row["active"] or []
+        div, first = row["divergence_step"], row["first_warning_step"]
+        row["lead_time"] = div - first if div is not None and first is not None else None
+    if status:
+        rows = [r for r in rows if r["status"].startswith(status)]
+    if family:
+        rows = [r for r in rows if family in (r["active_family"], r["first_family"])]
+    rows.sort(key=lambda r: (_URGENCY[r["status"].split(":")[0]], -(r["last_received"] or 0)))
+    return rows
+
+
+def summary(history: History, run_id: str) -> dict[str, Any] | None:
+    """The run's row of :func:`fleet` plus its start message's labels."""
+    rows = [r for r in fleet(history) if r["run_id"] == run_id]
+    if not rows:
+        return None
+    start = history.sql("SELECT start_body FROM runs WHERE run_id = ?", [run_id]).to_pylist()
+    body = start[0]["start_body"] if start else None
+    return {**rows[0], "labels": json.loads(body).get("labels", {}) if body else {}}
+
+
+def run_series_index(history: History, run_id: str) -> list[dict[str, Any]]:
+    """Which (metric, module, head) series a run has, with their number of points."""
+    return history.sql(
+        "SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
+        "GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST",
+        [run_id]).to_pylist()  # fmt: skip
+
+
+_SERIES = """
+WITH s AS (
+    SELECT step, module, head, value FROM metric_values
+    WHERE run_id = ? AND metric = ? AND (?::VARCHAR IS NULL OR module = ?)
+      AND ((?::BOOLEAN AND head IS NULL) OR (NOT ?::BOOLEAN AND head IS NOT NULL))),
+b AS (SELECT greatest(1, ceil((max(step) - min(step) + 1) / ?::DOUBLE))::BIGINT AS width FROM s)
+SELECT module, head, min(step) AS step, avg(value) AS value, min(value) AS low,
+       max(value) AS high, count(*) AS points
+FROM s, b GROUP BY module, head, step // width ORDER BY module, head, step
+"""
+
+
+def series(history: History, run_id: str, metric: str, module: str | None = None,
+           heads: bool = False, max_points: int = 1000) -> list[dict[str, Any]]:  # fmt: skip
+    """A run's ``metric`` per module (or per head with ``heads``), at most ``max_points``
+    buckets per line: each bucket's first step, mean, min and max."""
+    return history.sql(_SERIES, [run_id, metric, module, module, not heads, not heads,
+                                 max_points]).to_pylist()  # fmt: skip
+
+
+_ACROSS = """
+WITH s AS (
+    SELECT run_id, step, value FROM metric_values
+    WHERE run_id IN (SELECT unnest(?::VARCHAR[])) AND metric = ? AND head IS NULL
+      AND (?::VARCHAR IS NULL OR module = ?)),
+b AS (SELECT greatest(1, ceil((max(step) - min(step) + 1) / ?::DOUBLE))::BIGINT AS width FROM s)
+SELECT run_id, min(step) AS step, avg(value) AS value
+FROM s, b GROUP BY run_id, step // width ORDER BY run_id, step
+"""
+
+
+def series_across_runs(
+    history: History,
+    run_ids: list[str],
+    metric: str,
+    module: str | None = None,
+    max_points: int = 500,
+) -> list[dict[str, Any]]:
+    """The same monitor over several runs (module-averaged where ``module`` is None)."""
+    return history.sql(_ACROSS, [run_ids, metric, module, module, max_points]).to_pylist()
+
+
+def run_warnings(history: History, run_id: str) -> list[dict[str, Any]]:
+    """The run's warnings, newest state of each, in step order; evidence parsed."""
+    rows = history.sql(
+        "SELECT * FROM warnings_latest WHERE run_id = ? ORDER BY step, family, module",
+        [run_id]).to_pylist()  # fmt: skip
+    for row in rows:
+        row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else None
+    return rows
+
+
+_LEADS = """
+SELECT r.run_id, r.scenario, r.fault,
+       CASE WHEN r.divergence_known THEN r.divergence_step ELSE max(w.divergence_step) END
+           AS divergence_step,
+       min(w.step) FILTER (WHERE w.family = 'attention-numerics') AS attention_step,
+       min(w.step) FILTER (WHERE w.family = 'router') AS router_step,
+       min(w.step) FILTER (WHERE w.family = 'symptom') AS symptom_step,
+       arg_min(w.family || ':' || w.role, w.step) FILTER (WHERE w.family <> 'symptom')
+           AS first_mechanism
+FROM runs r LEFT JOIN warnings_latest w USING (run_id)
+GROUP BY r.run_id, r.scenario, r.fault, r.divergence_step, r.divergence_known
+ORDER BY r.scenario, r.run_id
+"""
+
+
+def lead_table(history: History) -> list[dict[str, Any]]:
+    """Per run: first warning step of each family, divergence step, and the leads
+    (divergence − first warning; only warnings before divergence count as leads).
+
+    The divergence step is the producer's when it watched the loss (the lab does, every step),
+    else the detectors' online estimate."""
+    rows = history.sql(_LEADS).to_pylist()
+    for row in rows:
+        div = row["divergence_step"]
+        steps = [row["attention_step"], row["router_step"]]
+        first = min((s for s in steps if s is not None and (div is None or s < div)),
+                    default=None)  # fmt: skip
+        row["mechanism_step"] = first
+        row["mechanism_lead"] = div - first if div is not None and first is not None else None
+        sym = row["symptom_step"]
+        row["symptom_lead"] = (
+            div - sym if div is not None and sym is not None and sym < div else None
+        )
+    return rows
+
+
+def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict], dict | None]:
+    """A stored run as its wire messages again (start, metrics records in step order, end):
+    what the detectors replay in ``foreshock tune``."""
+    events = history.sql("SELECT kind, body FROM run_events WHERE run_id = ? ORDER BY seq",
+                         [run_id]).to_pylist()  # fmt: skip
+    start = next((json.loads(e["body"]) for e in events if e["kind"] == "start"), None)
+    end = next((json.loads(e["body"]) for e in events if e["kind"] == "end"), None)
+    columns = history.sql(
+        "SELECT step, metric, module, head, value FROM metric_values WHERE run_id = ? "
+        "ORDER BY step", [run_id]).to_pydict()  # fmt: skip
+    records: dict[int, dict[str, Any]] = {}
+    for step, metric, module, head, value in zip(*columns.values(), strict=True):
+        record = records.setdefault(step, {"kind": "metrics", "run_id": run_id, "step": step,
+                                           "values": {}})  # fmt: skip
+        record["values"][series_key(metric, module, head)] = value
+    return start, list(records.values()), end
+
+
+def dead_letters(history: History, limit: int = 100) -> list[dict[str, Any]]:
+    return history.sql(
+        "SELECT received_at, source, partition, \"offset\", reason, octet_length(raw) AS bytes "
+        "FROM dead_letters ORDER BY received_at DESC LIMIT ?", [limit]).to_pylist()  # fmt: skip

@@ -1,0 +1,231 @@
+"""``foreshock sink``: the metrics, warnings and dead-letter topics into the store, in batches.
+
+One consumer-group member reads three topics: the metrics topic (monitoring records *and* the
+run-lifecycle ``start``/``end`` messages — they share the run's key and partition, so a run's
+start is stored before its records and its end after them), the warnings topic and the
+dead-letter topic. Each loop:
+
+1. **Poll** up to ``batch_values`` metric values or ``max_wait`` seconds of messages.
+2. **Convert** each message to Arrow columns (:class:`~foreshock.storage.rows.BatchBuilder`).
+   Already-stored messages are dropped first: (run, rank, seq) for metrics — a producer's seq
+   and step go together, so this is idempotence on (run, step) — and the event key for
+   warnings and dead letters. A message that decodes but cannot be stored becomes a
+   ``dead_letters`` row with the reason; the others of the batch are kept.
+3. **Write** the batch durably (:class:`~foreshock.storage.segments.SegmentStore`: segments,
+   fsync, rename, manifest). A failed write is retried with backoff; nothing more is polled
+   and nothing is committed until it succeeds.
+4. **Commit** the consumed offsets — only now, so a crash before this point means the batch is
+   delivered again and step 2 drops what was already written.
+5. Every ``compact_every`` seconds, in a background thread: compact small segments, prune
+   runs older than ``retention_days``, delete retired files.
+
+Dedup state is seeded from the store at start (this process is its only writer), so a restart
+or a replay from offset 0 (a restarted Tansu forgets offsets) stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.settings import KafkaSettings
+from foreshock.transport.topics import ensure_topics
+from foreshock.transport.wire import WireError
+
+from .reader import open_history
+from .retention import prune
+from .rows import BatchBuilder, RecordError
+from .segments import SegmentStore
+
+__all__ = ["StorageSink"]
+
+log = logging.getLogger(__name__)
+
+
+def _decode_warning(raw: Any) -> dict[str, Any]:
+    import json
+
+    try:
+        event = json.loads(raw.value())
+    except (TypeError, UnicodeDecodeError, ValueError) as exc:
+        raise WireError(f"warning is not JSON: {exc}") from None
+    if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
+        raise WireError("not a foreshock.warning/1 event")
+    return event
+
+
+def _decode_dead_letter(raw: Any) -> dict[str, Any]:
+    """Never fails: a dead letter is stored as it is, with the reason its header gives."""
+    headers = {k: (v or b"").decode("utf-8", "replace") for k, v in raw.headers() or []}
+    return {"raw": raw.value(), "reason": headers.get("reason", "(no reason header)"),
+            "source": headers.get("topic", "?"), "origin_partition": headers.get("partition"),
+            "origin_offset": headers.get("offset")}  # fmt: skip
+
+
+class StorageSink:
+    """The sink service; ``run(stop)`` loops steps 1–5 until ``stop`` is set."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        root: str | Path,
+        group_id: str = "foreshock-sink",
+        batch_values: int = 500_000,
+        max_wait: float = 1.0,
+        compact_every: float = 30.0,
+        retention_days: float | None = None,
+    ) -> None:
+        self.settings, self.root = settings, Path(root)
+        self.batch_values, self.max_wait = batch_values, max_wait
+        self.compact_every, self.retention_days = compact_every, retention_days
+        self.store = SegmentStore(self.root)
+        ensure_topics(settings)
+        self.consumer = MetricsConsumer(settings, group_id, decoders={
+            settings.warnings_topic: _decode_warning,
+            settings.deadletter_topic: _decode_dead_letter})  # fmt: skip
+        self._seen_events: set[tuple] = set()
+        self._seed_from_store()
+        self.builder = BatchBuilder()
+        self.stats = {"messages": 0, "values": 0, "batches": 0, "dead_letters": 0,
+                      "duplicates": 0, "write_retries": 0}  # fmt: skip
+
+    def _seed_from_store(self) -> None:
+        with open_history(self.root) as history:
+            streams = history.sql(
+                "SELECT run_id, rank, count(*) AS n, max(seq) AS top FROM ("
+                " SELECT run_id, rank, seq FROM steps UNION ALL"
+                " SELECT run_id, rank, seq FROM run_events) GROUP BY run_id, rank"
+            ).to_pylist()
+            for s in streams:
+                key = (s["run_id"], s["rank"])
+                if s["n"] == s["top"] + 1:
+                    self.consumer.dedup.seed_prefix(key, s["n"])
+                else:
+                    seqs = history.sql(
+                        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? UNION ALL "
+                        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ?",
+                        [*key, *key]).column("seq").to_pylist()  # fmt: skip
+                    self.consumer.dedup.seed(key, seqs)
+            for w in history.sql("SELECT id, event, divergence_step, cleared_step "
+                                 "FROM warnings").to_pylist():  # fmt: skip
+                self._seen_events.add(("w", *w.values()))
+            for d in history.sql("SELECT source, partition, \"offset\" FROM dead_letters "
+                                 "WHERE partition IS NOT NULL").to_pylist():  # fmt: skip
+                self._seen_events.add(("d", *d.values()))
+
+    def add(self, message: dict[str, Any], now: float) -> None:
+        """Step 2 for one message."""
+        topic = message.pop("_topic", None)
+        partition, offset = message.pop("_partition", None), message.pop("_offset", None)
+        if topic == self.settings.deadletter_topic:
+            key = ("d", message["source"], _int(message["origin_partition"]),
+                   _int(message["origin_offset"]))  # fmt: skip
+            if key[2] is None or key not in self._seen_events:
+                self._seen_events.add(key)
+                self.builder.add_dead_letter(message["raw"], message["reason"], key[1],
+                                             key[2], key[3], now)  # fmt: skip
+                self.stats["dead_letters"] += 1
+            return
+        try:
+            if topic == self.settings.warnings_topic:
+                key = ("w", message.get("id"), message.get("event"),
+                       message.get("divergence_step"), message.get("cleared_step"))  # fmt: skip
+                if key in self._seen_events:
+                    self.stats["duplicates"] += 1
+                    return
+                self.builder.add_warning(message, now)
+                self._seen_events.add(key)
+            elif message["kind"] == "metrics":
+                self.builder.add_metrics(message, now)
+            else:
+                self.builder.add_lifecycle(message, now)
+        except RecordError as exc:
+            import json
+
+            raw = json.dumps(message, default=str).encode()
+            self.builder.add_dead_letter(raw, str(exc), f"sink:{topic or 'metrics'}",
+                                         partition, offset, now)  # fmt: skip
+            self.stats["dead_letters"] += 1
+            log.warning("foreshock sink: stored as dead letter: %s", exc)
+        self.stats["messages"] += 1
+
+    def step(self) -> int:
+        """One loop (steps 1–4); returns the number of messages stored."""
+        start, count = time.monotonic(), 0
+        while self.builder.values < self.batch_values and time.monotonic() - start < self.max_wait:
+            batch = self.consumer.poll_batch(2000, timeout=0.2)
+            now = time.time()
+            for message in batch:
+                self.add(message, now)
+            count += len(batch)
+            if not batch and count:
+                break
+        if not len(self.builder):
+            return 0
+        values = self.builder.values
+        tables = self.builder.take()
+        self._write(tables)
+        self.consumer.commit()
+        self.stats["values"] += values
+        self.stats["batches"] += 1
+        return count
+
+    def _write(self, tables: dict) -> None:
+        delay = 0.5
+        while True:
+            try:
+                self.store.write(tables)
+                return
+            except OSError as exc:
+                self.stats["write_retries"] += 1
+                log.error("foreshock sink: write failed (%s); retrying in %.1f s", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def maintain(self) -> None:
+        """Step 5: compaction, retention, retired files."""
+        if self.retention_days is not None:
+            prune(self.store, self.retention_days)
+        self.store.compact()
+
+    def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
+        stop_maintenance = threading.Event()
+
+        def maintenance() -> None:
+            while not stop_maintenance.wait(self.compact_every):
+                try:
+                    self.maintain()
+                except Exception:
+                    log.exception("foreshock sink: maintenance failed (will retry)")
+
+        thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
+        thread.start()
+        idle_since = time.monotonic()
+        try:
+            while not stop.is_set():
+                if self.step():
+                    idle_since = time.monotonic()
+                elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                    break
+        finally:
+            stop_maintenance.set()
+            thread.join()
+            self.close()
+
+    def close(self) -> None:
+        if len(self.builder):
+            self._write(self.builder.take())
+            self.consumer.commit()
+        self.consumer.close()
+        self.store.close()
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
