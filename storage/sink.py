@@ -144,14 +144,24 @@ class StorageSink:
             else:
                 self.builder.add_lifecycle(message, now)
         except RecordError as exc:
-            import json
-
-            raw = json.dumps(message, default=str).encode()
-            self.builder.add_dead_letter(raw, str(exc), f"sink:{topic or 'metrics'}",
-                                         partition, offset, now)  # fmt: skip
-            self.stats["dead_letters"] += 1
-            log.warning("foreshock sink: stored as dead letter: %s", exc)
+            self._reject(message, str(exc), f"sink:{topic or 'metrics'}", partition, offset, now)
+            return
         self.stats["messages"] += 1
+
+    def _reject(self, message: dict[str, Any], reason: str, source: str, partition: int | None,
+                offset: int | None, now: float) -> None:  # fmt: skip
+        """A message that decoded but cannot be stored: a dead-letter row, once per origin."""
+        import json
+
+        key = ("d", source, partition, offset)
+        if key in self._seen_events:
+            self.stats["duplicates"] += 1
+            return
+        self._seen_events.add(key)
+        raw = json.dumps(message, default=str).encode()
+        self.builder.add_dead_letter(raw, reason, source, partition, offset, now)
+        self.stats["dead_letters"] += 1
+        log.warning("foreshock sink: stored as dead letter: %s", reason)
 
     def step(self) -> int:
         """One loop (steps 1–4); returns the number of messages stored."""
