@@ -90,6 +90,7 @@ class StorageSink:
         self._seen_events: set[tuple] = set()
         self._seed_from_store()
         self.builder = BatchBuilder()
+        self.first_message_at: float | None = None  # perf_counter of the first message polled
         self.stats = {"messages": 0, "values": 0, "batches": 0, "dead_letters": 0,
                       "duplicates": 0, "write_retries": 0}  # fmt: skip
 
@@ -169,6 +170,8 @@ class StorageSink:
         while self.builder.values < self.batch_values and time.monotonic() - start < self.max_wait:
             batch = self.consumer.poll_batch(2000, timeout=0.2)
             now = time.time()
+            if batch and self.first_message_at is None:
+                self.first_message_at = time.perf_counter()
             for message in batch:
                 self.add(message, now)
             count += len(batch)

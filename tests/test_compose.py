@@ -19,9 +19,9 @@ COMPOSE = ROOT / "compose" / "docker-compose.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 
 # Subcommands the compose services run that the CLI does not have yet: they land with the
-# detectors (`detect`), DuckDB storage (`store`) and dashboard (`dashboard`) issues. Remove a
+# dashboard (`dashboard`) issue. Remove a
 # name when its subcommand lands; test_pending_subcommands_have_not_landed fails until then.
-PENDING = {"store", "dashboard"}
+PENDING = {"dashboard"}
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
