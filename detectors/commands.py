@@ -1,4 +1,5 @@
-"""``foreshock detect`` (live worker or ``--replay``) and ``foreshock calibrate`` (no torch)."""
+"""``foreshock detect`` (live worker or ``--replay``), ``foreshock calibrate`` and
+``foreshock tune`` (no torch)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,24 @@ def _load_config(path: str | None) -> DetectorConfig:
     return DetectorConfig.load(path) if path else default_config()
 
 
+def _detect_config(args: argparse.Namespace) -> DetectorConfig:
+    """``--detector-config``, else the store's live config (``--store``), else the shipped one."""
+    if args.store is None:
+        return _load_config(args.detector_config)
+    from .registry import live_config
+
+    config = live_config(args.store)
+    if config is None:
+        print(f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
+              "using the shipped one", file=sys.stderr)  # fmt: skip
+        return default_config()
+    return config
+
+
 def _replay(args: argparse.Namespace) -> int:
     from .replay import replay
 
-    config = _load_config(args.detector_config)
+    config = _detect_config(args)
     reports = replay(args.replay, config)
     if args.json:
         for report in reports:
@@ -61,7 +76,7 @@ def _live(args: argparse.Namespace) -> int:
 
     from .worker import DetectorWorker
 
-    worker = DetectorWorker(load_settings(args.config), _load_config(args.detector_config),
+    worker = DetectorWorker(load_settings(args.config), _detect_config(args),
                             group_id=args.group)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -92,12 +107,118 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(done: int, total: int) -> None:
+    end = "\n" if done == total else ""
+    line = f"\rforeshock tune: {100 * done // total:3d}% ({done}/{total} run loads and replays)"
+    print(line, end=end, file=sys.stderr, flush=True)
+
+
+def _tune_table(report: dict) -> str:
+    """The chosen point's per-family figures, then one line per grid point."""
+    chosen = report["points"][report["chosen"]["index"]]
+    rows = [[f["family"], f["runs"], f["detected"], f["lead_median"], f["lead_p10"],
+             f["lead_p90"], f["attribution_ok"], f["false_warnings"], f["healthy_runs"]]
+            for f in chosen["families"]]  # fmt: skip
+    families = format_table(["family", "faulty runs", "warned before divergence",
+                             "lead median", "p10", "p90", "attribution ok",
+                             "false warnings", "healthy runs"], rows)  # fmt: skip
+    names = list(report["grid"])
+    grid = []
+    for i, point in enumerate(report["points"]):
+        figures = [f for f in point["families"] if f["detection_rate"] is not None]
+        grid.append(["*" if i == report["chosen"]["index"] else "",
+                     *(point["params"][n] for n in names),
+                     sum(f["false_warnings"] or 0 for f in point["families"]),
+                     min(f["detection_rate"] for f in figures),
+                     min((f["lead_median"] for f in figures if f["lead_median"] is not None),
+                         default=None), point["version"]])  # fmt: skip
+    points = format_table(["", *names, "false warnings", "worst detection rate",
+                           "shortest median lead", "version"], grid)  # fmt: skip
+    split = report["split"]
+    return (f"{families}\n\n{points}\n\ncalibrated on {len(split['calibration'])} healthy "
+            f"runs, judged on {len(split['judged'])} (held out: {split['held_out_seeds']})\n"
+            f"rule: {report['rule']}")  # fmt: skip
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .registry import RegistryError, history, publish, rollback
+    from .tune import DEFAULT_GRID, TuneError, tune
+
+    try:
+        if args.rollback is not None:
+            version = rollback(args.store, args.rollback or None, note=args.note)
+            print(f"live detector config in {args.store}: {version}")
+            return 0
+        if args.history:
+            for entry in history(args.store):
+                print(json.dumps(entry))
+            return 0
+        grid = {"k": args.grid_k or DEFAULT_GRID["k"],
+                "confirm": args.grid_confirm or DEFAULT_GRID["confirm"],
+                "trend_beta": args.grid_trend_beta or DEFAULT_GRID["trend_beta"]}  # fmt: skip
+        config, report = tune(args.store, grid, args.held_out_seeds,
+                              progress=None if args.json else _progress)  # fmt: skip
+        published = None if args.dry_run else publish(args.store, config, report, args.note)
+    except (TuneError, RegistryError) as exc:
+        print(f"foreshock tune: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**report, "config": config.to_dict(), "published": published}))
+        return 0
+    print(_tune_table(report))
+    print(f"-> {'published, live' if published else 'not published (--dry-run)'}: "
+          f"detector config {config.version}")  # fmt: skip
+    return 0
+
+
+def _seed_range(text: str) -> range:
+    from .tune import parse_seed_range
+
+    try:
+        return parse_seed_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    from foreshock.storage.commands import DEFAULT_STORE
+
+    tune = sub.add_parser("tune", help="tune detectors on a store's runs; publish or roll back")
+    tune.add_argument("--store", default=DEFAULT_STORE, help="store folder (runs and configs)")
+    tune.add_argument(
+        "--held-out-seeds",
+        type=_seed_range,
+        metavar="A-B",
+        help="healthy seeds kept out of calibration (default: seed %% 3 == 0)",
+    )
+    tune.add_argument("--grid-k", nargs="+", type=float, metavar="K", help="CUSUM allowances")
+    tune.add_argument("--grid-confirm", nargs="+", type=int, metavar="N",
+                      help="records in alarm before a warning opens")  # fmt: skip
+    tune.add_argument("--grid-trend-beta", nargs="+", type=float, metavar="B",
+                      help="EMA weights of the trend baseline")  # fmt: skip
+    tune.add_argument("--dry-run", action="store_true", help="report only; publish nothing")
+    tune.add_argument("--json", action="store_true", help="the whole report as one JSON object")
+    tune.add_argument("--note", default="", help="why: kept in the registry's history")
+    what = tune.add_mutually_exclusive_group()
+    what.add_argument(
+        "--rollback",
+        nargs="?",
+        const="",
+        metavar="VERSION",
+        help="make the previous live config (or VERSION) live again",
+    )
+    what.add_argument("--history", action="store_true", help="the live config's changes")
+    tune.set_defaults(func=_tune)
+
+
 def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     detect = sub.add_parser("detect", help="online detectors: live worker, or --replay runs")
     detect.add_argument("--replay", nargs="+", type=Path, metavar="RUN",
                         help="run files written by `foreshock lab run --out`")  # fmt: skip
     detect.add_argument("--json", action="store_true", help="one JSON object per run")
-    detect.add_argument("--detector-config", help="calibrated config (default: shipped)")
+    source = detect.add_mutually_exclusive_group()
+    source.add_argument("--detector-config", help="calibrated config (default: shipped)")
+    source.add_argument("--store", help="use the live config `foreshock tune` published here")
     detect.add_argument("--group", default="foreshock-detectors", help="consumer group")
     detect.add_argument("--idle-exit", type=float, help="live: stop after this many idle s")
     detect.set_defaults(func=_detect)
@@ -112,3 +233,4 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     )
     cal.add_argument("--detector-config", help="rules to start from (default: built-in)")
     cal.set_defaults(func=_calibrate)
+    _add_tune(sub)

@@ -1,0 +1,326 @@
+"""Tune the detectors on the runs a store already holds: grid, calibrate, judge, choose.
+
+The runs are read once (:mod:`foreshock.storage.queries`) and labelled by their ``start``
+labels (``scenario``, ``seed``). Healthy runs are split by seed: those whose seed is not
+held out calibrate (by default seeds with seed % 3 == 0 are held out), so no healthy run
+both sets a threshold and judges it. Every other run — held-out healthy and fa-noise runs,
+every faulty run — judges: faulty runs never calibrate anything, so all of them are judged
+(as in ``benchmarks.detection_table``).
+
+For each point of a small grid of detector parameters (k, confirm, trend_beta by default),
+thresholds are calibrated on the calibration runs with leave-one-out margins
+(:mod:`foreshock.detectors.calibrate`) and every judged run is replayed once. Per family:
+
+* detection: the family's faulty runs (fa-lowprec → attention-numerics, lr-high and
+  gbs-small → router, combined → both) with a warning of that family before divergence;
+* false warnings: mechanism warnings of the family per held-out healthy (and fa-noise) run;
+* lead: divergence step − the first warning of the family before it (median, p10, p90);
+* attribution: of the runs warned before divergence, those whose first mechanism warning is
+  the cause and of the fault's own family.
+
+A faulty scenario with no known family counts under ``unknown``: any mechanism warning
+before divergence detects it, attribution is not judged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import polars as pl
+
+from .calibrate import calibrate, leave_one_out_margin, uncalibrated
+from .config import MECHANISMS, DetectorConfig
+from .engine import RunDetector
+from .replay import RunReport
+
+__all__ = ["DEFAULT_GRID", "OWN", "RULE", "StoredRun", "TuneError", "TuneResult",
+           "load_runs", "parse_seed_range", "replay_messages", "tune"]  # fmt: skip
+
+# the family whose warning detects each fault (combined: both); as benchmarks.detection_table
+OWN: dict[str, tuple[str, ...]] = {
+    "fa-lowprec": ("attention-numerics",), "lr-high": ("router",), "gbs-small": ("router",),
+    "combined": ("attention-numerics", "router"),
+}  # fmt: skip
+NOT_FAULTY = ("healthy", "fa-noise")  # any mechanism warning on these is a false warning
+DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
+    "k": (0.25, 0.5, 1.0), "confirm": (1, 2, 3), "trend_beta": (0.1, 0.2, 0.4),
+}  # fmt: skip
+RULE = ("fewest held-out false warnings (zero when any point has none); then the highest "
+        "detection rate of the worst-detected family (ties: the next worst, and so on); then "
+        "the longest median lead of the family with the shortest (ties: the next); then "
+        "grid order")  # fmt: skip
+
+Progress = Callable[[int, int], None]
+_VERDICT = {"run": pl.String, "scenario": pl.String, "family": pl.String, "faulty": pl.Boolean,
+            "detected": pl.Boolean, "lead": pl.Int64, "attribution_ok": pl.Boolean,
+            "false_warnings": pl.Int64}  # fmt: skip
+
+
+class TuneError(ValueError):
+    """The store cannot support a tune (no healthy runs, no faulty runs, a bad grid...)."""
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A finished, labelled run from the store, as the wire messages the detectors read."""
+
+    run_id: str
+    scenario: str
+    seed: int
+    start: dict[str, Any]
+    records: list[dict[str, Any]]
+    end: dict[str, Any]
+
+    @property
+    def faulty(self) -> bool:
+        return self.scenario not in NOT_FAULTY
+
+
+class TuneResult(NamedTuple):
+    config: DetectorConfig  # the chosen point, calibrated on the calibration runs
+    report: dict[str, Any]  # split, grid, rule, every point's per-family figures, chosen
+
+
+def replay_messages(run_id: str, start: dict[str, Any] | None, records: Sequence[dict],
+                    end: dict[str, Any] | None, config: DetectorConfig) -> RunReport:  # fmt: skip
+    """:func:`~foreshock.detectors.replay.replay_run` for a run read back from a store.
+
+    The divergence step is the producer's when its ``end`` says (even "none"), else the
+    detectors' own estimate — the rule the store's ``runs`` view applies.
+    """
+    detector = RunDetector(run_id, config)
+    events = []
+    for record in records:
+        events += detector.update(record)
+    if end is not None:
+        events += detector.update({**end, "kind": "end"})
+    known = end is not None and "divergence_step" in end
+    divergence = end["divergence_step"] if known else detector.divergence_step
+    labels = (start or {}).get("labels", {})
+    return RunReport(run_id, labels, divergence, detector.alerts, detector.peaks, events)
+
+
+def load_runs(root: str | Path, progress: Progress | None = None,
+              ) -> tuple[list[StoredRun], dict[str, list[str]]]:  # fmt: skip
+    """Every finished, labelled run in the store; and the ids left out, by reason.
+    ``progress(loaded, runs)`` after each run read."""
+    from foreshock.storage import queries
+    from foreshock.storage.reader import open_history
+
+    runs, skipped = [], {"unfinished": [], "unlabelled": []}
+    with open_history(root) as snapshot:
+        rows = sorted(queries.fleet(snapshot), key=lambda r: r["run_id"])
+        for done, row in enumerate(rows, start=1):
+            start, records, end = queries.run_records(snapshot, row["run_id"])
+            if progress is not None:
+                progress(done, len(rows))
+            labels = (start or {}).get("labels", {})
+            scenario, seed = labels.get("scenario"), labels.get("seed")
+            if end is None:
+                skipped["unfinished"].append(row["run_id"])
+            elif not isinstance(scenario, str) or not isinstance(seed, int):
+                skipped["unlabelled"].append(row["run_id"])
+            else:
+                runs.append(StoredRun(row["run_id"], scenario, seed, start, records, end))
+    return runs, skipped
+
+
+def parse_seed_range(text: str) -> range:
+    """``FIRST-LAST`` (inclusive) or one seed.
+
+    >>> parse_seed_range("10-14"), parse_seed_range("7")
+    (range(10, 15), range(7, 8))
+    """
+    first, _, last = text.partition("-")
+    try:
+        low, high = int(first), int(last or first)
+    except ValueError:
+        raise ValueError(f"seed range {text!r}: expected FIRST-LAST, e.g. 10-14") from None
+    if high < low:
+        raise ValueError(f"seed range {text!r}: LAST is below FIRST")
+    return range(low, high + 1)
+
+
+def _held(seed: int, held_out: range | None) -> bool:
+    return seed % 3 == 0 if held_out is None else seed in held_out
+
+
+def _describe(held_out: range | None) -> str:
+    return "seed % 3 == 0" if held_out is None else f"{held_out.start}-{held_out[-1]}"
+
+
+def _split(runs: list[StoredRun], held_out: range | None) -> tuple[list, list]:
+    """(calibration, judged); TuneError when either side cannot do its job."""
+    if not runs:
+        raise TuneError("no finished, labelled runs in the store (start labels scenario, seed)")
+    if not any(r.scenario == "healthy" for r in runs):
+        raise TuneError("no healthy runs in the store: thresholds are calibrated on them")
+    if not any(r.faulty for r in runs):
+        raise TuneError("no labelled faulty runs in the store (a scenario other than "
+                        f"{' or '.join(NOT_FAULTY)}): nothing to judge detection on")  # fmt: skip
+    calibration = [r for r in runs if r.scenario == "healthy" and not _held(r.seed, held_out)]
+    judged = [r for r in runs if r not in calibration]
+    where = f"seeds {_describe(held_out)}"
+    if len(calibration) < 2:
+        raise TuneError(f"{len(calibration)} healthy runs left to calibrate with {where} held "
+                        "out; leave-one-out needs at least 2")  # fmt: skip
+    if not any(not r.faulty for r in judged):
+        raise TuneError(f"no held-out healthy runs ({where}): false warnings cannot be judged")
+    return calibration, judged
+
+
+def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in order.
+
+    >>> _points({"k": (0.5, 1.0), "confirm": (2,)})
+    [{'k': 0.5, 'confirm': 2}, {'k': 1.0, 'confirm': 2}]
+    """
+    known = {f.name for f in fields(DetectorConfig)} - {"rules", "thresholds", "false_alarm",
+                                                         "calibration"}  # fmt: skip
+    unknown = sorted(set(grid) - known)
+    if unknown or not grid or not all(grid.values()):
+        raise TuneError(f"bad grid {dict(grid)}: give values for any of {sorted(known)}")
+    names = list(grid)
+    return [dict(zip(names, values, strict=True))
+            for values in itertools.product(*(grid[n] for n in names))]  # fmt: skip
+
+
+def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
+    """One row per family the run is judged on: a fault's families, or every mechanism
+    family (false warnings) for a healthy or fa-noise run."""
+    div = report.divergence_step
+    if not run.faulty:
+        return [{"run": run.run_id, "scenario": run.scenario, "family": f, "faulty": False,
+                 "false_warnings": sum(a.family == f for a in report.alerts)}
+                for f in MECHANISMS]  # fmt: skip
+    before = [a for a in report.alerts if a.family in MECHANISMS and (div is None or a.step < div)]
+    own = OWN.get(run.scenario)
+    first = before[0] if before else None
+    attribution = None if first is None or own is None else (
+        first.role == "cause" and first.family in own)  # fmt: skip
+    rows = []
+    for family in own or ("unknown",):
+        hits = [a for a in before if own is None or a.family == family]
+        lead = div - hits[0].step if hits and div is not None else None
+        rows.append({"run": run.run_id, "scenario": run.scenario, "family": family,
+                     "faulty": True, "detected": bool(hits), "lead": lead,
+                     "attribution_ok": attribution})  # fmt: skip
+    return rows
+
+
+def family_table(verdicts: pl.DataFrame) -> pl.DataFrame:
+    """Per family: detection rate, leads (median, p10, p90), attribution, false warnings."""
+    faults = (
+        verdicts.filter(pl.col("faulty"))
+        .group_by("family")
+        .agg(
+            runs=pl.len(),
+            detected=pl.col("detected").sum(),
+            detection_rate=pl.col("detected").mean(),
+            lead_median=pl.col("lead").median(),
+            lead_p10=pl.col("lead").quantile(0.1, "linear"),
+            lead_p90=pl.col("lead").quantile(0.9, "linear"),
+            attribution_ok=pl.col("attribution_ok").mean(),
+        )
+    )
+    healthy = (
+        verdicts.filter(~pl.col("faulty"))
+        .group_by("family")
+        .agg(
+            healthy_runs=pl.len(),
+            false_warnings=pl.col("false_warnings").sum(),
+            false_warnings_per_run=pl.col("false_warnings").mean(),
+        )
+    )
+    return faults.join(healthy, on="family", how="full", coalesce=True).sort("family")
+
+
+def _score(families: list[dict[str, Any]]) -> tuple:
+    """Larger is better; the selection rule (:data:`RULE`) as a sort key."""
+    false = sum(f["false_warnings"] or 0 for f in families)
+    rates = sorted(f["detection_rate"] for f in families if f["detection_rate"] is not None)
+    leads = sorted(-math.inf if f["lead_median"] is None else f["lead_median"]
+                   for f in families if f["detection_rate"] is not None)  # fmt: skip
+    return (-false, rates, leads)
+
+
+def _judge_point(point: dict[str, Any], base: DetectorConfig, calibration: list[StoredRun],
+                 judged: list[StoredRun], tick: Callable[[], None]) -> tuple:  # fmt: skip
+    """Calibrate at ``point``, replay the judged runs: (config, margins, per-family rows)."""
+    trial = replace(base, **point)
+    bare, peaks = uncalibrated(trial), []
+    for run in calibration:
+        peaks.append(replay_messages(run.run_id, run.start, run.records, run.end, bare))
+        tick()
+    margin = leave_one_out_margin(peaks, trial)
+    config = calibrate(peaks, trial, margin=margin)
+    rows = []
+    for run in judged:
+        report = replay_messages(run.run_id, run.start, run.records, run.end, config)
+        rows += _verdicts(report, run)
+        tick()
+    table = family_table(pl.DataFrame(rows, schema=_VERDICT))
+    return config, margin, [_rounded(row) for row in table.to_dicts()]
+
+
+class _Counter:
+    """Progress in work units: loading a run is one, each replay of it one more per point.
+    The total is known from the start; a run left out counts its replays as done."""
+
+    def __init__(self, points: int, progress: Progress | None) -> None:
+        self.points, self.progress, self.done, self.total = points, progress, 0, 0
+
+    def loaded(self, _: int, runs: int) -> None:
+        self.total = runs * (1 + self.points)
+        self.tick()
+
+    def skip(self, runs: int) -> None:
+        if runs:
+            self.tick(runs * self.points)
+
+    def tick(self, units: int = 1) -> None:
+        self.done += units
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def tune(root: str | Path, grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
+         held_out: range | None = None, base: DetectorConfig | None = None,
+         progress: Progress | None = None) -> TuneResult:  # fmt: skip
+    """Choose detector parameters on a store's runs (the rule: :data:`RULE`).
+
+    ``held_out``: the healthy seeds kept out of calibration (default: seed % 3 == 0);
+    ``base``: the rules and other parameters the grid varies (default: the built-in ones);
+    ``progress(done, total)`` is called after each run loaded and each replay. TuneError
+    when the store cannot support a tune.
+    """
+    if not Path(root).is_dir():
+        raise TuneError(f"no store at {root}")
+    base = base or DetectorConfig()
+    points = _points(grid)
+    counter = _Counter(len(points), progress)
+    runs, skipped = load_runs(root, counter.loaded)
+    calibration, judged = _split(runs, held_out)
+    counter.skip(sum(map(len, skipped.values())))
+    results = [_judge_point(p, base, calibration, judged, counter.tick) for p in points]
+    scores = [_score(families) for _, _, families in results]
+    best = max(range(len(points)), key=lambda i: (scores[i], -i))
+    report = {
+        "rule": RULE, "grid": {k: list(v) for k, v in grid.items()},
+        "split": {"held_out_seeds": _describe(held_out),
+                  "calibration": [r.run_id for r in calibration],
+                  "judged": [r.run_id for r in judged], **skipped},
+        "points": [{"params": p, "version": c.version, "margin": m, "families": f}
+                   for p, (c, m, f) in zip(points, results, strict=True)],
+        "chosen": {"index": best, "params": points[best], "version": results[best][0].version},
+    }  # fmt: skip
+    return TuneResult(results[best][0], report)
