@@ -1,1 +1,1 @@
-"""Placeholder package: arrives in a later issue (see README roadmap)."""
+"""The fleet dashboard: a Streamlit app over the history (``foreshock dashboard``)."""

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from foreshock import __version__
+from foreshock.dashboard.commands import add_dashboard_commands
 from foreshock.detectors.commands import add_detector_commands
 from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_transport_commands(sub)
     add_detector_commands(sub)
     add_storage_commands(sub)
+    add_dashboard_commands(sub)
     return parser
 
 

@@ -27,8 +27,8 @@ MECHANISM_FAMILIES = ("attention-numerics", "router")
 _FLEET = """
 WITH w AS (
     SELECT run_id,
-        list(family || ' @ ' || coalesce(module, '-') ORDER BY step)
-            FILTER (WHERE event <> 'cleared' AND family <> 'symptom') AS active,
+        list_sort(list_distinct(list(family || ' @ ' || coalesce(module, '-'))
+            FILTER (WHERE event <> 'cleared' AND family <> 'symptom'))) AS active,
         arg_min(family, step) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
             AS active_family,
         min(step) FILTER (WHERE family <> 'symptom') AS first_warning_step,
@@ -71,7 +71,8 @@ def fleet(
         row["status"] = _status(row)
         row["active"] = row["active"] or []
         div, first = row["divergence_step"], row["first_warning_step"]
-        row["lead_time"] = div - first if div is not None and first is not None else None
+        early = div is not None and first is not None and first < div
+        row["lead_time"] = div - first if early else None  # a warning after it leads nothing
     if status:
         rows = [r for r in rows if r["status"].startswith(status)]
     if family:

@@ -1,0 +1,20 @@
+"""The foreshock dashboard (``foreshock dashboard``): four pages over the run history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+PAGES = (
+    Path(__file__).parent / "views"
+)  # not "pages/": that name turns on Streamlit's legacy multipage mode
+
+st.set_page_config(page_title="foreshock", page_icon="⚡", layout="wide")
+navigation = st.navigation([
+    st.Page(PAGES / "fleet.py", title="Fleet", url_path="fleet", default=True),
+    st.Page(PAGES / "run.py", title="Run", url_path="run"),
+    st.Page(PAGES / "compare.py", title="Compare", url_path="compare"),
+    st.Page(PAGES / "tuning.py", title="Tuning", url_path="tuning"),
+])  # fmt: skip
+navigation.run()

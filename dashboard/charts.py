@@ -1,0 +1,141 @@
+"""Plotly figures for the pages: loss with divergence and lead span, monitors with warning
+markers, runs overlaid, the tuning trade-off. Pure functions of plain rows (testable)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import plotly.graph_objects as go
+
+__all__ = ["FAMILY_COLOURS", "compare_figure", "loss_figure", "monitor_figure", "tradeoff_figure"]
+
+FAMILY_COLOURS = {"attention-numerics": "#d62728", "router": "#9467bd", "symptom": "#7f7f7f"}
+_LAYOUT = {"height": 320, "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
+           "legend": {"orientation": "h", "y": -0.25}, "hovermode": "x unified"}  # fmt: skip
+
+
+def _first_mechanism(warnings: list[dict[str, Any]], before: int | None) -> dict | None:
+    hits = [w for w in warnings if w["family"] != "symptom"
+            and (before is None or w["step"] < before)]  # fmt: skip
+    return min(hits, key=lambda w: w["step"], default=None)
+
+
+def loss_figure(loss: list[dict[str, Any]], warnings: list[dict[str, Any]],
+                divergence_step: int | None) -> go.Figure:  # fmt: skip
+    """The loss (bucket mean, with its min–max band), the divergence step as a line, and the
+    lead time as a shaded span from the first mechanism warning to the divergence."""
+    fig = go.Figure()
+    steps = [p["step"] for p in loss]
+    fig.add_trace(
+        go.Scatter(
+            x=steps + steps[::-1],
+            y=[p["high"] for p in loss] + [p["low"] for p in loss][::-1],
+            fill="toself",
+            line={"width": 0},
+            fillcolor="rgba(31,119,180,0.15)",
+            name="min–max",
+            hoverinfo="skip",
+        )
+    )
+    fig.add_trace(go.Scatter(x=steps, y=[p["value"] for p in loss], name="loss",
+                             line={"color": "#1f77b4"}))  # fmt: skip
+    first = _first_mechanism(warnings, divergence_step)
+    if divergence_step is not None:
+        fig.add_vline(x=divergence_step, line={"color": "black", "dash": "dash"},
+                      annotation_text=f"divergence @ {divergence_step}")  # fmt: skip
+        if first is not None:
+            fig.add_vrect(x0=first["step"], x1=divergence_step, opacity=0.15, line_width=0,
+                          fillcolor=FAMILY_COLOURS[first["family"]],
+                          annotation_text=f"lead {divergence_step - first['step']} steps",
+                          annotation_position="top left")  # fmt: skip
+    _warning_markers(fig, [w for w in warnings if w["family"] != "symptom"], _floor(loss, "low"))
+    fig.update_layout(title="loss", xaxis_title="step", **_LAYOUT)
+    return fig
+
+
+def _warning_markers(fig: go.Figure, warnings: list[dict[str, Any]], y: float) -> None:
+    """A dotted line per warning, coloured by family, and a ▲ at height ``y`` that names it
+    on hover (module, step, role) — labels on the lines would overlap."""
+    for w in warnings:
+        fig.add_vline(x=w["step"], line={"color": FAMILY_COLOURS.get(w["family"], "grey"),
+                                         "dash": "dot", "width": 2})  # fmt: skip
+    for family in sorted({w["family"] for w in warnings}):
+        mine = [w for w in warnings if w["family"] == family]
+        fig.add_trace(go.Scatter(
+            x=[w["step"] for w in mine], y=[y] * len(mine), mode="markers",
+            marker={"symbol": "triangle-up", "size": 12, "color": FAMILY_COLOURS[family]},
+            name=f"⚠ {family}", hovertext=[f"{family} @ {w['module'] or 'run'}, step "
+                                           f"{w['step']} ({w['role']})" for w in mine],
+            hoverinfo="text"))  # fmt: skip
+
+
+def _floor(points: list[dict[str, Any]], key: str = "value") -> float:
+    values = [p[key] for p in points if p.get(key) is not None]
+    return min(values) if values else 0.0
+
+
+def monitor_figure(title: str, points: list[dict[str, Any]], warnings: list[dict[str, Any]],
+                   family: str) -> go.Figure:  # fmt: skip
+    """One monitor, a line per module (or per head), with this family's warnings marked."""
+    fig = go.Figure()
+    lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        name = p["module"] or "run"
+        lines[name if p["head"] is None else f"{name} head {p['head']}"].append(p)
+    for name, pts in sorted(lines.items()):
+        fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["value"] for p in pts],
+                                 name=name, mode="lines"))  # fmt: skip
+    _warning_markers(fig, [w for w in warnings if w["family"] == family], _floor(points))
+    fig.update_layout(title=title, xaxis_title="step", **_LAYOUT)
+    return fig
+
+
+def compare_figure(metric: str, lines: list[dict[str, Any]],
+                   leads: list[dict[str, Any]]) -> go.Figure:  # fmt: skip
+    """The same monitor across runs; each run's divergence marked on its own line."""
+    fig = go.Figure()
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in lines:
+        by_run[p["run_id"]].append(p)
+    divergence = {r["run_id"]: r["divergence_step"] for r in leads}
+    for run_id, pts in sorted(by_run.items()):
+        fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["value"] for p in pts],
+                                 name=run_id, mode="lines"))  # fmt: skip
+        if divergence.get(run_id) is not None:
+            fig.add_vline(x=divergence[run_id], line={"dash": "dash", "width": 1},
+                          annotation_text=f"{run_id} diverges", annotation_font_size=9)  # fmt: skip
+    fig.update_layout(title=metric, xaxis_title="step", **{**_LAYOUT, "height": 420})
+    return fig
+
+
+def tradeoff_figure(points: list[dict[str, Any]], chosen: int | None) -> go.Figure:
+    """Each grid point's detection rate against its false warnings per healthy run, one
+    marker per family; the marker size is the median lead."""
+    fig = go.Figure()
+    for family, colour in FAMILY_COLOURS.items():
+        xs, ys, sizes, text = [], [], [], []
+        for i, point in enumerate(points):
+            for f in point["families"]:
+                if f["family"] != family:
+                    continue
+                xs.append(f["false_warnings_per_run"])
+                ys.append(f["detection_rate"])
+                sizes.append(8 + (f["lead_median"] or 0) / 25)
+                params = ", ".join(f"{k}={v}" for k, v in point["params"].items())
+                text.append(("★ chosen: " if i == chosen else "") + params)
+        if xs:
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="markers",
+                    name=family,
+                    text=text,
+                    marker={"color": colour, "size": sizes, "opacity": 0.7},
+                )
+            )
+    fig.update_layout(title="detection vs false warnings (size: median lead)",
+                      xaxis_title="false warnings per held-out healthy run",
+                      yaxis_title="faulty runs warned before divergence", **_LAYOUT)  # fmt: skip
+    return fig

@@ -1,0 +1,45 @@
+"""``foreshock dashboard``: serve the Streamlit app over a store (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["add_dashboard_commands", "streamlit_command"]
+
+APP = Path(__file__).parent / "app.py"
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The ``streamlit run`` line: headless, no usage statistics, no file watcher."""
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--global.developmentMode", "false"]  # fmt: skip
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    store = Path(args.store).resolve()
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"foreshock dashboard: listening on {args.host}: anyone who can reach this "
+              "address reads the whole history (no authentication) — put a reverse proxy "
+              "with authentication in front of it", file=sys.stderr)  # fmt: skip
+    print(f"foreshock dashboard: http://{args.host}:{args.port}  (store {store})", flush=True)
+    env = {**os.environ, "FORESHOCK_STORE": str(store)}
+    try:
+        return subprocess.call(streamlit_command(args.host, args.port), env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def add_dashboard_commands(sub: argparse._SubParsersAction) -> None:
+    dash = sub.add_parser("dashboard", help="the fleet dashboard (Streamlit) over a store")
+    dash.add_argument("--store", default="foreshock-history", help="store folder to read")
+    dash.add_argument("--host", default="127.0.0.1",
+                      help="address to bind (default 127.0.0.1: this machine only; another "
+                      "address exposes the history to that network, unauthenticated)")  # fmt: skip
+    dash.add_argument("--port", type=int, default=8501)
+    dash.set_defaults(func=_dashboard)

@@ -1,0 +1,117 @@
+"""What the pages read: cached calls into :mod:`foreshock.storage.queries` and the detector
+registry. No SQL here either; nothing is opened at import time.
+
+The store comes from ``FORESHOCK_STORE`` (``foreshock dashboard --store`` sets it). Each call
+opens a fresh snapshot (one small manifest read) and caches its answer for ``TTL`` seconds, so
+a page render and its auto-refresh cost a few small queries, and many viewers share them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from foreshock.storage import queries
+from foreshock.storage.reader import open_history
+
+__all__ = ["MONITORS", "TTL", "compare", "fleet", "live_config", "projects", "run_ids", "run_page",
+           "store_exists", "store_path", "tune_reports"]  # fmt: skip
+
+TTL = 2.0  # seconds a query's answer is reused
+MONITORS: dict[str, tuple[str, str]] = {  # label -> (metric, family)
+    "Δ2 spectral entropy (QK increment)": ("attn.d2.entropy_mean", "attention-numerics"),
+    "ΔW_q spectral entropy": ("attn.dwq.entropy", "attention-numerics"),
+    "ΔW_k spectral entropy": ("attn.dwk.entropy", "attention-numerics"),
+    "router token entropy (normalised)": ("router.token_entropy_norm", "router"),
+    "expert-load entropy": ("router.load_entropy", "router"),
+    "router ε (row conditioning)": ("router.epsilon", "router"),
+    "grad norm": ("grad_norm", "symptom"),
+}
+PER_HEAD = {"attn.d2.entropy_mean": "attn.d2.entropy"}  # module metric -> its per-head metric
+
+
+def store_path() -> Path:
+    return Path(os.environ.get("FORESHOCK_STORE", "foreshock-history"))
+
+
+def store_exists() -> bool:
+    return (store_path() / "manifest.json").exists()
+
+
+def fleet(project: str | None = None, status: str | None = None, family: str | None = None,
+          window_s: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The fleet table's rows, most urgent first (see :func:`queries.fleet`)."""
+    return _fleet(str(store_path()), project, status, family, window_s)
+
+
+def run_ids() -> list[str]:
+    return [r["run_id"] for r in _fleet(str(store_path()), None, None, None, None)]
+
+
+def projects() -> list[str]:
+    rows = _fleet(str(store_path()), None, None, None, None)
+    return sorted({r["project"] for r in rows if r["project"]})
+
+
+def run_page(run_id: str, metrics: tuple[str, ...], heads: bool = False,
+             max_points: int = 1000) -> dict[str, Any]:  # fmt: skip
+    """Everything the run page draws, from one snapshot."""
+    return _run_page(str(store_path()), run_id, metrics, heads, max_points)
+
+
+def compare(run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
+    return _compare(str(store_path()), run_ids, metric)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _fleet(store: str, project: str | None, status: str | None, family: str | None,
+           window_s: float | None) -> list[dict[str, Any]]:  # fmt: skip
+    since = None if window_s is None else time.time() - window_s
+    with open_history(store) as history:
+        return queries.fleet(history, project, status, family, since)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _run_page(store: str, run_id: str, metrics: tuple[str, ...], heads: bool,
+              max_points: int) -> dict[str, Any]:  # fmt: skip
+    with open_history(store) as history:
+        summary = queries.summary(history, run_id)
+        if summary is None:
+            return {"summary": None}
+        series = {m: queries.series(history, run_id, PER_HEAD.get(m, m) if heads else m,
+                                    heads=heads and m in PER_HEAD, max_points=max_points)
+                  for m in metrics}  # fmt: skip
+        return {"summary": summary, "warnings": queries.run_warnings(history, run_id),
+                "loss": queries.series(history, run_id, "loss", max_points=max_points),
+                "series": series}  # fmt: skip
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _compare(store: str, run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
+    with open_history(store) as history:
+        lines = queries.series_across_runs(history, list(run_ids), metric)
+        leads = [r for r in queries.lead_table(history) if r["run_id"] in run_ids]
+    return {"lines": lines, "leads": leads}
+
+
+def live_config() -> tuple[str | None, list[dict[str, Any]]]:
+    """(live detector config version, registry history) — small files, not cached."""
+    from foreshock.detectors import registry
+
+    root = store_path()
+    try:
+        return registry.live_version(root), registry.history(root)
+    except (OSError, ValueError):
+        return None, []
+
+
+def tune_reports() -> dict[str, dict[str, Any]]:
+    """version -> the tune report that chose it, newest first."""
+    folder = store_path() / "detector-configs"
+    paths = sorted(folder.glob("*.tune.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return {p.name.removesuffix(".tune.json"): json.loads(p.read_text()) for p in paths}

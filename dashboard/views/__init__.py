@@ -1,0 +1,1 @@
+"""The dashboard's pages: each a script Streamlit runs, calling ``main()``."""

@@ -1,0 +1,34 @@
+"""Compare: one monitor overlaid across runs (healthy vs faulty seeds), with their leads."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from foreshock.dashboard import charts, data
+from foreshock.table import format_table
+
+
+def main() -> None:
+    st.title("Compare")
+    ids = data.run_ids() if data.store_exists() else []
+    if not ids:
+        st.info(f"No runs stored yet in `{data.store_path()}`.")
+        return
+    label = st.selectbox("monitor", list(data.MONITORS))
+    chosen = st.multiselect("runs", ids, default=ids[: min(4, len(ids))])
+    if not chosen:
+        st.info("Pick runs to compare.")
+        return
+    metric = data.MONITORS[label][0]
+    result = data.compare(tuple(chosen), metric)
+    st.plotly_chart(charts.compare_figure(label, result["lines"], result["leads"]),
+                    use_container_width=True, key="compare")  # fmt: skip
+    rows = [[r["run_id"], r["scenario"], r["first_mechanism"], r["mechanism_step"],
+             r["divergence_step"], r["mechanism_lead"], r["symptom_lead"]]
+            for r in result["leads"]]  # fmt: skip
+    st.subheader("Lead times")
+    st.code(format_table(["run", "scenario", "first mechanism warning", "at step",
+                          "divergence", "lead: mechanism", "lead: symptom"], rows))  # fmt: skip
+
+
+main()

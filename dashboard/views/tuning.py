@@ -1,0 +1,46 @@
+"""Tuning: the detection / false-warning / lead-time trade-off that `foreshock tune` measured,
+per family, and which detector config is live."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from foreshock.dashboard import charts, data
+from foreshock.table import format_table
+
+
+def main() -> None:
+    st.title("Tuning")
+    live, history = data.live_config()
+    st.metric("live detector config", live or "shipped default (none published)")
+    reports = data.tune_reports()
+    if not reports:
+        st.info("No tune report yet: run `foreshock tune --store "
+                f"{data.store_path()}` to search detector parameters on past runs.")  # fmt: skip
+        return
+    version = st.selectbox("tune report of config", list(reports),
+                           index=list(reports).index(live) if live in reports else 0)  # fmt: skip
+    report = reports[version]
+    st.caption(f"rule: {report['rule']}")
+    chosen = report["chosen"]["index"] if report.get("chosen") else None
+    st.plotly_chart(charts.tradeoff_figure(report["points"], chosen),
+                    use_container_width=True, key="tradeoff")  # fmt: skip
+    rows = []
+    for i, point in enumerate(report["points"]):
+        for f in point["families"]:
+            rows.append(["★" if i == chosen else "", *point["params"].values(), f["family"],
+                         f"{f['detected']}/{f['runs']}", f["false_warnings_per_run"],
+                         f["lead_median"], f["lead_p10"], f["lead_p90"]])  # fmt: skip
+    params = list(report["points"][0]["params"]) if report["points"] else []
+    st.code(format_table(["", *params, "family", "warned", "false / healthy run",
+                          "lead median", "p10", "p90"], rows))  # fmt: skip
+    st.subheader("Registry history")
+    st.code(format_table(["time", "action", "version", "note"],
+                         [[time.strftime("%Y-%m-%d %H:%M", time.localtime(h.get("time", 0))),
+                           h.get("action"), h.get("version"), h.get("note", "")]
+                          for h in history]))  # fmt: skip
+
+
+main()
