@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# System tools some tests use: kcat (reads the wire format like any Kafka tool) and docker-compose
-# v1 (validates compose/ offline). Installed with apt when missing and we may; otherwise those
+# System tools some tests use: kcat (reads the wire format like any Kafka tool), docker-compose
+# v1 (validates compose/ offline) and Debian's chromium (the dashboard's browser tests, driven by
+# Playwright; Playwright's own browser download does not work offline). Installed with apt when missing and we may; otherwise those
 # tests skip with the reason — unless FORESHOCK_REQUIRE_SYSTEM_TOOLS=1 (CI), where they fail.
 set -uo pipefail
 missing=()
 command -v kcat >/dev/null || missing+=(kcat)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "setup: apt-get install ${missing[*]}" >&2

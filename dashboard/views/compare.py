@@ -22,7 +22,7 @@ def main() -> None:
     metric = data.MONITORS[label][0]
     result = data.compare(tuple(chosen), metric)
     st.plotly_chart(charts.compare_figure(label, result["lines"], result["leads"]),
-                    use_container_width=True, key="compare")  # fmt: skip
+                    width="stretch", key="compare")  # fmt: skip
     rows = [[r["run_id"], r["scenario"], r["first_mechanism"], r["mechanism_step"],
              r["divergence_step"], r["mechanism_lead"], r["symptom_lead"]]
             for r in result["leads"]]  # fmt: skip

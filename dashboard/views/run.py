@@ -75,12 +75,12 @@ def main() -> None:
     summary, warnings = page["summary"], page["warnings"]
     _header(summary)
     st.plotly_chart(charts.loss_figure(page["loss"], warnings, summary["divergence_step"]),
-                    use_container_width=True, key="loss")  # fmt: skip
+                    width="stretch", key="loss")  # fmt: skip
     grid = st.columns(2)
     for i, label in enumerate(labels):
         metric, family = data.MONITORS[label]
         figure = charts.monitor_figure(label, page["series"][metric], warnings, family)
-        grid[i % 2].plotly_chart(figure, use_container_width=True, key=f"m-{metric}")
+        grid[i % 2].plotly_chart(figure, width="stretch", key=f"m-{metric}")
     _warnings(warnings)
 
 

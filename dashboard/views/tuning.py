@@ -3,8 +3,6 @@ per family, and which detector config is live."""
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
 from foreshock.dashboard import charts, data
@@ -26,7 +24,7 @@ def main() -> None:
     st.caption(f"rule: {report['rule']}")
     chosen = report["chosen"]["index"] if report.get("chosen") else None
     st.plotly_chart(charts.tradeoff_figure(report["points"], chosen),
-                    use_container_width=True, key="tradeoff")  # fmt: skip
+                    width="stretch", key="tradeoff")  # fmt: skip
     rows = []
     for i, point in enumerate(report["points"]):
         for f in point["families"]:
@@ -38,7 +36,7 @@ def main() -> None:
                           "lead median", "p10", "p90"], rows))  # fmt: skip
     st.subheader("Registry history")
     st.code(format_table(["time", "action", "version", "note"],
-                         [[time.strftime("%Y-%m-%d %H:%M", time.localtime(h.get("time", 0))),
+                         [[str(h.get("time", ""))[:16].replace("T", " "),
                            h.get("action"), h.get("version"), h.get("note", "")]
                           for h in history]))  # fmt: skip
 
