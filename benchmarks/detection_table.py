@@ -1,6 +1,6 @@
 """Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
 
-Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14 by default;
+Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14, 25–29 by default;
 :mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
 
 * warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
     parser.add_argument(
         "--held-out",
-        default="10-14",
-        help="healthy seeds held out (FIRST-LAST); the other healthy calibrate",
+        default="10-14,25-29",
+        help="healthy seeds held out (FIRST-LAST[,FIRST-LAST...]); the other healthy calibrate",
     )
     parser.add_argument(
         "--margin",
@@ -79,9 +79,10 @@ def main() -> None:
     args = parser.parse_args()
     paths = sorted(args.runs.glob("*.jsonl.gz"))
     scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
-    first, last = (int(x) for x in args.held_out.split("-"))
+    spans = [tuple(int(x) for x in part.split("-")) for part in args.held_out.split(",")]
+    held_seeds = {s for first, last in spans for s in range(first, last + 1)}
     calib = [p for p in paths
-             if scenario_of[p] == "healthy" and not first <= _seed(p) <= last]  # fmt: skip
+             if scenario_of[p] == "healthy" and _seed(p) not in held_seeds]  # fmt: skip
     held = [p for p in paths if p not in calib]
     base = DetectorConfig()
     healthy = replay(calib, uncalibrated(base))

@@ -83,11 +83,17 @@ def _run_page(store: str, run_id: str, metrics: tuple[str, ...], heads: bool,
         summary = queries.summary(history, run_id)
         if summary is None:
             return {"summary": None}
-        series = {m: queries.series(history, run_id, PER_HEAD.get(m, m) if heads else m,
-                                    heads=heads and m in PER_HEAD, max_points=max_points)
-                  for m in metrics}  # fmt: skip
+        names = {m: PER_HEAD.get(m, m) if heads else m for m in metrics}
+        per_module = [n for n in names.values() if n not in PER_HEAD.values()]
+        per_head = [n for n in names.values() if n in PER_HEAD.values()]
+        lines = queries.series_many(history, run_id, per_module, max_points=max_points)
+        if per_head:
+            lines |= queries.series_many(history, run_id, per_head, heads=True,
+                                         max_points=max_points)  # fmt: skip
+        series = {m: lines[n] for m, n in names.items()}
+        loss = queries.series_many(history, run_id, ["loss"], max_points=max_points)["loss"]
         return {"summary": summary, "warnings": queries.run_warnings(history, run_id),
-                "loss": queries.series(history, run_id, "loss", max_points=max_points),
+                "loss": loss,
                 "series": series}  # fmt: skip
 
 

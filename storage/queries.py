@@ -20,7 +20,7 @@ from foreshock.producers.records import series_key
 from .reader import History
 
 __all__ = ["dead_letters", "fleet", "lead_table", "run_records", "run_series_index",
-           "run_warnings", "series", "series_across_runs", "summary"]  # fmt: skip
+           "run_warnings", "series", "series_across_runs", "series_many", "summary"]  # fmt: skip
 
 MECHANISM_FAMILIES = ("attention-numerics", "router")
 
@@ -43,6 +43,7 @@ SELECT r.run_id, r.project, r.scenario, r.fault, r.status AS lifecycle, r.last_s
 FROM runs r LEFT JOIN w USING (run_id)
 WHERE (?::VARCHAR IS NULL OR r.project = ?)
   AND (?::DOUBLE IS NULL OR coalesce(r.last_received, r.started_at) >= ?)
+  AND (?::VARCHAR IS NULL OR r.run_id = ?)
 """
 
 
@@ -63,10 +64,12 @@ def fleet(
     status: str | None = None,
     family: str | None = None,
     since: float | None = None,
+    run_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per run, most urgent first; filters on project, status (prefix), fault family
-    (a run with a warning or first warning of it) and last data after ``since`` (Unix s)."""
-    rows = history.sql(_FLEET, [project, project, since, since]).to_pylist()
+    (a run with a warning or first warning of it), last data after ``since`` (Unix s) and
+    one ``run_id``."""
+    rows = history.sql(_FLEET, [project, project, since, since, run_id, run_id]).to_pylist()
     for row in rows:
         row["status"] = _status(row)
         row["active"] = row["active"] or []
@@ -83,7 +86,7 @@ def fleet(
 
 def summary(history: History, run_id: str) -> dict[str, Any] | None:
     """The run's row of :func:`fleet` plus its start message's labels."""
-    rows = [r for r in fleet(history) if r["run_id"] == run_id]
+    rows = fleet(history, run_id=run_id)
     if not rows:
         return None
     start = history.sql("SELECT start_body FROM runs WHERE run_id = ?", [run_id]).to_pylist()
@@ -101,13 +104,14 @@ def run_series_index(history: History, run_id: str) -> list[dict[str, Any]]:
 
 _SERIES = """
 WITH s AS (
-    SELECT step, module, head, value FROM metric_values
-    WHERE run_id = ? AND metric = ? AND (?::VARCHAR IS NULL OR module = ?)
+    SELECT metric, step, module, head, value FROM metric_values
+    WHERE run_id = ? AND metric IN (SELECT unnest(?::VARCHAR[]))
+      AND (?::VARCHAR IS NULL OR module = ?)
       AND ((?::BOOLEAN AND head IS NULL) OR (NOT ?::BOOLEAN AND head IS NOT NULL))),
 b AS (SELECT greatest(1, ceil((max(step) - min(step) + 1) / ?::DOUBLE))::BIGINT AS width FROM s)
-SELECT module, head, min(step) AS step, avg(value) AS value, min(value) AS low,
+SELECT metric, module, head, min(step) AS step, avg(value) AS value, min(value) AS low,
        max(value) AS high, count(*) AS points
-FROM s, b GROUP BY module, head, step // width ORDER BY module, head, step
+FROM s, b GROUP BY metric, module, head, step // width ORDER BY metric, module, head, step
 """
 
 
@@ -115,8 +119,25 @@ def series(history: History, run_id: str, metric: str, module: str | None = None
            heads: bool = False, max_points: int = 1000) -> list[dict[str, Any]]:  # fmt: skip
     """A run's ``metric`` per module (or per head with ``heads``), at most ``max_points``
     buckets per line: each bucket's first step, mean, min and max."""
-    return history.sql(_SERIES, [run_id, metric, module, module, not heads, not heads,
+    return series_many(history, run_id, [metric], module, heads, max_points)[metric]
+
+
+def series_many(
+    history: History,
+    run_id: str,
+    metrics: list[str],
+    module: str | None = None,
+    heads: bool = False,
+    max_points: int = 1000,
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`series` of several metrics in one pass over the run's rows (one bucket width
+    for all: the run's step range / ``max_points``)."""
+    rows = history.sql(_SERIES, [run_id, metrics, module, module, not heads, not heads,
                                  max_points]).to_pylist()  # fmt: skip
+    out: dict[str, list[dict[str, Any]]] = {m: [] for m in metrics}
+    for row in rows:
+        out[row.pop("metric")].append(row)
+    return out
 
 
 _ACROSS = """
