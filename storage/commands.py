@@ -39,13 +39,14 @@ def _sink(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from . import queries
     from .reader import open_history
 
     with open_history(args.store) as history:
         rows = []
         for table, entries in history.manifest["tables"].items():
             rows.append([table, len(entries), sum(e["rows"] for e in entries)])
-        runs = history.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"]
+        runs = queries.run_count(history)
     print(format_table(["table", "segments", "rows"], rows))
     print(f"runs: {runs}; generation {history.generation}; "
           f"schema version {history.manifest['schema_version']}")  # fmt: skip

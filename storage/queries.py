@@ -19,8 +19,24 @@ from foreshock.producers.records import series_key
 
 from .reader import History
 
-__all__ = ["dead_letters", "fleet", "lead_table", "run_records", "run_series_index",
-           "run_warnings", "series", "series_across_runs", "series_many", "summary"]  # fmt: skip
+__all__ = [
+    "dead_letters",
+    "fleet",
+    "idle_runs",
+    "lead_table",
+    "run_count",
+    "run_records",
+    "run_rows",
+    "run_series_index",
+    "run_warnings",
+    "series",
+    "series_across_runs",
+    "series_many",
+    "stored_event_keys",
+    "stored_streams",
+    "stream_seqs",
+    "summary",
+]  # fmt: skip
 
 MECHANISM_FAMILIES = ("attention-numerics", "router")
 
@@ -224,6 +240,50 @@ def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict],
                                            "values": {}})  # fmt: skip
         record["values"][series_key(metric, module, head)] = value
     return start, list(records.values()), end
+
+
+def stored_streams(history: History) -> list[dict[str, Any]]:
+    """Per (run, rank) stream: how many seqs are stored and the highest (the sink's dedup)."""
+    return history.sql(
+        "SELECT run_id, rank, count(*) AS n, max(seq) AS top FROM ("
+        " SELECT run_id, rank, seq FROM steps UNION ALL"
+        " SELECT run_id, rank, seq FROM run_events) GROUP BY run_id, rank").to_pylist()  # fmt: skip
+
+
+def stream_seqs(history: History, run_id: str, rank: int) -> list[int]:
+    return history.sql(
+        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? UNION ALL "
+        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ?",
+        [run_id, rank, run_id, rank]).column("seq").to_pylist()  # fmt: skip
+
+
+def stored_event_keys(history: History) -> list[tuple]:
+    """Keys of stored warning events and dead letters (what the sink must not store again)."""
+    warnings = history.sql("SELECT id, event, divergence_step, cleared_step FROM warnings")
+    letters = history.sql("SELECT source, partition, \"offset\" FROM dead_letters "
+                          "WHERE partition IS NOT NULL")  # fmt: skip
+    return ([("w", *row.values()) for row in warnings.to_pylist()]
+            + [("d", *row.values()) for row in letters.to_pylist()])  # fmt: skip
+
+
+def idle_runs(history: History, cutoff: float) -> list[str]:
+    """Runs whose newest data (step, lifecycle message or warning) arrived before ``cutoff``."""
+    return sorted(history.sql(
+        "SELECT run_id FROM (SELECT run_id, received_at AS t FROM steps UNION ALL "
+        "SELECT run_id, received_at FROM run_events UNION ALL "
+        "SELECT run_id, received_at FROM warnings) GROUP BY run_id HAVING max(t) < ?",
+        [cutoff]).column("run_id").to_pylist())  # fmt: skip
+
+
+def run_rows(history: History, table: str, run_id: str):
+    """Every row of one run in ``table`` (Arrow), for export."""
+    if table not in ("run_events", "steps", "metric_values", "warnings"):
+        raise ValueError(f"no per-run table {table!r}")
+    return history.sql(f"SELECT * FROM {table} WHERE run_id = ?", [run_id])
+
+
+def run_count(history: History) -> int:
+    return history.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"]
 
 
 def dead_letters(history: History, limit: int = 100) -> list[dict[str, Any]]:

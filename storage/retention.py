@@ -15,24 +15,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import queries
 from .reader import open_history
 from .schema import TABLES
 from .segments import SegmentStore
 
 __all__ = ["export_query", "export_run", "old_runs", "prune"]
 
-_ACTIVITY = """
-SELECT run_id, max(t) AS last FROM (
-    SELECT run_id, received_at AS t FROM steps UNION ALL
-    SELECT run_id, received_at FROM run_events UNION ALL
-    SELECT run_id, received_at FROM warnings) GROUP BY run_id HAVING max(t) < ?
-"""
-
 
 def old_runs(root: str | Path, days: float, now: float | None = None) -> list[str]:
     cutoff = (time.time() if now is None else now) - days * 86400
     with open_history(root) as history:
-        return sorted(history.sql(_ACTIVITY, [cutoff]).column("run_id").to_pylist())
+        return queries.idle_runs(history, cutoff)
 
 
 def prune(store: SegmentStore, days: float, now: float | None = None) -> list[str]:
@@ -72,7 +66,7 @@ def export_run(root: str | Path, run_id: str, out_dir: str | Path) -> dict[str, 
         for table in TABLES:
             if table == "dead_letters":
                 continue
-            rows = history.sql(f"SELECT * FROM {table} WHERE run_id = ?", [run_id])
+            rows = queries.run_rows(history, table, run_id)
             pq.write_table(rows, out / f"{table}.parquet")
             counts[table] = rows.num_rows
     return counts

@@ -36,6 +36,7 @@ from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import WireError
 
+from . import queries
 from .reader import open_history
 from .retention import prune
 from .rows import BatchBuilder, RecordError
@@ -96,27 +97,13 @@ class StorageSink:
 
     def _seed_from_store(self) -> None:
         with open_history(self.root) as history:
-            streams = history.sql(
-                "SELECT run_id, rank, count(*) AS n, max(seq) AS top FROM ("
-                " SELECT run_id, rank, seq FROM steps UNION ALL"
-                " SELECT run_id, rank, seq FROM run_events) GROUP BY run_id, rank"
-            ).to_pylist()
-            for s in streams:
+            for s in queries.stored_streams(history):
                 key = (s["run_id"], s["rank"])
                 if s["n"] == s["top"] + 1:
                     self.consumer.dedup.seed_prefix(key, s["n"])
                 else:
-                    seqs = history.sql(
-                        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? UNION ALL "
-                        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ?",
-                        [*key, *key]).column("seq").to_pylist()  # fmt: skip
-                    self.consumer.dedup.seed(key, seqs)
-            for w in history.sql("SELECT id, event, divergence_step, cleared_step "
-                                 "FROM warnings").to_pylist():  # fmt: skip
-                self._seen_events.add(("w", *w.values()))
-            for d in history.sql("SELECT source, partition, \"offset\" FROM dead_letters "
-                                 "WHERE partition IS NOT NULL").to_pylist():  # fmt: skip
-                self._seen_events.add(("d", *d.values()))
+                    self.consumer.dedup.seed(key, queries.stream_seqs(history, *key))
+            self._seen_events.update(queries.stored_event_keys(history))
 
     def add(self, message: dict[str, Any], now: float) -> None:
         """Step 2 for one message."""
