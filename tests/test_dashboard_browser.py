@@ -70,7 +70,7 @@ def page(url):
 
 
 def test_fleet_page_lists_runs_with_their_statuses(url, page):
-    page.goto(f"{url}/fleet")
+    page.goto(f"{url}/")
     page.wait_for_selector('tr[data-run="live-fa"]', timeout=90_000)
     status = {row.get_attribute("data-run"): row.locator(".fs-status").inner_text()
               for row in page.locator("table.fs-fleet tbody tr").all()}  # fmt: skip
