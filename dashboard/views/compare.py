@@ -27,8 +27,9 @@ def main() -> None:
              r["divergence_step"], r["mechanism_lead"], r["symptom_lead"]]
             for r in result["leads"]]  # fmt: skip
     st.subheader("Lead times")
-    st.code(format_table(["run", "scenario", "first mechanism warning", "at step",
-                          "divergence", "lead: mechanism", "lead: symptom"], rows))  # fmt: skip
+    header = ["run", "scenario", "first mechanism warning", "at step", "divergence",
+              "lead: mechanism", "lead: symptom"]  # fmt: skip
+    st.code(format_table(header, rows), language="text")
 
 
 main()

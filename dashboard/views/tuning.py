@@ -33,12 +33,12 @@ def main() -> None:
                          f["lead_median"], f["lead_p10"], f["lead_p90"]])  # fmt: skip
     params = list(report["points"][0]["params"]) if report["points"] else []
     st.code(format_table(["", *params, "family", "warned", "false / healthy run",
-                          "lead median", "p10", "p90"], rows))  # fmt: skip
+                          "lead median", "p10", "p90"], rows), language="text")  # fmt: skip
     st.subheader("Registry history")
     st.code(format_table(["time", "action", "version", "note"],
                          [[str(h.get("time", ""))[:16].replace("T", " "),
                            h.get("action"), h.get("version"), h.get("note", "")]
-                          for h in history]))  # fmt: skip
+                          for h in history]), language="text")  # fmt: skip
 
 
 main()
