@@ -162,6 +162,8 @@ def cases(draw: st.DrawFn) -> Case:
 @example(Case(16, 4, 2, 2, (2,), 0, None, 1.0, 4))  # W_q frozen: Δ3 = 0
 @example(Case(16, 4, 2, 2, (), None, 0, 1.0, 5))  # W_k frozen: Δ3 = 0
 @example(Case(16, 4, 2, 2, (2,), 0, 0, 1.0, 6))  # nothing moved: Δ2 = Δ3 = 0
+@example(Case(37, 3, 2, 1, (2, 2), 1, 2, 0.1, 502))  # rank-1 factor: Cholesky's √ε error
+@example(Case(37, 3, 2, 1, (2, 2), 1, 2, 0.1, 502))  # rank-1 Δ3: eigh round-off, α = 1 (CI)
 def test_core_spectra_match_dense_reference(case: Case) -> None:
     q_now, q_before, k_now, k_before = make_weights(case)
     sv2_ref, sv3_ref = dense_increments(q_now, q_before, k_now, k_before)
