@@ -63,7 +63,8 @@ def _lab_run(args: argparse.Namespace) -> int:
         ramp=args.ramp, bits=args.bits, layers=layers, lr_target=args.lr_target,
     )  # fmt: skip
     config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every,
-                       after_divergence=None if args.to_horizon else 250)  # fmt: skip
+                       after_divergence=None if args.to_horizon else 250,
+                       name=args.run_id, project=args.project)  # fmt: skip
     sink = None
     if args.kafka is not None:
         from foreshock.producers.kafka_sink import KafkaSink
@@ -113,8 +114,32 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--kafka", nargs="?", const="", metavar="BOOTSTRAP",
                      help="send the run to Kafka (settings from --config/environment, or "
                      "these bootstrap servers)")  # fmt: skip
+    run.add_argument("--run-id", help="run id (default <scenario>-s<seed>)")
+    run.add_argument("--project", help="project label (the dashboard filters on it)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_lab_run)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from foreshock.demo import DemoConfig, run_demo
+
+    return run_demo(DemoConfig(live=args.live, replayed=args.replayed, speed=args.speed,
+                               duration=args.duration, workers=args.workers, port=args.port,
+                               store=args.store))  # fmt: skip
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from pathlib import Path
+
+    demo = sub.add_parser("demo", help="the whole system on this machine, watching a fleet")
+    demo.add_argument("--live", type=int, default=2, help="real lab runs trained now (0-4)")
+    demo.add_argument("--replayed", type=int, default=40, help="recorded runs replayed")
+    demo.add_argument("--speed", type=float, default=8.0, help="replay pace × recorded")
+    demo.add_argument("--duration", type=float, default=480.0, help="stop after S seconds")
+    demo.add_argument("--workers", type=int, default=1, help="detector workers")
+    demo.add_argument("--port", type=int, default=8501, help="dashboard port")
+    demo.add_argument("--store", type=Path, help="history folder (default foreshock-demo/<time>)")
+    demo.set_defaults(func=_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     smoke.set_defaults(func=_smoke)
     _add_lab(sub)
+    _add_demo(sub)
     add_transport_commands(sub)
     add_detector_commands(sub)
     add_storage_commands(sub)

@@ -41,10 +41,12 @@ class RunConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
     after_divergence: int | None = 250  # steps kept past the divergence step; None = horizon
+    name: str | None = None  # the run id; default "<scenario>-s<seed>"
+    project: str | None = None  # a label the dashboard filters on
 
     @property
     def run_id(self) -> str:
-        return f"{self.fault.scenario}-s{self.seed}"
+        return self.name or f"{self.fault.scenario}-s{self.seed}"
 
 
 @dataclass
@@ -79,7 +81,9 @@ class _Progress:
 
 
 def _labels(config: RunConfig) -> dict[str, Any]:
+    project = {} if config.project is None else {"project": config.project}
     return {
+        **project,
         "scenario": config.fault.scenario,
         "seed": config.seed,
         "onset": config.fault.onset if config.fault.scenario != "healthy" else None,

@@ -1,0 +1,37 @@
+"""`foreshock demo`, short: it brings everything up, stores the fleet, prints the lead table,
+and stops every process it started — twice in a row, with no port left held."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from foreshock.transport.broker import free_port
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
+
+
+@pytest.mark.slow
+def test_demo_runs_twice_and_leaves_nothing_behind(tmp_path):
+    port = free_port()
+    for attempt in range(2):
+        store = tmp_path / f"history-{attempt}"
+        done = subprocess.run(
+            [sys.executable, "-m", "foreshock.cli", "demo", "--live", "0", "--replayed", "6",
+             "--speed", "60", "--duration", "150", "--port", str(port), "--store", str(store)],
+            capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        out = done.stdout
+        assert f"dashboard at http://127.0.0.1:{port}" in out.splitlines()[0]
+        assert "Lead time per run" in out and "Per scenario" in out
+        assert "runs 6/6" in out
+        assert (store / "manifest.json").exists()
+        with socket.socket() as s:  # the dashboard's port is free again
+            s.bind(("127.0.0.1", port))
+    assert _processes_mentioning(str(tmp_path)) == []  # no sink, worker or dashboard left
