@@ -1,0 +1,266 @@
+"""Load test of the whole pipeline: N concurrent runs → Kafka → detectors → storage → query.
+
+For each fleet size N (``--runs``, default 10, 100, 1000) and number of detector workers W
+(``--workers``, default 1 and 2), on the embedded Tansu (or ``--bootstrap``):
+
+* ``--processes`` producer processes replay N recorded lab runs (each its own run id), every
+  run writing one monitoring record (~75 values) per ``1 / --rate`` seconds through a
+  ``KafkaSink`` — a fleet of trainers monitoring every few seconds;
+* W ``foreshock detect`` workers (one consumer group) and one ``foreshock sink`` run as the
+  services do in production, as separate processes.
+
+Figures per (N, W):
+
+* offered and sustained metric values/s — sustained = values *stored* per second from the
+  first write until the store has them all (end to end through the broker and the sink);
+* produce → warning latency p50/p95/p99: a warning's arrival on the warnings topic minus the
+  producer's time stamp of the record at which it fired (read from the store);
+* consumer lag (messages) of the detector group and the sink group, sampled every 2 s: its
+  maximum, and its value when the producers stopped and at the end;
+* the fleet query on the resulting store (the dashboard's first page).
+
+The knee: the smallest N whose sustained rate falls below 90 % of the offered one, or whose
+lag keeps growing; the part whose lag grows first is the one that saturates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.transport.settings import KafkaSettings
+
+from ._table import emit_json, format_table, quantile
+
+
+def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
+    """One producer process: its runs, one record each per 1/rate s, then their end."""
+    from foreshock.lab.recorded import load_run, shipped_runs
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ids, settings_dict, rate, records = args
+    settings = KafkaSettings(**settings_dict)
+    paths = shipped_runs()
+    runs = {i: load_run(paths[i % len(paths)]) for i in ids}
+    sink = KafkaSink(settings, name=f"fleet-{uuid.uuid4().hex[:6]}")
+    sink.wait_delivered(30)
+    for i, run in runs.items():
+        sink.write({**run.start, "run_id": f"fleet-{i}"})
+    start, values = time.monotonic(), 0
+    for n in range(records):
+        time.sleep(max(0.0, start + n / rate - time.monotonic()))
+        for i, run in runs.items():
+            record = run.records[n % len(run.records)]
+            sink.write({**record, "run_id": f"fleet-{i}", "step": n * 25, "time": time.time()})
+            values += len(record["values"])
+    for i in runs:
+        sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": f"fleet-{i}",
+                    "status": "finished", "divergence_step": None})  # fmt: skip
+    sink.close(timeout=120)
+    return {"values": values, "pending": sink.pending(), "spooled": sink.spooled}
+
+
+def _lag(settings: KafkaSettings, groups: list[str]) -> dict[str, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    out = {}
+    for group in groups:
+        c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
+                      "enable.auto.commit": False})  # fmt: skip
+        try:
+            tps = [TopicPartition(settings.metrics_topic, p) for p in range(settings.partitions)]
+            committed = c.committed(tps, timeout=5)
+            lag = 0
+            for tp in committed:
+                low, high = c.get_watermark_offsets(tp, timeout=5)
+                lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+            out[group] = lag  # Tansu's high watermark can trail a commit briefly: clamp at 0
+        except Exception:
+            out[group] = -1
+        finally:
+            c.close()
+    return out
+
+
+class WarningClock(threading.Thread):
+    """Consume the warnings topic; remember when each opened warning arrived."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        super().__init__(daemon=True)
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
+                                  "group.id": f"clock-{uuid.uuid4().hex[:6]}"})  # fmt: skip
+        self.consumer.assign([TopicPartition(settings.warnings_topic, p, 0)
+                              for p in range(settings.partitions)])  # fmt: skip
+        self.arrivals: dict[str, tuple[str, int, float]] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is None or message.error():
+                continue
+            event = json.loads(message.value())
+            if event.get("event") == "opened":
+                self.arrivals.setdefault(event["id"], (event["run_id"], event["step"],
+                                                       time.time()))  # fmt: skip
+        self.consumer.close()
+
+
+def _latencies(store: Path, arrivals: dict[str, tuple[str, int, float]]) -> list[float]:
+    from foreshock.storage.reader import open_history
+
+    with open_history(store) as history:
+        stamps = {(r["run_id"], r["step"]): r["time"] for r in history.sql(
+            "SELECT run_id, step, time FROM steps").to_pylist()}  # fmt: skip
+    return [arrived - stamps[(run, step)] for run, step, arrived in arrivals.values()
+            if (run, step) in stamps]  # fmt: skip
+
+
+def _stored_values(store: Path) -> int:
+    from foreshock.storage.reader import open_history
+
+    if not (store / "manifest.json").exists():
+        return 0
+    with open_history(store) as history:
+        rows = history.sql("SELECT coalesce(sum(n_values), 0)::BIGINT AS v FROM steps")
+        return rows.to_pylist()[0]["v"]
+
+
+def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace) -> dict:
+    """One (N, W) point; see the module docstring."""
+    from foreshock.storage import queries
+    from foreshock.storage.reader import open_history
+    from foreshock.transport.topics import ensure_topics
+
+    name = f"fleet{n}w{workers}-{uuid.uuid4().hex[:4]}"
+    settings = replace(base, metrics_topic=f"{name}.metrics", warnings_topic=f"{name}.warnings",
+                       deadletter_topic=f"{name}.dead")  # fmt: skip
+    ensure_topics(settings)
+    root = Path(tempfile.mkdtemp(prefix="foreshock-fleet-"))
+    store = root / "history"
+    env = {"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+           "FORESHOCK_KAFKA_SPOOL_DIR": str(root / "spool")}  # fmt: skip
+    clock = WarningClock(settings)
+    clock.start()
+    samples: list[tuple[float, dict[str, int], int]] = []
+    with ServiceGroup(env, root / "logs") as group:
+        group.start(
+            "sink", foreshock_command("sink", "--store", str(store), "--group", f"{name}-sink")
+        )
+        for w in range(workers):
+            group.start(f"detect-{w}", foreshock_command("detect", "--group", f"{name}-det"))
+        time.sleep(8)  # group joins (Tansu holds a JoinGroup for half the session timeout)
+        procs = min(args.processes, n)
+        chunks = [list(range(k, n, procs)) for k in range(procs)]
+        settings_dict = {**settings.__dict__, "spool_dir": str(root / "spool")}
+        t0 = time.monotonic()
+        with mp.get_context("spawn").Pool(procs) as pool:
+            pending = pool.map_async(_produce, [(c, settings_dict, args.rate, args.records)
+                                                for c in chunks])  # fmt: skip
+            while not pending.ready():
+                pending.wait(2)
+                samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det",
+                                f"{name}-sink"]), _stored_values(store)))  # fmt: skip
+            produced = pending.get()
+        produce_s = time.monotonic() - t0
+        offered = sum(p["values"] for p in produced)
+        deadline = time.monotonic() + args.drain
+        while _stored_values(store) < offered and time.monotonic() < deadline:
+            time.sleep(1)
+            samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det",
+                            f"{name}-sink"]), _stored_values(store)))  # fmt: skip
+        total_s = time.monotonic() - t0
+        time.sleep(3)  # the last warnings
+        samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det", f"{name}-sink"]),
+                        _stored_values(store)))  # fmt: skip
+        stored = _stored_values(store)
+        clock.stop.set()
+        clock.join(5)
+        query_t = time.perf_counter()
+        with open_history(store) as history:
+            queries.fleet(history)
+        query_s = time.perf_counter() - query_t
+        latencies = _latencies(store, clock.arrivals)
+    shutil.rmtree(root, ignore_errors=True)
+    det = [s[1].get(f"{name}-det", -1) for s in samples]
+    snk = [s[1].get(f"{name}-sink", -1) for s in samples]
+    at_stop = next((s[1] for s in samples if s[0] >= produce_s), samples[-1][1] if samples else {})
+    return {"runs": n, "workers": workers, "offered_values": offered, "stored_values": stored,
+            "produce_seconds": round(produce_s, 1), "total_seconds": round(total_s, 1),
+            "offered_values_per_s": round(offered / produce_s), "sustained_values_per_s":
+            round(stored / total_s), "warnings": len(clock.arrivals),
+            "latency_s": {q: round(quantile(latencies, p), 2) if latencies else None
+                          for q, p in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
+            "lag_max": {"detectors": max(det, default=-1), "sink": max(snk, default=-1)},
+            "lag_when_producers_stopped": {"detectors": at_stop.get(f"{name}-det"),
+                                           "sink": at_stop.get(f"{name}-sink")},
+            "lag_end": {"detectors": det[-1] if det else None, "sink": snk[-1] if snk else None},
+            "lag_series": [(round(t, 1), lag) for t, lag, _ in samples],
+            "fleet_query_s": round(query_s, 3), "lost_values": offered - stored,
+            "producer_pending": sum(p["pending"] for p in produced)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 10, 100; 1 worker; 20 records")
+    parser.add_argument("--runs", default="10,100,1000")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--rate", type=float, default=1.0, help="records/s per run")
+    parser.add_argument("--records", type=int, default=60, help="records per run")
+    parser.add_argument("--processes", type=int, default=4, help="producer processes")
+    parser.add_argument("--drain", type=float, default=120.0, help="s to wait for the tail")
+    parser.add_argument("--bootstrap", help="an external Kafka instead of the embedded Tansu")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.workers, args.records = "10,100", "1", 20
+    from foreshock.transport.broker import EmbeddedBroker
+
+    broker = None if args.bootstrap else EmbeddedBroker().start()
+    base = KafkaSettings(bootstrap_servers=args.bootstrap or broker.bootstrap, partitions=6)
+    results = []
+    try:
+        for n in (int(x) for x in args.runs.split(",")):
+            for w in (int(x) for x in args.workers.split(",")):
+                results.append(run_case(base, n, w, args))
+                r = results[-1]
+                print(f"N={n} W={w}: offered {r['offered_values_per_s']:,} values/s, "
+                      f"sustained {r['sustained_values_per_s']:,}, lag max {r['lag_max']}",
+                      flush=True)  # fmt: skip
+    finally:
+        if broker is not None:
+            broker.stop()
+    rows = [[r["runs"], r["workers"], r["offered_values_per_s"], r["sustained_values_per_s"],
+             r["lost_values"], r["warnings"], r["latency_s"]["p50"], r["latency_s"]["p95"],
+             r["latency_s"]["p99"], r["lag_max"]["detectors"], r["lag_max"]["sink"],
+             r["lag_end"]["detectors"], r["lag_end"]["sink"], r["fleet_query_s"]]
+            for r in results]  # fmt: skip
+    print(format_table(["runs", "workers", "offered values/s", "sustained values/s", "lost",
+                        "warnings", "latency p50 s", "p95", "p99", "max lag: detectors",
+                        "max lag: sink", "end lag: detectors", "end lag: sink",
+                        "fleet query s"], rows))  # fmt: skip
+    saturated = [r for r in results
+                 if r["sustained_values_per_s"] < 0.9 * r["offered_values_per_s"]]  # fmt: skip
+    knee = saturated[0]["runs"] if saturated else None
+    emit_json({"rate_per_run": args.rate, "records_per_run": args.records, "knee_runs": knee,
+               "cases": [{k: v for k, v in r.items() if k != "lag_series"} for r in results],
+               "lag_series": {f"N={r['runs']},W={r['workers']}": r["lag_series"]
+                              for r in results}})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
