@@ -1,0 +1,155 @@
+"""Generate ``benchmarks/README.md`` from measured results — never typed by hand.
+
+``python -m benchmarks.readme --run NAME [NAME ...]`` (or ``--run all``) runs each benchmark's
+command, keeps its closing JSON line in ``benchmarks/results/<name>.json`` together with the
+command, the time and the machine, then rewrites the README from every stored result.
+``python -m benchmarks.readme`` alone only rewrites the README. Each row names the command
+that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+
+Rows = Callable[[dict[str, Any]], list[tuple[str, str]]]
+
+
+def _spectra(r: dict) -> list[tuple[str, str]]:
+    return [(f"compressed cores vs dense SVD of each head's d×d Δ2, one layer, d = {x['d']} "
+             f"({x['heads']} heads of {r['d_head']})",
+             f"{x['speedup_dense_over_best']:.0f}× faster; entropy error "
+             f"{min(x['err_eigh'], x['err_svd']):.1e}") for x in r["results"]]  # fmt: skip
+
+
+def _overhead(r: dict) -> list[tuple[str, str]]:
+    return [("monitor time per training step at δ = 10 (inside the monitor)",
+             f"{r['direct_every10']:.2%} (target ≤ 2 %)"),
+            ("monitor time per training step at δ = 100", f"{r['direct_every100']:.2%}"),
+            ("end-to-end step-time difference at δ = 10 (noise of a few %)",
+             f"{r['overhead_every10']:+.2%}")]  # fmt: skip
+
+
+def _detection(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for scenario, s in r["scenarios"].items():
+        if scenario in ("healthy", "fa-noise"):
+            rows.append((f"false warnings on held-out {scenario} runs",
+                         f"{s['detected']} of {s['runs']} runs"))  # fmt: skip
+            continue
+        a = s["attribution"]
+        symptom = s["symptom_lead_median"] if s["symptom_lead_median"] is not None else "–"
+        lead = (f"; median lead {s['mechanism_lead_median']} steps (mechanism) vs "
+                f"{symptom} (symptom: loss, grad norm, weight norm)"
+                if s["mechanism_lead_median"] is not None else "")  # fmt: skip
+        rows.append((f"{scenario}: warned by its own family before divergence",
+                     f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
+                     f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}"))  # fmt: skip
+    return rows
+
+
+def _storage(r: dict) -> list[tuple[str, str]]:
+    q = r["query_seconds"]
+    return [("ingest, Kafka → store (one sink)", f"{r['ingest_values_per_s']:,} values/s"),
+            (f"fleet query, {r['history_runs']} runs × {r['history_steps']:,} steps",
+             f"{q['fleet']:.2f} s"), ("run page queries", f"{q['run page']:.2f} s")]  # fmt: skip
+
+
+def _dashboard(r: dict) -> list[tuple[str, str]]:
+    return [(f"fleet page in Chromium, {r['runs']} runs × {r['steps']:,} steps (median)",
+             f"{r['fleet_median_s']:.2f} s (target ≤ 2 s)"),
+            ("run page in Chromium (median)",
+             f"{r['run_page_median_s']:.2f} s (target ≤ 3 s)")]  # fmt: skip
+
+
+def _fleet(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for c in r["cases"]:
+        lat = c["latency_s"]
+        rows.append((f"end to end, {c['runs']} runs, {c['workers']} detector worker(s)",
+                     f"{c['sustained_values_per_s']:,} of {c['offered_values_per_s']:,} values/s "
+                     f"offered, {c['lost_values']} lost; warning latency p50 {lat['p50']} s, "
+                     f"p95 {lat['p95']} s, p99 {lat['p99']} s; max lag "
+                     f"{c['lag_max']['detectors']} / {c['lag_max']['sink']} messages "
+                     f"(detectors / sink)"))  # fmt: skip
+    rows.append(("knee (smallest fleet below 90 % of its offered rate)",
+                 str(r["knee_runs"] or "not reached")))  # fmt: skip
+    return rows
+
+
+BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
+    "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
+    "overhead": (["--quick"], _overhead, "Monitor overhead per training step"),
+    "detection_table": ([], _detection, "Lead time and false warnings (held-out lab runs)"),
+    "storage": ([], _storage, "History: ingest and queries"),
+    "dashboard": ([], _dashboard, "Dashboard render time"),
+    "fleet": ([], _fleet, "Whole pipeline: throughput, latency, lag"),
+}
+
+
+def run(name: str) -> None:
+    args, _, _ = BENCHMARKS[name]
+    command = [sys.executable, "-m", f"benchmarks.{name}", *args]
+    print(f"running: python -m benchmarks.{name} {' '.join(args)}", flush=True)
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    save(name, json.loads(out.strip().splitlines()[-1]), args)
+
+
+def save(name: str, result: dict[str, Any], args: list[str], when: float | None = None) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    record = {"command": " ".join(["python -m", f"benchmarks.{name}", *args]).strip(),
+              "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                         f"{platform.python_version()}", "result": result}  # fmt: skip
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))
+
+
+def render() -> str:
+    lines = ["# Benchmarks: the numbers", "",
+             "Generated by `python -m benchmarks.readme` from `benchmarks/results/*.json` — do",
+             "not edit by hand. Rerun a benchmark and regenerate with",
+             "`python -m benchmarks.readme --run NAME`.", ""]  # fmt: skip
+    for name, (_, rows, title) in BENCHMARKS.items():
+        path = RESULTS / f"{name}.json"
+        lines += [f"## {title}", ""]
+        if not path.exists():
+            lines += [f"Not measured yet: `python -m benchmarks.readme --run {name}`.", ""]
+            continue
+        record = json.loads(path.read_text())
+        lines += ["| figure | value | command |", "|---|---|---|"]
+        lines += [f"| {figure} | {value} | `{record['command']}` |"
+                  for figure, value in rows(record["result"])]  # fmt: skip
+        lines += ["", f"Measured {record['measured_at']} on {record['machine']}.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", nargs="*", default=[], help="benchmarks to (re)run, or all")
+    parser.add_argument("--from-output", nargs=2, metavar=("NAME", "FILE"),
+                        help="store the JSON last line of a saved output instead")  # fmt: skip
+    args = parser.parse_args()
+    names = list(BENCHMARKS) if args.run == ["all"] else args.run
+    for name in names:
+        run(name)
+    if args.from_output:
+        name, file = args.from_output
+        text = Path(file).read_text().strip().splitlines()[-1]
+        save(name, json.loads(text), BENCHMARKS[name][0], when=Path(file).stat().st_mtime)
+    (HERE / "README.md").write_text(render())
+    print(f"wrote {HERE / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()
