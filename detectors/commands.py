@@ -72,16 +72,24 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
+    from foreshock.telemetry import MetricsPortError
     from foreshock.transport.settings import load_settings
 
     from .worker import DetectorWorker
 
-    worker = DetectorWorker(load_settings(args.config), _detect_config(args),
-                            group_id=args.group)  # fmt: skip
+    try:
+        worker = DetectorWorker(load_settings(args.config), _detect_config(args),
+                                group_id=args.group, metrics_port=args.metrics_port,
+                                metrics_host=args.metrics_host)  # fmt: skip
+    except MetricsPortError as exc:
+        print(f"foreshock detect: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(f"foreshock detect: group {args.group}, config {worker.config.version}", flush=True)
+    if worker.telemetry is not None:
+        print(f"foreshock detect: metrics at {worker.telemetry.url}", flush=True)
     worker.run(stop, idle_exit=args.idle_exit)
     print(f"foreshock detect: {worker.messages} messages, {worker.warnings} events", flush=True)
     return 0
@@ -211,6 +219,63 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     tune.set_defaults(func=_tune)
 
 
+def _notify(args: argparse.Namespace) -> int:
+    from foreshock.transport.settings import load_settings
+
+    from .notifier import Notifier
+
+    targets = args.webhook + args.slack + args.alertmanager
+    if not targets:
+        print("foreshock notify: no target; give at least one --webhook, --slack or "
+              "--alertmanager URL (each may be repeated)", file=sys.stderr)  # fmt: skip
+        return 2
+    notifier = Notifier(load_settings(args.config), targets, args.dashboard_url,
+                        group_id=args.group, updates=args.updates, retries=args.retries,
+                        refresh=args.am_refresh)  # fmt: skip
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"foreshock notify: group {args.group} -> "
+          f"{', '.join(t.where for t in targets)}", flush=True)  # fmt: skip
+    notifier.run(stop, idle_exit=args.idle_exit)
+    s = notifier.stats
+    print(f"foreshock notify: {s['delivered']} delivered, {s['failed']} failed, "
+          f"{s['duplicates']} duplicates", flush=True)  # fmt: skip
+    return 0
+
+
+def _add_notify(sub: argparse._SubParsersAction) -> None:
+    from .delivery import Target
+    from .notifier import DEFAULT_DASHBOARD
+
+    def target(kind: str):
+        def parse(url: str) -> Target:
+            try:
+                return Target(kind, url)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        return parse
+
+    notify = sub.add_parser("notify", help="deliver warnings to webhooks, Slack, Alertmanager")
+    for kind, what in (("webhook", "POST each warning event as JSON to URL"),
+                       ("slack", "a Slack(-compatible) incoming-webhook URL"),
+                       ("alertmanager", "an Alertmanager base URL (v2 API)")):  # fmt: skip
+        notify.add_argument(f"--{kind}", action="append", default=[], type=target(kind),
+                            metavar="URL", help=f"{what}; repeatable")  # fmt: skip
+    notify.add_argument("--dashboard-url", default=DEFAULT_DASHBOARD, metavar="URL",
+                        help=f"linked from each warning (default {DEFAULT_DASHBOARD})")  # fmt: skip
+    notify.add_argument("--group", default="foreshock-notify", help="consumer group")
+    notify.add_argument("--updates", action="store_true",
+                        help="also send the lead time once the loss diverged")  # fmt: skip
+    notify.add_argument("--retries", type=int, default=4, metavar="N",
+                        help="retries (with backoff) of a failed delivery")  # fmt: skip
+    notify.add_argument("--am-refresh", type=float, default=60.0, metavar="S",
+                        help="re-post open warnings to Alertmanager every S s")  # fmt: skip
+    notify.add_argument("--idle-exit", type=float, metavar="S", help="stop after S idle s")
+    notify.set_defaults(func=_notify)
+
+
 def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     detect = sub.add_parser("detect", help="online detectors: live worker, or --replay runs")
     detect.add_argument("--replay", nargs="+", type=Path, metavar="RUN",
@@ -221,6 +286,9 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--store", help="use the live config `foreshock tune` published here")
     detect.add_argument("--group", default="foreshock-detectors", help="consumer group")
     detect.add_argument("--idle-exit", type=float, help="live: stop after this many idle s")
+    from foreshock.telemetry import add_metrics_options
+
+    add_metrics_options(detect)  # live: --metrics-port, --metrics-host
     detect.set_defaults(func=_detect)
     cal = sub.add_parser("calibrate", help="set detector thresholds from healthy runs")
     cal.add_argument("--healthy", nargs="+", type=Path, required=True, metavar="RUN")
@@ -234,3 +302,4 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--detector-config", help="rules to start from (default: built-in)")
     cal.set_defaults(func=_calibrate)
     _add_tune(sub)
+    _add_notify(sub)

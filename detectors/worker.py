@@ -34,11 +34,20 @@ log = logging.getLogger(__name__)
 
 
 class DetectorWorker:
+    """``metrics_port``: serve this worker's health at ``http://metrics_host:PORT/metrics``
+    (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off)."""
+
     def __init__(self, settings: KafkaSettings, config: DetectorConfig,
-                 group_id: str = "foreshock-detectors") -> None:  # fmt: skip
+                 group_id: str = "foreshock-detectors", metrics_port: int | None = None,
+                 metrics_host: str = "127.0.0.1") -> None:  # fmt: skip
         from confluent_kafka import Producer
 
         self.settings, self.config = settings, config
+        self.telemetry = None  # first: a port in use fails before anything else is opened
+        if metrics_port is not None:
+            from foreshock.telemetry import ServiceTelemetry
+
+            self.telemetry = ServiceTelemetry("detector", metrics_port, metrics_host)
         ensure_topics(settings)
         self._resume_at: dict[int, int] = {}
         self.consumer = MetricsConsumer(settings, group_id, on_assign=self._on_assign)
@@ -100,6 +109,20 @@ class DetectorWorker:
                 self.seconds["produce+commit"] += time.perf_counter() - t2
             elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                 break
+            self._report()
         self.producer.flush(30)
         self.consumer.commit()
+        self._report(final=True)
         self.consumer.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
+
+    def _report(self, final: bool = False) -> None:
+        """Totals (and, every few seconds, the lag) to the telemetry, if served."""
+        if self.telemetry is None:
+            return
+        if final:
+            self.telemetry.refresh_lag(self.consumer, force=True)
+        self.telemetry.update(self.consumer, messages=self.messages, values=self.values,
+                              warnings=self.warnings, dead_letters=self.consumer.dead_letters,
+                              duplicates=self.consumer.dedup.duplicates)  # fmt: skip

@@ -11,6 +11,7 @@ import sys
 import threading
 
 from foreshock.table import format_table
+from foreshock.telemetry import MetricsPortError, add_metrics_options
 
 __all__ = ["add_storage_commands", "lead_report"]
 
@@ -25,14 +26,20 @@ def _sink(args: argparse.Namespace) -> int:
 
     try:
         sink = StorageSink(load_settings(args.config), args.store, group_id=args.group,
-                           retention_days=args.retention_days)  # fmt: skip
+                           retention_days=args.retention_days, metrics_port=args.metrics_port,
+                           metrics_host=args.metrics_host)  # fmt: skip
     except StoreLockedError as exc:
+        print(f"foreshock sink: {exc}", file=sys.stderr)
+        return 2
+    except MetricsPortError as exc:
         print(f"foreshock sink: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(f"foreshock sink: {args.store} (group {args.group})", flush=True)
+    if sink.telemetry is not None:
+        print(f"foreshock sink: metrics at {sink.telemetry.url}", flush=True)
     sink.run(stop, idle_exit=args.idle_exit)
     print(f"foreshock sink: {json.dumps(sink.stats)}", flush=True)
     return 0
@@ -162,6 +169,7 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
     sink.add_argument("--group", default="foreshock-sink", help="consumer group")
     sink.add_argument("--retention-days", type=float, help="prune runs idle this long")
     sink.add_argument("--idle-exit", type=float, help="stop after this many idle seconds")
+    add_metrics_options(sink)  # --metrics-port, --metrics-host
     sink.set_defaults(func=_sink)
     store = sub.add_parser("store", help="inspect and maintain a store")
     store_sub = store.add_subparsers(dest="store_command", required=True)

@@ -68,7 +68,11 @@ def _decode_dead_letter(raw: Any) -> dict[str, Any]:
 
 
 class StorageSink:
-    """The sink service; ``run(stop)`` loops steps 1–5 until ``stop`` is set."""
+    """The sink service; ``run(stop)`` loops steps 1–5 until ``stop`` is set.
+
+    ``metrics_port``: serve the sink's health at ``http://metrics_host:PORT/metrics``
+    (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off).
+    """
 
     def __init__(
         self,
@@ -79,11 +83,22 @@ class StorageSink:
         max_wait: float = 1.0,
         compact_every: float = 30.0,
         retention_days: float | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.settings, self.root = settings, Path(root)
         self.batch_values, self.max_wait = batch_values, max_wait
         self.compact_every, self.retention_days = compact_every, retention_days
         self.store = SegmentStore(self.root)
+        self.telemetry = None
+        if metrics_port is not None:
+            from foreshock.telemetry import ServiceTelemetry
+
+            try:
+                self.telemetry = ServiceTelemetry("sink", metrics_port, metrics_host)
+            except BaseException:  # the port is in use: let go of the store's lock
+                self.store.close()
+                raise
         ensure_topics(settings)
         self.consumer = MetricsConsumer(settings, group_id, decoders={
             settings.warnings_topic: _decode_warning,
@@ -165,6 +180,7 @@ class StorageSink:
             if not batch and count:
                 break
         if not len(self.builder):
+            self._report()
             return 0
         values = self.builder.values
         tables = self.builder.take()
@@ -172,7 +188,21 @@ class StorageSink:
         self.consumer.commit()
         self.stats["values"] += values
         self.stats["batches"] += 1
+        self._report()
         return count
+
+    def _report(self, final: bool = False) -> None:
+        """The stats (and, every few seconds, the lag) to the telemetry, if served."""
+        if self.telemetry is None:
+            return
+        if final:
+            self.telemetry.refresh_lag(self.consumer, force=True)
+        s = self.stats
+        self.telemetry.update(self.consumer, messages=s["messages"], values=s["values"],
+                              batches=s["batches"], dead_letters=self.consumer.dead_letters,
+                              dead_letters_stored=s["dead_letters"],
+                              duplicates=self.consumer.dedup.duplicates + s["duplicates"],
+                              write_retries=s["write_retries"])  # fmt: skip
 
     def _write(self, tables: dict) -> None:
         delay = 0.5
@@ -220,8 +250,11 @@ class StorageSink:
         if len(self.builder):
             self._write(self.builder.take())
             self.consumer.commit()
+        self._report(final=True)
         self.consumer.close()
         self.store.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
 
 
 def _int(value: Any) -> int | None:

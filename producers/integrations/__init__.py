@@ -1,0 +1,170 @@
+"""Trainer integrations: the ``Monitor`` as a callback of a training framework (optional extras).
+
+* :mod:`foreshock.producers.integrations.huggingface` — ``ForeshockCallback``, a
+  ``transformers.TrainerCallback`` (``pip install 'foreshock[hf]'``);
+* :mod:`foreshock.producers.integrations.lightning` — ``ForeshockLightningCallback``, a
+  ``lightning.pytorch.Callback`` / ``pytorch_lightning.Callback``
+  (``pip install 'foreshock[lightning]'``).
+
+This package imports without torch or any framework; each callback's module imports its
+framework and raises an ``ImportError`` saying which extra to install when it is missing. The
+names are also importable from here (lazily)::
+
+    from foreshock.producers.integrations import ForeshockCallback
+
+What both callbacks share lives here: :class:`MonitoredRun`, one run's ``Monitor`` with its
+``start`` and ``end`` lifecycle records, which never raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from foreshock import __version__
+from foreshock.producers.records import RUN_SCHEMA
+
+if TYPE_CHECKING:  # torch-free at run time
+    from torch import nn
+
+    from foreshock.producers.monitor import Monitor, MonitorConfig
+    from foreshock.producers.sinks import Sink
+
+__all__ = ["ForeshockCallback", "ForeshockLightningCallback", "MonitoredRun", "missing_extra"]
+
+log = logging.getLogger("foreshock.integrations")
+
+_LAZY = {
+    "ForeshockCallback": "huggingface",
+    "ForeshockLightningCallback": "lightning",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+
+
+def missing_extra(module: str, package: str, extra: str) -> ImportError:
+    """The ImportError a framework module raises when its framework is not installed."""
+    return ImportError(
+        f"{module} needs {package}, which is not installed. Install the extra: "
+        f"pip install 'foreshock[{extra}]' (keep torch==2.13.0: pin it in the same command)"
+    )
+
+
+def make_config(config: MonitorConfig | None, options: dict[str, Any]) -> MonitorConfig:
+    """A MonitorConfig from ``config`` or from its fields given as keyword options."""
+    from foreshock.producers.monitor import MonitorConfig
+
+    if config is not None and options:
+        raise TypeError("give either config=MonitorConfig(...) or its fields, not both")
+    return config if config is not None else MonitorConfig(**options)
+
+
+class MonitoredRun:
+    """One run's Monitor and lifecycle records, for a framework callback. Never raises.
+
+    ``sink`` is a Sink (``write``/``close``) or a path: a ``JsonlSink`` is opened there when
+    the run begins. ``begin`` builds the Monitor and writes the ``start`` record (labels: the
+    caller's, over the framework's own), ``step`` forwards to ``Monitor.step``, ``finish``
+    writes the ``end`` record and closes the Monitor and its sink. Only the ranks the Monitor
+    emits from (rank 0 by default) write lifecycle records. A failure while building the
+    Monitor disables monitoring for the run (logged); the training is never interrupted.
+    """
+
+    def __init__(
+        self,
+        sink: Sink | str | os.PathLike[str],
+        run_id: str | None,
+        config: MonitorConfig,
+        labels: Mapping[str, Any] | None,
+        framework: str,
+    ) -> None:
+        if sink is None:
+            raise TypeError("a sink is required: a Sink (JsonlSink, KafkaSink, ...) or a path")
+        self.sink_spec = sink
+        self.run_id = run_id
+        self.config = config
+        self.labels = dict(labels or {})
+        self.framework = framework
+        self.monitor: Monitor | None = None
+        self.last_step: int | None = None
+        self.state = "new"  # new → running → finished; or disabled
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running" and self.monitor is not None
+
+    def begin(self, model: nn.Module, labels: Mapping[str, Any] | None = None) -> None:
+        """Build the Monitor on ``model`` and write the ``start`` record."""
+        if self.state != "new":
+            if self.state == "finished":
+                log.warning("foreshock: this callback already monitored a run and closed its "
+                            "sink; use a new callback per training run")  # fmt: skip
+            return
+        try:
+            from foreshock.producers.monitor import Monitor
+            from foreshock.producers.sinks import JsonlSink
+
+            spec = self.sink_spec
+            sink = JsonlSink(spec) if isinstance(spec, str | os.PathLike) else spec
+            self.monitor = Monitor(model, sink, run_id=self.run_id, config=self.config)
+            self.run_id = self.monitor.run_id
+            self.state = "running"
+        except Exception:
+            self.state = "disabled"
+            log.warning("foreshock: monitoring disabled, the Monitor could not be built",
+                        exc_info=True)  # fmt: skip
+            return
+        if self.monitor.active:
+            import torch
+
+            merged = {
+                "framework": self.framework,
+                "foreshock": __version__,
+                "torch": torch.__version__,
+                **dict(labels or {}),
+                **self.labels,
+            }
+            self._write({"schema": RUN_SCHEMA, "kind": "start", "run_id": self.run_id,
+                         "rank": self.monitor.rank, "time": time.time(), "labels": merged,
+                         "monitor": self.monitor.describe()})  # fmt: skip
+
+    def step(self, step: int, loss: Any = None) -> dict[str, Any] | None:
+        """``Monitor.step`` (itself never raises); the record on monitoring steps."""
+        if not self.running:
+            return None
+        self.last_step = step
+        assert self.monitor is not None
+        return self.monitor.step(step, loss=loss)
+
+    def finish(self, status: str = "finished", **fields: Any) -> None:
+        """Write the ``end`` record and close the Monitor and its sink. Safe to call twice."""
+        if not self.running:
+            return
+        monitor = self.monitor
+        assert monitor is not None
+        self.state = "finished"
+        if monitor.active:
+            self._write({"schema": RUN_SCHEMA, "kind": "end", "run_id": self.run_id,
+                         "rank": monitor.rank, "time": time.time(), "status": status,
+                         "last_step": self.last_step, "records": monitor.records_written,
+                         "monitor_errors": monitor.errors, **fields})  # fmt: skip
+        try:
+            monitor.close()
+        except Exception:
+            log.warning("foreshock: closing the monitor failed", exc_info=True)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        assert self.monitor is not None
+        try:
+            self.monitor.sink.write(record)
+        except Exception:
+            self.monitor.errors += 1
+            log.warning("foreshock: could not write the %s record", record["kind"], exc_info=True)

@@ -1,0 +1,191 @@
+"""The Monitor as a Hugging Face ``transformers.TrainerCallback`` (``pip install 'foreshock[hf]'``).
+
+Usage::
+
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.producers.sinks import JsonlSink
+
+    callback = ForeshockCallback(JsonlSink("runs/r1.jsonl"), run_id="r1", every=10)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+
+Hooks:
+
+* ``on_train_begin`` builds the ``Monitor`` on the trainer's model (the ``model`` argument of
+  the callback events: the unwrapped model) and writes the run's ``start`` record;
+* ``on_optimizer_step`` (transformers ≥ 4.41) measures. The Trainer calls it right after
+  ``optimizer.step()`` and before ``lr_scheduler.step()`` / ``model.zero_grad()``: the weights
+  are the updated ones and the gradients still those of the step, which is where the Monitor
+  wants to be called (``grad_norm`` needs them). ``on_step_end`` comes after ``zero_grad()``;
+  it is used only where ``on_optimizer_step`` did not run for the step (older transformers, or
+  a Trainer subclass that skips it), and its records then lack ``grad_norm``;
+* ``on_train_end`` writes the ``end`` record and closes the Monitor and its sink.
+
+Steps are numbered like the lab's loops: the 0-based index of the optimizer update, i.e.
+``state.global_step`` as it is during ``on_optimizer_step`` (the Trainer increments it after);
+the update the Trainer logs as step ``n`` is the record's step ``n - 1``.
+
+The loss: the Trainer hands callbacks no per-step loss (``log_history`` holds it only at the
+logging steps, and after the step). A forward hook on the model keeps the ``loss`` of each
+training forward (detached, on device: no sync) since the last update; the step's loss is their
+mean, or their sum where the Trainer passed ``num_items_in_batch`` (the model then normalised
+each micro-batch by the whole accumulated batch's token count). A model whose output has no
+``loss`` (a ``compute_loss_func`` or label smoothing) falls back to the last logged loss.
+
+A training run that raises is not seen by the callback (the Trainer has no exception event): no
+``end`` record is written then (the Kafka sink synthesises a ``closed`` one at exit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import MonitoredRun, make_config, missing_extra
+
+try:
+    import transformers
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise missing_extra(__name__, "transformers", "hf") from exc
+
+if TYPE_CHECKING:
+    import torch
+
+    from foreshock.producers.monitor import MonitorConfig
+    from foreshock.producers.sinks import Sink
+
+__all__ = ["ForeshockCallback"]
+
+log = logging.getLogger("foreshock.integrations.huggingface")
+
+_ARG_LABELS = (
+    "learning_rate",
+    "max_steps",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "seed",
+)
+
+
+class ForeshockCallback(TrainerCallback):
+    """Attach foreshock's ``Monitor`` to a ``transformers.Trainer`` run.
+
+    sink:    a Sink (``JsonlSink``, ``KafkaSink``, ...) or a path for a ``JsonlSink``; closed
+             at the end of training
+    run_id:  the run's id (default: a random one, see ``Monitor``); ``self.run_id`` after start
+    config:  a ``MonitorConfig``, or its fields as keyword options (``every=10``, ...)
+    labels:  free-form labels for the ``start`` record (project, scenario, ...); they override
+             the ones the callback adds (framework and versions, a few TrainingArguments)
+
+    One callback per training run: after ``on_train_end`` its sink is closed.
+    """
+
+    def __init__(
+        self,
+        sink: Sink | str | os.PathLike[str],
+        run_id: str | None = None,
+        *,
+        config: MonitorConfig | None = None,
+        labels: Mapping[str, Any] | None = None,
+        **config_options: Any,
+    ) -> None:
+        self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
+                                framework="transformers")  # fmt: skip
+        self._losses: list[torch.Tensor] = []
+        self._losses_summed = False
+        self._hook: Any = None
+        self._optimizer_stepped_at: int | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id
+
+    @property
+    def monitor(self) -> Any:
+        """The ``Monitor`` once training began (``register_attention`` etc. go through it)."""
+        return self.run.monitor
+
+    # ---- events -------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       **kwargs: Any) -> None:  # fmt: skip
+        if model is None:
+            log.warning("foreshock: on_train_begin without a model; monitoring disabled")
+            return
+        try:
+            labels = _labels(args, model)
+        except Exception:
+            labels = {}
+        self.run.begin(model, labels)
+        if self.run.running:
+            try:
+                self._hook = model.register_forward_hook(self._keep_loss, with_kwargs=True)
+            except Exception:
+                log.warning("foreshock: no loss hook on the model", exc_info=True)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # After optimizer.step(), before zero_grad(); global_step is not yet incremented.
+        self._optimizer_stepped_at = state.global_step
+        self._step(state.global_step, state)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # After zero_grad() and global_step += 1: only a fallback, where on_optimizer_step
+        # did not run for this update.
+        step = state.global_step - 1
+        if self._optimizer_stepped_at != step:
+            self._step(step, state)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._remove_hook()
+        self.run.finish("finished", global_step=state.global_step)
+
+    # ---- internals ----------------------------------------------------------------------
+    def _step(self, step: int, state: Any) -> None:
+        try:
+            loss = self._step_loss(state)
+        except Exception:
+            loss = None
+        self.run.step(step, loss=loss)
+
+    def _keep_loss(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        try:
+            import torch
+
+            if not (module.training and torch.is_grad_enabled()):
+                return  # evaluation, generation
+            loss = output.get("loss") if isinstance(output, Mapping) else None
+            if loss is None:
+                loss = getattr(output, "loss", None)
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                self._losses.append(loss.detach())
+                self._losses_summed = kwargs.get("num_items_in_batch") is not None
+        except Exception:  # never break the forward pass
+            pass
+
+    def _step_loss(self, state: Any) -> Any:
+        losses, self._losses = self._losses, []
+        if losses:
+            total = losses[0] if len(losses) == 1 else sum(losses[1:], losses[0])
+            return total if self._losses_summed else total / len(losses)
+        for entry in reversed(state.log_history):
+            if "loss" in entry:
+                return entry["loss"]
+        return None
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+
+def _labels(args: Any, model: Any) -> dict[str, Any]:
+    labels: dict[str, Any] = {"transformers": transformers.__version__}
+    trainer = {name: getattr(args, name) for name in _ARG_LABELS if hasattr(args, name)}
+    labels["trainer"] = {k: v for k, v in trainer.items() if isinstance(v, int | float | str)}
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if isinstance(model_type, str):
+        labels["model_type"] = model_type
+    return labels

@@ -1,0 +1,198 @@
+"""The Monitor as a Lightning callback (``pip install 'foreshock[lightning]'``).
+
+Usage::
+
+    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.producers.sinks import JsonlSink
+
+    callback = ForeshockLightningCallback(JsonlSink("runs/r1.jsonl"), run_id="r1", every=10)
+    lightning.pytorch.Trainer(max_steps=1000, callbacks=[callback]).fit(module, loader)
+
+The callback is a ``lightning.pytorch.Callback`` and, where ``pytorch_lightning`` is installed
+too (``lightning`` installs it), also a ``pytorch_lightning.Callback``: either Trainer takes it.
+
+Hooks:
+
+* ``on_fit_start`` builds the ``Monitor`` on the LightningModule (module names in records are
+  then prefixed by its attribute, e.g. ``model.h.0.attn``) and writes the ``start`` record;
+* ``on_train_batch_end`` measures, on the batches after which an optimizer update happened
+  (``trainer.global_step`` moved since ``on_train_batch_start``). With automatic optimisation
+  Lightning runs ``optimizer.step(closure)`` and then this hook; ``zero_grad`` runs only inside
+  the *next* batch's closure, after that batch's ``training_step``. So here the weights are the
+  updated ones and the gradients still the step's: the place the Monitor is meant to be called.
+  ``on_before_zero_grad`` is *not* that place in Lightning 2.x: it fires inside the closure of
+  the following step, after its forward, before the very first update (no gradients yet),
+  and never after the last update; the router statistics gathered in a step's forward would
+  be reported against the previous step;
+* ``on_fit_end`` writes the ``end`` record and closes; ``on_exception`` does so with status
+  ``crashed``.
+
+Steps are the 0-based index of the optimizer update (``trainer.global_step - 1`` after it),
+as in the lab's loops. The loss is the ``loss`` of ``training_step``'s output (``outputs`` of
+``on_train_batch_end``), summed over the micro-batches of an accumulated update (Lightning has
+already divided each by ``accumulate_grad_batches``); under manual optimisation the last
+batch's. Without one there, ``trainer.callback_metrics[loss_key]`` is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import MonitoredRun, make_config, missing_extra
+
+_bases: list[type] = []
+_versions: dict[str, str] = {}
+try:
+    import lightning
+    from lightning.pytorch import Callback as _LightningCallback
+
+    _bases.append(_LightningCallback)
+    _versions["lightning"] = lightning.__version__
+except ImportError:
+    pass
+try:
+    import pytorch_lightning
+    from pytorch_lightning import Callback as _PLCallback
+
+    _bases.append(_PLCallback)
+    _versions["pytorch_lightning"] = pytorch_lightning.__version__
+except ImportError:
+    pass
+if not _bases:
+    raise missing_extra(__name__, "lightning (or pytorch_lightning)", "lightning")
+
+if TYPE_CHECKING:
+    import torch
+
+    from foreshock.producers.monitor import MonitorConfig
+    from foreshock.producers.sinks import Sink
+
+__all__ = ["ForeshockLightningCallback"]
+
+log = logging.getLogger("foreshock.integrations.lightning")
+
+_LOSS_KEYS = ("train_loss", "loss", "train/loss")
+
+
+class _ForeshockHooks:
+    """The callback's behaviour; combined below with each installed Lightning's Callback."""
+
+    def __init__(
+        self,
+        sink: Sink | str | os.PathLike[str],
+        run_id: str | None = None,
+        *,
+        config: MonitorConfig | None = None,
+        labels: Mapping[str, Any] | None = None,
+        loss_key: str | None = None,
+        **config_options: Any,
+    ) -> None:
+        super().__init__()
+        self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
+                                framework="lightning")  # fmt: skip
+        self.loss_key = loss_key
+        self._step_before: int | None = None
+        self._loss: torch.Tensor | float | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id
+
+    @property
+    def monitor(self) -> Any:
+        """The ``Monitor`` once fit began (``register_attention`` etc. go through it)."""
+        return self.run.monitor
+
+    # ---- events -------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            labels = _labels(trainer)
+        except Exception:
+            labels = {}
+        self.run.begin(pl_module, labels)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        self._step_before = trainer.global_step
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        if not self.run.running:
+            return
+        loss = None
+        try:
+            self._gather_loss(trainer, outputs)
+        except Exception:
+            log.debug("foreshock: no loss in this batch's outputs", exc_info=True)
+        step = trainer.global_step
+        if self._step_before is None or step == self._step_before:
+            return  # a micro-batch of an accumulating update: no optimizer step yet
+        try:
+            loss = self._loss if self._loss is not None else self._metric_loss(trainer)
+        except Exception:
+            log.debug("foreshock: no loss for this step", exc_info=True)
+        self._loss = None
+        self.run.step(step - 1, loss=loss)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.run.finish("finished", global_step=trainer.global_step)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.run.finish("crashed", global_step=trainer.global_step, error=repr(exception)[:500])
+
+    # ---- internals ----------------------------------------------------------------------
+    def _gather_loss(self, trainer: Any, outputs: Any) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not _is_scalar(loss):
+            return
+        loss = loss.detach()
+        automatic = getattr(trainer.lightning_module, "automatic_optimization", True)
+        if automatic and self._loss is not None:
+            self._loss = self._loss + loss  # each already divided by accumulate_grad_batches
+        else:
+            self._loss = loss
+
+    def _metric_loss(self, trainer: Any) -> Any:
+        metrics = trainer.callback_metrics
+        for key in (self.loss_key,) if self.loss_key else _LOSS_KEYS:
+            value = metrics.get(key)
+            if _is_scalar(value):
+                return value.detach()
+        return None
+
+
+def _is_scalar(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.numel() == 1
+
+
+def _labels(trainer: Any) -> dict[str, Any]:
+    labels: dict[str, Any] = dict(_versions)
+    fields = {
+        "max_steps": getattr(trainer, "max_steps", None),
+        "max_epochs": getattr(trainer, "max_epochs", None),
+        "accumulate_grad_batches": getattr(trainer, "accumulate_grad_batches", None),
+        "precision": getattr(trainer, "precision", None),
+        "world_size": getattr(trainer, "world_size", None),
+    }
+    labels["trainer"] = {k: v for k, v in fields.items() if v not in (None, "")}
+    return labels
+
+
+class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc]
+    """Attach foreshock's ``Monitor`` to a Lightning ``Trainer.fit`` run.
+
+    sink:     a Sink (``JsonlSink``, ``KafkaSink``, ...) or a path for a ``JsonlSink``; closed
+              at the end of fit
+    run_id:   the run's id (default: a random one, see ``Monitor``); ``self.run_id`` after start
+    config:   a ``MonitorConfig``, or its fields as keyword options (``every=10``, ...)
+    labels:   free-form labels for the ``start`` record; they override the callback's own
+    loss_key: the ``callback_metrics`` key of the training loss, used where ``training_step``
+              returns none (default: the first of train_loss, loss, train/loss)
+
+    One callback per fit: after ``on_fit_end`` its sink is closed.
+    """

@@ -1,0 +1,317 @@
+"""The trainer integrations on tiny random models: Hugging Face Trainer and Lightning.
+
+Each trains ~30 steps on CPU with the callback writing JSON Lines, then checks the run's
+lifecycle records, the metrics at the monitoring steps (step alignment included: a record's
+loss is the loss of that very update) and that the callback leaves training bit-identical.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from foreshock.lab.recorded import RecordedRun, load_run
+
+torch.set_num_threads(1)
+
+STEPS, EVERY, BATCH, SEQ = 30, 5, 4, 16
+MONITORED = list(range(0, STEPS, EVERY))  # 0, 5, ..., 25
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Random token ids, fixed by ``seed``: ``n`` sequences of ``length``."""
+
+    def __init__(self, n: int, length: int, vocab: int, seed: int = 1) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (n, length), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.ids[i]
+
+
+class FailingSink:
+    """A sink whose every write raises: monitoring must not take the training down with it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.calls += 1
+        raise OSError("disk full")
+
+    def close(self) -> None:
+        raise OSError("disk still full")
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def check_lifecycle(run: RecordedRun, run_id: str, framework: str) -> None:
+    assert run.start["kind"] == "start" and run.start["schema"] == "foreshock.run/1"
+    assert run.run_id == run_id
+    assert run.labels["framework"] == framework and run.labels["project"] == "tests"
+    assert run.end is not None and run.end["status"] == "finished"
+    assert run.end["run_id"] == run_id and run.end["last_step"] == STEPS - 1
+    assert [r["step"] for r in run.records] == MONITORED
+    assert run.end["records"] == len(MONITORED) and run.end["monitor_errors"] == 0
+    for record in run.records:
+        assert record["flags"] == [] and record["run_id"] == run_id
+
+
+def check_attention(run: RecordedRun, layer: str) -> None:
+    """Spectral entropies from the second monitoring step on (the first only snapshots)."""
+    for key in (f"attn.dwq.entropy@{layer}", f"attn.dwk.entropy@{layer}",
+                f"attn.d2.entropy_mean@{layer}", f"attn.d3.entropy_mean@{layer}"):  # fmt: skip
+        steps, values = run.series(key)
+        assert steps == MONITORED[1:], key
+        assert all(finite(v) for v in values), (key, values)
+
+
+def check_symptoms(run: RecordedRun, losses: list[float]) -> None:
+    """Loss and grad norm at every monitoring step; the loss is that update's own."""
+    for record in run.records:
+        values = record["values"]
+        assert finite(values["loss"]) and finite(values["weight_norm"])
+        # measured after optimizer.step() and before zero_grad(): the gradients are there
+        assert finite(values["grad_norm"]) and values["grad_norm"] > 0
+        assert values["loss"] == pytest.approx(losses[record["step"]], rel=1e-5, abs=1e-6)
+
+
+# ---- Hugging Face ------------------------------------------------------------------------
+def hf_train(tmp_path: Path, callback: Any = None) -> tuple[list[float], dict[str, Any]]:
+    """Train a tiny random GPT-2 with the Trainer; per-update losses and the final weights."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf-out"),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    data = [{"input_ids": t, "labels": t} for t in Tokens(STEPS * BATCH, SEQ, 64)]
+    callbacks = [callback] if callback is not None else None
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the tiny config's token-id warnings
+    try:
+        trainer.train()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == STEPS
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_huggingface_callback(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.producers.sinks import JsonlSink
+
+    path = tmp_path / "hf.jsonl"
+    callback = ForeshockCallback(JsonlSink(path), run_id="hf-tiny", every=EVERY,
+                                 labels={"project": "tests"})  # fmt: skip
+    losses, weights = hf_train(tmp_path, callback)
+
+    run = load_run(path)
+    check_lifecycle(run, "hf-tiny", "transformers")
+    assert run.labels["transformers"] and run.labels["model_type"] == "gpt2"
+    assert run.start["monitor"]["config"]["every"] == EVERY
+    check_attention(run, "transformer.h.0.attn")
+    check_symptoms(run, losses)
+
+    # the callback leaves the training bit-identical
+    plain_losses, plain_weights = hf_train(tmp_path)
+    assert plain_losses == losses
+    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+
+
+def test_huggingface_callback_falls_back_to_step_end(tmp_path: Path) -> None:
+    """Where on_optimizer_step never comes (transformers < 4.41), on_step_end measures the same
+    update; it runs after zero_grad(), so those records have no grad_norm."""
+    pytest.importorskip("transformers")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.producers.sinks import ListSink
+
+    class OldTransformers(ForeshockCallback):
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            pass
+
+    sink = ListSink()
+    losses, _ = hf_train(tmp_path, OldTransformers(sink, every=EVERY))
+    metrics = [r for r in sink.records if r.get("schema") == "foreshock.metrics/1"]
+    assert [r["step"] for r in metrics] == MONITORED
+    for record in metrics:
+        assert "grad_norm" not in record["values"]
+        assert record["values"]["loss"] == pytest.approx(losses[record["step"]], rel=1e-5)
+    assert [r["kind"] for r in sink.records if "kind" in r] == ["start", "end"]
+
+
+def test_huggingface_callback_survives_a_failing_sink(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+
+    sink = FailingSink()
+    hf_train(tmp_path, ForeshockCallback(sink, every=EVERY))
+    assert sink.calls > len(MONITORED)  # it kept trying: start, metrics (+ error records), end
+
+
+# ---- Lightning ---------------------------------------------------------------------------
+def lightning_train(callback: Any = None, accumulate: int = 1) -> tuple[list[float], dict]:
+    """Fit the lab's tiny GPT-MoE (attention + routers); per-batch losses, final weights."""
+    L = pytest.importorskip("lightning.pytorch")
+    from foreshock.lab.model import GPT, GPTConfig
+
+    class LitGPT(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = GPT(GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32,
+                                       n_experts=4))  # fmt: skip
+            self.losses: list[float] = []
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            _, loss = self.model(batch[:, :-1], batch[:, 1:])
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    module = LitGPT()
+    loader = torch.utils.data.DataLoader(Tokens(STEPS * BATCH * accumulate, SEQ + 1, 256),
+                                         batch_size=BATCH, shuffle=False)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[callback] if callback is not None else None,
+    )
+    trainer.fit(module, loader)
+    assert trainer.global_step == STEPS
+    weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return module.losses, weights
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.producers.sinks import JsonlSink
+
+    path = tmp_path / "pl.jsonl"
+    callback = ForeshockLightningCallback(JsonlSink(path), run_id="pl-tiny", every=EVERY,
+                                          labels={"project": "tests"})  # fmt: skip
+    losses, weights = lightning_train(callback)
+    assert len(losses) == STEPS
+
+    run = load_run(path)
+    check_lifecycle(run, "pl-tiny", "lightning")
+    assert run.labels["lightning"] and run.labels["trainer"]["max_steps"] == STEPS
+    check_attention(run, "model.h.0.attn")
+    check_symptoms(run, losses)
+    for key in ("router.token_entropy_norm@model.h.0.mlp.gate",
+                "router.load_entropy@model.h.0.mlp.gate",
+                "router.epsilon@model.h.0.mlp.gate"):  # fmt: skip
+        steps, values = run.series(key)
+        assert steps == MONITORED and all(finite(v) for v in values), (key, values)
+
+    plain_losses, plain_weights = lightning_train()
+    assert plain_losses == losses
+    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+
+
+def test_lightning_callback_with_gradient_accumulation(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.producers.sinks import ListSink
+
+    sink = ListSink()
+    losses, _ = lightning_train(ForeshockLightningCallback(sink, every=EVERY), accumulate=2)
+    assert len(losses) == 2 * STEPS
+    metrics = [r for r in sink.records if r.get("schema") == "foreshock.metrics/1"]
+    assert [r["step"] for r in metrics] == MONITORED
+    for record in metrics:  # the update's loss: the mean over its two micro-batches
+        step = record["step"]
+        mean = (losses[2 * step] + losses[2 * step + 1]) / 2
+        assert record["values"]["loss"] == pytest.approx(mean, rel=1e-5)
+        assert finite(record["values"]["grad_norm"])
+    assert [r["kind"] for r in sink.records if "kind" in r] == ["start", "end"]
+
+
+def test_lightning_callback_is_either_packages_callback() -> None:
+    pytest.importorskip("lightning")
+    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+
+    callback = ForeshockLightningCallback("unused.jsonl", every=EVERY)
+    import lightning.pytorch
+
+    assert isinstance(callback, lightning.pytorch.Callback)
+    try:
+        import pytorch_lightning
+    except ImportError:
+        return
+    assert isinstance(callback, pytorch_lightning.Callback)
+
+
+# ---- without the frameworks --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("huggingface", ["transformers"], "hf"),
+        ("lightning", ["lightning", "lightning.pytorch", "pytorch_lightning"], "lightning"),
+    ],
+)
+def test_missing_framework_says_which_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, blocked: list[str], extra: str
+) -> None:
+    name = f"foreshock.producers.integrations.{module}"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    for package in blocked:
+        monkeypatch.setitem(sys.modules, package, None)  # import of it raises ImportError
+    with pytest.raises(ImportError, match=rf"pip install 'foreshock\[{extra}\]'"):
+        importlib.import_module(name)
+
+
+def test_package_imports_without_torch_or_frameworks() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'lightning', 'pytorch_lightning'):\n"
+        "    sys.modules[name] = None\n"
+        "import foreshock.producers.integrations as integrations\n"
+        "assert integrations.MonitoredRun\n"
+        "try:\n"
+        "    integrations.ForeshockCallback\n"
+        "except ImportError as exc:\n"
+        "    assert 'foreshock[hf]' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
