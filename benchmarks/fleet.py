@@ -15,8 +15,10 @@ Figures per (N, W):
   first write until the store has them all (end to end through the broker and the sink);
 * produce → warning latency p50/p95/p99: a warning's arrival on the warnings topic minus the
   producer's time stamp of the record at which it fired (read from the store);
-* consumer lag (messages) of the detector group and the sink group, sampled every 2 s: its
-  maximum, and its value when the producers stopped and at the end;
+* backlog (messages written by the producers − messages consumed, scraped from each
+  service's ``/metrics`` every 2 s) of the detector group and of the sink: its maximum, and
+  its value when the producers stopped and at the end; and the services' own consumer-lag
+  gauge beside it;
 * the fleet query on the resulting store (the dashboard's first page).
 
 The knee: the smallest N whose sustained rate falls below 90 % of the offered one, or whose
@@ -35,11 +37,20 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.transport.broker import free_port
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, quantile
+
+_WRITTEN: Any = None  # a shared counter of messages written, set in each producer process
+
+
+def _init_producer(counter: Any) -> None:
+    global _WRITTEN
+    _WRITTEN = counter
 
 
 def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
@@ -55,6 +66,8 @@ def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
     sink.wait_delivered(30)
     for i, run in runs.items():
         sink.write({**run.start, "run_id": f"fleet-{i}"})
+    with _WRITTEN.get_lock():
+        _WRITTEN.value += len(runs)
     start, values = time.monotonic(), 0
     for n in range(records):
         time.sleep(max(0.0, start + n / rate - time.monotonic()))
@@ -62,32 +75,50 @@ def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
             record = run.records[n % len(run.records)]
             sink.write({**record, "run_id": f"fleet-{i}", "step": n * 25, "time": time.time()})
             values += len(record["values"])
+        with _WRITTEN.get_lock():
+            _WRITTEN.value += len(runs)
     for i in runs:
         sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": f"fleet-{i}",
                     "status": "finished", "divergence_step": None})  # fmt: skip
+    with _WRITTEN.get_lock():
+        _WRITTEN.value += len(runs)
     sink.close(timeout=120)
     return {"values": values, "pending": sink.pending(), "spooled": sink.spooled}
 
 
-def _lag(settings: KafkaSettings, groups: list[str]) -> dict[str, int]:
-    from confluent_kafka import Consumer, TopicPartition
+def _scrape(url: str) -> tuple[float, float]:
+    """(messages consumed, consumer lag summed over partitions) from a service's /metrics.
 
+    Lag as the service's own consumer sees it (high watermarks from its fetches): Tansu
+    answers a direct watermark query with a wrong end offset, so nothing here asks for one.
+    """
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return float("nan"), float("nan")
+    consumed = lag = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "foreshock_messages_consumed_total":
+                consumed += sample.value
+            elif sample.name == "foreshock_consumer_lag":
+                lag += sample.value
+    return consumed, lag
+
+
+def _sample(urls: dict[str, list[str]], written: int) -> dict[str, dict[str, float]]:
+    """Per service: consumed, its consumers' lag, and written − consumed (the backlog)."""
     out = {}
-    for group in groups:
-        c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
-                      "enable.auto.commit": False})  # fmt: skip
-        try:
-            tps = [TopicPartition(settings.metrics_topic, p) for p in range(settings.partitions)]
-            committed = c.committed(tps, timeout=5)
-            lag = 0
-            for tp in committed:
-                low, high = c.get_watermark_offsets(tp, timeout=5)
-                lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
-            out[group] = lag  # Tansu's high watermark can trail a commit briefly: clamp at 0
-        except Exception:
-            out[group] = -1
-        finally:
-            c.close()
+    for service, service_urls in urls.items():
+        scraped = [_scrape(u) for u in service_urls]
+        consumed = sum(c for c, _ in scraped)
+        out[service] = {"consumed": consumed, "lag": sum(lag for _, lag in scraped),
+                        "backlog": written - consumed}  # fmt: skip
     return out
 
 
@@ -137,6 +168,11 @@ def _stored_values(store: Path) -> int:
         return rows.to_pylist()[0]["v"]
 
 
+def _finite_max(values: list[float]) -> float | None:
+    finite = [v for v in values if v == v]
+    return max(finite) if finite else None
+
+
 def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace) -> dict:
     """One (N, W) point; see the module docstring."""
     from foreshock.storage import queries
@@ -157,37 +193,39 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
            "FORESHOCK_KAFKA_SPOOL_DIR": str(root / "spool")}  # fmt: skip
     clock = WarningClock(settings)
     clock.start()
-    samples: list[tuple[float, dict[str, int], int]] = []
+    samples: list[tuple[float, dict[str, dict[str, float]]]] = []
     with ServiceGroup(env, root / "logs") as group:
-        group.start(
-            "sink", foreshock_command("sink", "--store", str(store), "--group", f"{name}-sink")
-        )
-        for w in range(workers):
-            group.start(f"detect-{w}", foreshock_command("detect", "--group", f"{name}-det"))
+        ports = {"sink": [free_port()], "detectors": [free_port() for _ in range(workers)]}
+        urls = {k: [f"http://127.0.0.1:{p}/metrics" for p in v] for k, v in ports.items()}
+        group.start("sink", foreshock_command(
+            "sink", "--store", str(store), "--group", f"{name}-sink",
+            "--metrics-port", str(ports["sink"][0])))  # fmt: skip
+        for w, port in enumerate(ports["detectors"]):
+            group.start(f"detect-{w}", foreshock_command(
+                "detect", "--group", f"{name}-det", "--metrics-port", str(port)))  # fmt: skip
         time.sleep(8)  # group joins (Tansu holds a JoinGroup for half the session timeout)
         procs = min(args.processes, n)
         chunks = [list(range(k, n, procs)) for k in range(procs)]
         settings_dict = {**settings.__dict__, "spool_dir": str(root / "spool")}
+        context = mp.get_context("spawn")
+        written = context.Value("q", 0)
         t0 = time.monotonic()
-        with mp.get_context("spawn").Pool(procs) as pool:
+        with context.Pool(procs, initializer=_init_producer, initargs=(written,)) as pool:
             pending = pool.map_async(_produce, [(c, settings_dict, args.rate, args.records)
                                                 for c in chunks])  # fmt: skip
             while not pending.ready():
                 pending.wait(2)
-                samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det",
-                                f"{name}-sink"]), _stored_values(store)))  # fmt: skip
+                samples.append((time.monotonic() - t0, _sample(urls, written.value)))
             produced = pending.get()
         produce_s = time.monotonic() - t0
         offered = sum(p["values"] for p in produced)
         deadline = time.monotonic() + args.drain
         while _stored_values(store) < offered and time.monotonic() < deadline:
             time.sleep(1)
-            samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det",
-                            f"{name}-sink"]), _stored_values(store)))  # fmt: skip
+            samples.append((time.monotonic() - t0, _sample(urls, written.value)))
         total_s = time.monotonic() - t0
         time.sleep(3)  # the last warnings
-        samples.append((time.monotonic() - t0, _lag(settings, [f"{name}-det", f"{name}-sink"]),
-                        _stored_values(store)))  # fmt: skip
+        samples.append((time.monotonic() - t0, _sample(urls, written.value)))
         stored = _stored_values(store)
         clock.stop.set()
         clock.join(5)
@@ -197,20 +235,22 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
         query_s = time.perf_counter() - query_t
         latencies = _latencies(store, clock.arrivals)
     shutil.rmtree(root, ignore_errors=True)
-    det = [s[1].get(f"{name}-det", -1) for s in samples]
-    snk = [s[1].get(f"{name}-sink", -1) for s in samples]
-    at_stop = next((s[1] for s in samples if s[0] >= produce_s), samples[-1][1] if samples else {})
+    lag = {k: [s[1][k]["lag"] for s in samples] for k in ("detectors", "sink")}
+    backlog = {k: [s[1][k]["backlog"] for s in samples] for k in ("detectors", "sink")}
+    at_stop = next((s[1] for s in samples if s[0] >= produce_s), samples[-1][1])
     return {"runs": n, "workers": workers, "offered_values": offered, "stored_values": stored,
             "produce_seconds": round(produce_s, 1), "total_seconds": round(total_s, 1),
             "offered_values_per_s": round(offered / produce_s), "sustained_values_per_s":
             round(stored / total_s), "warnings": len(clock.arrivals),
             "latency_s": {q: round(quantile(latencies, p), 2) if latencies else None
                           for q, p in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
-            "lag_max": {"detectors": max(det, default=-1), "sink": max(snk, default=-1)},
-            "lag_when_producers_stopped": {"detectors": at_stop.get(f"{name}-det"),
-                                           "sink": at_stop.get(f"{name}-sink")},
-            "lag_end": {"detectors": det[-1] if det else None, "sink": snk[-1] if snk else None},
-            "lag_series": [(round(t, 1), lag) for t, lag, _ in samples],
+            "lag_max": {k: _finite_max(v) for k, v in lag.items()},
+            "backlog_max": {k: _finite_max(v) for k, v in backlog.items()},
+            "backlog_when_producers_stopped": {k: at_stop[k]["backlog"] for k in at_stop},
+            "lag_end": {k: v[-1] for k, v in lag.items()},
+            "backlog_end": {k: v[-1] for k, v in backlog.items()},
+            "lag_series": [(round(t, 1), {k: (v["lag"], v["backlog"]) for k, v in x.items()})
+                           for t, x in samples],
             "fleet_query_s": round(query_s, 3), "lost_values": offered - stored,
             "producer_pending": sum(p["pending"] for p in produced)}  # fmt: skip
 
@@ -246,12 +286,12 @@ def main() -> None:
             broker.stop()
     rows = [[r["runs"], r["workers"], r["offered_values_per_s"], r["sustained_values_per_s"],
              r["lost_values"], r["warnings"], r["latency_s"]["p50"], r["latency_s"]["p95"],
-             r["latency_s"]["p99"], r["lag_max"]["detectors"], r["lag_max"]["sink"],
-             r["lag_end"]["detectors"], r["lag_end"]["sink"], r["fleet_query_s"]]
+             r["latency_s"]["p99"], r["backlog_max"]["detectors"], r["backlog_max"]["sink"],
+             r["backlog_end"]["detectors"], r["backlog_end"]["sink"], r["fleet_query_s"]]
             for r in results]  # fmt: skip
     print(format_table(["runs", "workers", "offered values/s", "sustained values/s", "lost",
-                        "warnings", "latency p50 s", "p95", "p99", "max lag: detectors",
-                        "max lag: sink", "end lag: detectors", "end lag: sink",
+                        "warnings", "latency p50 s", "p95", "p99", "max backlog: detectors",
+                        "max backlog: sink", "end backlog: detectors", "end backlog: sink",
                         "fleet query s"], rows))  # fmt: skip
     saturated = [r for r in results
                  if r["sustained_values_per_s"] < 0.9 * r["offered_values_per_s"]]  # fmt: skip
