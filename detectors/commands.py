@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from importlib.resources import files
 from pathlib import Path
 
+from foreshock.services import stop_on_signals
 from foreshock.table import format_table
 
 from .config import DetectorConfig
@@ -84,9 +83,7 @@ def _live(args: argparse.Namespace) -> int:
     except MetricsPortError as exc:
         print(f"foreshock detect: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     print(f"foreshock detect: group {args.group}, config {worker.config.version}", flush=True)
     if worker.telemetry is not None:
         print(f"foreshock detect: metrics at {worker.telemetry.url}", flush=True)
@@ -232,9 +229,7 @@ def _notify(args: argparse.Namespace) -> int:
     notifier = Notifier(load_settings(args.config), targets, args.dashboard_url,
                         group_id=args.group, updates=args.updates, retries=args.retries,
                         refresh=args.am_refresh)  # fmt: skip
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     print(f"foreshock notify: group {args.group} -> "
           f"{', '.join(t.where for t in targets)}", flush=True)  # fmt: skip
     notifier.run(stop, idle_exit=args.idle_exit)

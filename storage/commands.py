@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
-import threading
 
+from foreshock.services import stop_on_signals
 from foreshock.table import format_table
 from foreshock.telemetry import MetricsPortError, add_metrics_options
 
@@ -34,9 +33,7 @@ def _sink(args: argparse.Namespace) -> int:
     except MetricsPortError as exc:
         print(f"foreshock sink: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     print(f"foreshock sink: {args.store} (group {args.group})", flush=True)
     if sink.telemetry is not None:
         print(f"foreshock sink: metrics at {sink.telemetry.url}", flush=True)

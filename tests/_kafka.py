@@ -86,3 +86,19 @@ def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
     sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
                 "status": "finished"})  # fmt: skip
     return seconds
+
+
+def publish_recorded(settings: KafkaSettings, names: list[str]) -> None:
+    """Send shipped lab runs (start, records, end) under their names through a KafkaSink."""
+    from foreshock.lab.recorded import load_run, shipped_runs
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    sink = KafkaSink(settings)
+    for name in names:
+        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
+        sink.write({**run.start, "run_id": name})
+        for record in run.records:
+            sink.write({**record, "run_id": name})
+        sink.write({**run.end, "run_id": name})
+    sink.close()
+    assert sink.pending() == 0

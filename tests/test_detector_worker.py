@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from _kafka import publish_recorded
 from confluent_kafka import Consumer, TopicPartition
 
 from foreshock.detectors.calibrate import calibrate, uncalibrated
@@ -20,7 +21,6 @@ from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.replay import replay, replay_run
 from foreshock.detectors.worker import DetectorWorker
 from foreshock.lab.recorded import load_run, shipped_runs
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.transport.topics import ensure_topics
 
 RUNS = ["fa-lowprec-s0", "lr-high-s0", "healthy-s1", "fa-lowprec-s2"]
@@ -36,15 +36,7 @@ def config(tmp_path_factory) -> tuple[DetectorConfig, str]:
 
 
 def _publish(settings, names: list[str]) -> None:
-    sink = KafkaSink(settings)
-    for name in names:
-        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
-        sink.write({**run.start, "run_id": name})
-        for record in run.records:
-            sink.write({**record, "run_id": name})
-        sink.write({**run.end, "run_id": name})
-    sink.close()
-    assert sink.pending() == 0
+    publish_recorded(settings, names)
 
 
 def _read_warnings(settings, idle: float = 3.0) -> list[dict]:

@@ -12,12 +12,12 @@ import sys
 import threading
 import time
 
+from _kafka import publish_recorded
 from confluent_kafka import Producer
 
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.storage import queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.sink import StorageSink
@@ -33,15 +33,7 @@ def _run(name: str):
 
 
 def _publish(settings, names: list[str]) -> None:
-    sink = KafkaSink(settings)
-    for name in names:
-        run = _run(name)
-        sink.write({**run.start, "run_id": name})
-        for record in run.records:
-            sink.write({**record, "run_id": name})
-        sink.write({**run.end, "run_id": name})
-    sink.close()
-    assert sink.pending() == 0
+    publish_recorded(settings, names)
 
 
 def _stored_steps(root) -> dict[str, int]:
