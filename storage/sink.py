@@ -248,8 +248,11 @@ class StorageSink:
 
     def close(self) -> None:
         if len(self.builder):
+            values = self.builder.values
             self._write(self.builder.take())
             self.consumer.commit()
+            self.stats["values"] += values
+            self.stats["batches"] += 1
         self._report(final=True)
         self.consumer.close()
         self.store.close()
