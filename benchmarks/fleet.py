@@ -15,10 +15,10 @@ Figures per (N, W):
   first write until the store has them all (end to end through the broker and the sink);
 * produce → warning latency p50/p95/p99: a warning's arrival on the warnings topic minus the
   producer's time stamp of the record at which it fired (read from the store);
-* backlog (messages written by the producers − messages consumed, scraped from each
-  service's ``/metrics`` every 2 s) of the detector group and of the sink: its maximum, and
-  its value when the producers stopped and at the end; and the services' own consumer-lag
-  gauge beside it;
+* backlog, sampled every 2 s: messages written by the producers and not yet consumed by the
+  detector group (its count scraped from each worker's ``/metrics``), or not yet durably
+  stored by the sink — its maximum, and its value when the producers stopped and at the
+  end; and the services' own consumer-lag gauge beside it;
 * the fleet query on the resulting store (the dashboard's first page).
 
 The knee: the smallest N whose sustained rate falls below 90 % of the offered one, or whose
@@ -111,15 +111,27 @@ def _scrape(url: str) -> tuple[float, float]:
     return consumed, lag
 
 
-def _sample(urls: dict[str, list[str]], written: int) -> dict[str, dict[str, float]]:
-    """Per service: consumed, its consumers' lag, and written − consumed (the backlog)."""
+def _sample(urls: dict[str, list[str]], written: int, store: Path) -> dict[str, dict]:
+    """Per service: its consumers' lag and its backlog — messages written by the producers
+    and not yet consumed by the detectors, or not yet durably stored by the sink (the sink
+    also consumes the warnings topic, so its own consumed count would overstate it)."""
     out = {}
     for service, service_urls in urls.items():
         scraped = [_scrape(u) for u in service_urls]
-        consumed = sum(c for c, _ in scraped)
-        out[service] = {"consumed": consumed, "lag": sum(lag for _, lag in scraped),
-                        "backlog": written - consumed}  # fmt: skip
+        done = sum(c for c, _ in scraped) if service == "detectors" else _stored_messages(store)
+        out[service] = {"lag": sum(lag for _, lag in scraped), "backlog": written - done}
     return out
+
+
+def _stored_messages(store: Path) -> int:
+    from foreshock.storage.reader import open_history
+
+    if not (store / "manifest.json").exists():
+        return 0
+    with open_history(store) as history:
+        return history.sql(
+            "SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM run_events) AS n"
+        ).to_pylist()[0]["n"]
 
 
 class WarningClock(threading.Thread):
@@ -215,17 +227,20 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
                                                 for c in chunks])  # fmt: skip
             while not pending.ready():
                 pending.wait(2)
-                samples.append((time.monotonic() - t0, _sample(urls, written.value)))
+                samples.append((time.monotonic() - t0, _sample(urls, written.value, store)))
             produced = pending.get()
         produce_s = time.monotonic() - t0
         offered = sum(p["values"] for p in produced)
         deadline = time.monotonic() + args.drain
-        while _stored_values(store) < offered and time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # until stored and every message seen by detectors
+            samples.append((time.monotonic() - t0, _sample(urls, written.value, store)))
+            last = samples[-1][1]
+            if last["sink"]["backlog"] <= 0 and last["detectors"]["backlog"] <= 0:
+                break
             time.sleep(1)
-            samples.append((time.monotonic() - t0, _sample(urls, written.value)))
         total_s = time.monotonic() - t0
         time.sleep(3)  # the last warnings
-        samples.append((time.monotonic() - t0, _sample(urls, written.value)))
+        samples.append((time.monotonic() - t0, _sample(urls, written.value, store)))
         stored = _stored_values(store)
         clock.stop.set()
         clock.join(5)
