@@ -43,13 +43,15 @@ def r_factor(x: torch.Tensor) -> torch.Tensor:
 
     Singular values of the cores depend on each factor only through its Gram XᵀX, so any such
     R is as good as thin QR's. Cholesky of the Gram (one batched matmul and an r×r
-    factorization) is several times faster than Householder QR on small factors. But forming
-    the Gram squares the condition number: a direction with σ_min ≪ σ_max comes out with an
-    absolute error ≈ √ε·σ_max (~1e-8·σ_max in float64), which an α = 1 entropy counts. So
-    factors whose Gram is not numerically positive definite (a frozen W, a zero update, d < r)
-    or nearly singular (a Cholesky pivot below ε^¼ of the largest: a rank-deficient or
-    collapsing update, exactly what the monitors look for) take the Householder route, padded
-    with zero rows to r×r when d ≥ r.
+    factorization) is several times faster than Householder QR on small factors. The Gram is
+    scaled to a unit diagonal first (D⁻¹ G D⁻¹, D = column norms), so that columns of very
+    different size — a small ΔW beside W — cost no accuracy. What remains is collinearity:
+    forming the Gram squares it, and a nearly dependent direction comes out with an absolute
+    error ≈ √ε·σ_max (~1e-8·σ_max in float64), which an α = 1 entropy counts. So factors whose
+    scaled Gram is not numerically positive definite (a frozen W, a zero update, d < r) or
+    nearly singular (a pivot below ε^¼: a rank-deficient or collapsing update, exactly what
+    the monitors look for) take the Householder route, padded with zero rows to r×r when
+    d ≥ r.
 
     >>> x = torch.tensor([[3.0, 0.0], [4.0, 5.0]], dtype=torch.float64)
     >>> r = r_factor(x)
@@ -64,11 +66,13 @@ def r_factor(x: torch.Tensor) -> torch.Tensor:
     rows, cols = x.shape[-2], x.shape[-1]
     if rows < cols:  # never positive definite: R is (d, r) as from thin QR
         return torch.linalg.qr(x, mode="r").R
-    chol, info = torch.linalg.cholesky_ex(x.mT @ x)  # G = L Lᵀ
-    r = chol.mT.contiguous()
-    diag = chol.diagonal(dim1=-2, dim2=-1).abs()
-    floor = torch.finfo(x.dtype).eps ** 0.25 * diag.amax(-1)
-    failed = (info != 0) | (diag.amin(-1) <= floor)  # near rank-deficient: see the docstring
+    gram = x.mT @ x  # (..., r, r)
+    scale = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(x.dtype).tiny).sqrt()
+    unit = gram / (scale.unsqueeze(-1) * scale.unsqueeze(-2))  # D⁻¹ G D⁻¹: unit diagonal
+    chol, info = torch.linalg.cholesky_ex(unit)  # D⁻¹ G D⁻¹ = L Lᵀ, so G = (D L)(D L)ᵀ
+    r = (chol * scale.unsqueeze(-1)).mT.contiguous()  # R = (D L)ᵀ
+    pivots = chol.diagonal(dim1=-2, dim2=-1)
+    failed = (info != 0) | (pivots.amin(-1) <= torch.finfo(x.dtype).eps ** 0.25)
     if bool(failed.any()):  # a sync; rare outside frozen layers and first steps
         exact = torch.linalg.qr(x[failed], mode="r").R  # (n, min(d, r), r)
         padded = exact.new_zeros(exact.shape[0], cols, cols)
