@@ -91,7 +91,7 @@ def _fleet(r: dict) -> list[tuple[str, str]]:
 
 BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
-    "overhead": (["--quick"], _overhead, "Monitor overhead per training step"),
+    "overhead": ([], _overhead, "Monitor overhead per training step"),
     "detection_table": ([], _detection, "Lead time and false warnings (held-out lab runs)"),
     "storage": ([], _storage, "History: ingest and queries"),
     "dashboard": ([], _dashboard, "Dashboard render time"),
