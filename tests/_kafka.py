@@ -102,3 +102,15 @@ def publish_recorded(settings: KafkaSettings, names: list[str]) -> None:
         sink.write({**run.end, "run_id": name})
     sink.close()
     assert sink.pending() == 0
+
+
+def service_env(settings: KafkaSettings) -> dict[str, str]:
+    """The environment a `foreshock` subprocess needs to use these settings' topics."""
+    import os
+
+    return {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+            "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+            "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+            "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+            "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip

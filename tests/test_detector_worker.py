@@ -4,7 +4,6 @@ and identical warnings after a worker is killed mid-stream and restarted."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from _kafka import publish_recorded
+from _kafka import publish_recorded, service_env
 from confluent_kafka import Consumer, TopicPartition
 
 from foreshock.detectors.calibrate import calibrate, uncalibrated
@@ -75,11 +74,7 @@ def test_worker_emits_what_the_replay_finds(kafka_settings, config):
 
 
 def _worker(settings, config_path: str, idle_exit: float) -> subprocess.Popen:
-    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions)}  # fmt: skip
+    env = service_env(settings)
     return subprocess.Popen(
         [sys.executable, "-m", "foreshock.cli", "detect", "--detector-config", config_path,
          "--group", "det-kill", "--idle-exit", str(idle_exit)],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _kafka import service_env
 from confluent_kafka import Producer
 
 from foreshock.cli import main
@@ -279,11 +279,7 @@ def test_cli_needs_a_target_and_stops_on_sigterm(kafka_settings, capsys) -> None
     ensure_topics(kafka_settings)
     _produce(kafka_settings, [B])
     receiver = Receiver()
-    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
-           "FORESHOCK_KAFKA_WARNINGS_TOPIC": kafka_settings.warnings_topic,
-           "FORESHOCK_KAFKA_METRICS_TOPIC": kafka_settings.metrics_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": kafka_settings.deadletter_topic,
-           "FORESHOCK_KAFKA_PARTITIONS": str(kafka_settings.partitions)}  # fmt: skip
+    env = service_env(kafka_settings)
     proc = subprocess.Popen(
         [sys.executable, "-m", "foreshock.cli", "notify", "--webhook", receiver.url("/hook"),
          "--dashboard-url", DASH, "--group", "notify-cli", "--idle-exit", "60"],

@@ -5,14 +5,13 @@ history readable while the sink writes."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from _kafka import publish_recorded
+from _kafka import publish_recorded, service_env
 from confluent_kafka import Producer
 
 from foreshock.detectors.commands import default_config
@@ -82,11 +81,7 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
 
 
 def _sink_process(settings, root) -> subprocess.Popen:
-    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions)}  # fmt: skip
+    env = service_env(settings)
     return subprocess.Popen(
         [sys.executable, "-m", "foreshock.cli", "sink", "--store", str(root),
          "--group", "sink-kill", "--idle-exit", "15"],
