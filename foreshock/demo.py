@@ -123,12 +123,22 @@ def _start_live(group: ServiceGroup, config: DemoConfig, bootstrap: str, tag: st
             "--kafka", bootstrap))  # fmt: skip
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(config: DemoConfig) -> int:
+    """Steps 1–4 above. SIGINT (Ctrl-C) and SIGTERM both end it the same clean way, even
+    where the caller started it with SIGINT ignored (a background job of a script)."""
+    import signal
+
     from foreshock.producers.kafka_sink import KafkaSink
     from foreshock.transport.broker import EmbeddedBroker
     from foreshock.transport.settings import load_settings
     from foreshock.transport.topics import ensure_topics
 
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     tag = time.strftime("%H%M%S")
     store = config.store or Path("foreshock-demo") / time.strftime("%Y%m%d-%H%M%S")
     store = store.resolve()

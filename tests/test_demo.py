@@ -3,6 +3,7 @@ and stops every process it started — twice in a row, with no port left held.""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -35,3 +36,19 @@ def test_demo_runs_twice_and_leaves_nothing_behind(tmp_path):
         with socket.socket() as s:  # the dashboard's port is free again
             s.bind(("127.0.0.1", port))
     assert _processes_mentioning(str(tmp_path)) == []  # no sink, worker or dashboard left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_everything_the_demo_started(tmp_path, sig):
+    store = tmp_path / "history"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "foreshock.cli", "demo", "--live", "0", "--replayed", "4",
+         "--speed", "5", "--duration", "300", "--port", str(free_port()), "--store", str(store)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert "dashboard at" in demo.stdout.readline()
+    assert demo.stdout.readline().startswith("[")  # running: a first progress line
+    demo.send_signal(sig)
+    out, _ = demo.communicate(timeout=60)
+    assert "stopping everything" in out and "stopped everything" in out
+    assert _processes_mentioning(str(tmp_path)) == []
