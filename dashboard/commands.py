@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,10 +28,8 @@ def _dashboard(args: argparse.Namespace) -> int:
               "with authentication in front of it", file=sys.stderr)  # fmt: skip
     print(f"foreshock dashboard: http://{args.host}:{args.port}  (store {store})", flush=True)
     env = {**os.environ, "FORESHOCK_STORE": str(store)}
-    try:
-        return subprocess.call(streamlit_command(args.host, args.port), env=env)
-    except KeyboardInterrupt:
-        return 0
+    command = streamlit_command(args.host, args.port)
+    os.execve(command[0], command, env)  # streamlit becomes this process: a signal reaches it
 
 
 def add_dashboard_commands(sub: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ the element it needs rather than for a fixed time.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,9 @@ def url(tmp_path_factory):
     finally:
         process.terminate()
         process.wait(20)
+        with socket.socket() as s:  # streamlit itself got the signal: nobody listens there
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
 
 
 @pytest.fixture(scope="module")

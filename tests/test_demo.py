@@ -34,6 +34,7 @@ def test_demo_runs_twice_and_leaves_nothing_behind(tmp_path):
         assert "runs 6/6" in out
         assert (store / "manifest.json").exists()
         with socket.socket() as s:  # the dashboard's port is free again
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
     assert _processes_mentioning(str(tmp_path)) == []  # no sink, worker or dashboard left
 
