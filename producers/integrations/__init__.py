@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # torch-free at run time
     from foreshock.producers.monitor import Monitor, MonitorConfig
     from foreshock.producers.sinks import Sink
 
-__all__ = ["ForeshockCallback", "ForeshockLightningCallback", "MonitoredRun", "missing_extra"]
+__all__ = [
+    "ForeshockCallback", "ForeshockLightningCallback", "MonitoredRun", "RunAccess", "missing_extra",
+]  # fmt: skip
 
 log = logging.getLogger("foreshock.integrations")
 
@@ -56,6 +58,21 @@ def missing_extra(module: str, package: str, extra: str) -> ImportError:
         f"{module} needs {package}, which is not installed. Install the extra: "
         f"pip install 'foreshock[{extra}]' (keep torch==2.13.0: pin it in the same command)"
     )
+
+
+class RunAccess:
+    """What both callbacks expose of their :class:`MonitoredRun` (``self.run``)."""
+
+    run: MonitoredRun
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id
+
+    @property
+    def monitor(self) -> Any:
+        """The ``Monitor`` once training began (``register_attention`` etc. go through it)."""
+        return self.run.monitor
 
 
 def make_config(config: MonitorConfig | None, options: dict[str, Any]) -> MonitorConfig:

@@ -42,7 +42,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import MonitoredRun, make_config, missing_extra
+from . import MonitoredRun, RunAccess, make_config, missing_extra
 
 try:
     import transformers
@@ -70,7 +70,7 @@ _ARG_LABELS = (
 )
 
 
-class ForeshockCallback(TrainerCallback):
+class ForeshockCallback(RunAccess, TrainerCallback):
     """Attach foreshock's ``Monitor`` to a ``transformers.Trainer`` run.
 
     sink:    a Sink (``JsonlSink``, ``KafkaSink``, ...) or a path for a ``JsonlSink``; closed
@@ -98,15 +98,6 @@ class ForeshockCallback(TrainerCallback):
         self._losses_summed = False
         self._hook: Any = None
         self._optimizer_stepped_at: int | None = None
-
-    @property
-    def run_id(self) -> str | None:
-        return self.run.run_id
-
-    @property
-    def monitor(self) -> Any:
-        """The ``Monitor`` once training began (``register_attention`` etc. go through it)."""
-        return self.run.monitor
 
     # ---- events -------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,

@@ -41,7 +41,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import MonitoredRun, make_config, missing_extra
+from . import MonitoredRun, RunAccess, make_config, missing_extra
 
 _bases: list[type] = []
 _versions: dict[str, str] = {}
@@ -77,7 +77,7 @@ log = logging.getLogger("foreshock.integrations.lightning")
 _LOSS_KEYS = ("train_loss", "loss", "train/loss")
 
 
-class _ForeshockHooks:
+class _ForeshockHooks(RunAccess):
     """The callback's behaviour; combined below with each installed Lightning's Callback."""
 
     def __init__(
@@ -96,15 +96,6 @@ class _ForeshockHooks:
         self.loss_key = loss_key
         self._step_before: int | None = None
         self._loss: torch.Tensor | float | None = None
-
-    @property
-    def run_id(self) -> str | None:
-        return self.run.run_id
-
-    @property
-    def monitor(self) -> Any:
-        """The ``Monitor`` once fit began (``register_attention`` etc. go through it)."""
-        return self.run.monitor
 
     # ---- events -------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
