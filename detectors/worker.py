@@ -11,13 +11,23 @@ messages at or after the committed offset. Detector state is a pure function of 
 messages and warning ids are deterministic, so the warnings after a kill and restart are the
 ones an uninterrupted worker emits. The cost is re-reading retained history (the topic's
 retention bounds it); a checkpoint would trade that for state that can go stale.
+
+A broker that restarts without its data (the embedded Tansu keeps everything in memory) has
+forgotten the committed offsets and the warnings it held. The consumer rewinds; the worker then
+stops treating anything as history (the new topic's offsets start again at 0, below the old
+resume points) and re-sends its most recent ``resend_window`` warning events, since the sink
+may not have stored them yet. Their ids are deterministic, so the sink and the notifier drop
+the ones they already have.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import threading
+from collections import deque
 from typing import Any
 
 from foreshock.transport.consumer import MetricsConsumer
@@ -39,7 +49,7 @@ class DetectorWorker:
 
     def __init__(self, settings: KafkaSettings, config: DetectorConfig,
                  group_id: str = "foreshock-detectors", metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1") -> None:  # fmt: skip
+                 metrics_host: str = "127.0.0.1", resend_window: int = 10_000) -> None:  # fmt: skip
         from confluent_kafka import Producer
 
         self.settings, self.config = settings, config
@@ -50,7 +60,10 @@ class DetectorWorker:
             self.telemetry = ServiceTelemetry("detector", metrics_port, metrics_host)
         ensure_topics(settings)
         self._resume_at: dict[int, int] = {}
-        self.consumer = MetricsConsumer(settings, group_id, on_assign=self._on_assign)
+        self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=resend_window)
+        self.resent = 0
+        self.consumer = MetricsConsumer(settings, group_id, on_assign=self._on_assign,
+                                        on_rewind=self._on_rewind)  # fmt: skip
         self.producer = Producer(settings.librdkafka(
             {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False},
             logger=RDKAFKA_LOG))  # fmt: skip
@@ -69,6 +82,18 @@ class DetectorWorker:
             tp.offset = OFFSET_BEGINNING
         consumer.assign(committed)
 
+    def _on_rewind(self, found: list[tuple[int, int]]) -> None:
+        """After the broker was away: resume emitting at the committed offsets it still knows
+        (0 where it forgot them), and re-send the recent warnings if it forgot anything."""
+        for partition, offset in found:
+            self._resume_at[partition] = max(offset, 0)
+        if any(offset < 0 for _, offset in found):
+            for key, value in self._recent:
+                self._produce(key, value)
+            self.resent += len(self._recent)
+            log.info("foreshock detect: broker restarted; re-sent %d recent warning events",
+                     len(self._recent))  # fmt: skip
+
     def process(self, message: dict[str, Any]) -> int:
         """Feed one message (and any it released) to its run; produce events. Returns count."""
         produced = 0
@@ -79,14 +104,38 @@ class DetectorWorker:
             events = detector.update(ready)
             self.messages += 1
             self.values += len(ready.get("values", ()))
-            if ready["_offset"] < self._resume_at.get(ready["_partition"], 0):
+            if self._history(ready["_partition"], ready["_offset"]):
                 continue  # replaying history: state only, these warnings were emitted before
             for event in events:
-                self.producer.produce(self.settings.warnings_topic, key=run_id.encode(),
-                                      value=json.dumps(event.to_message()).encode())  # fmt: skip
+                key, value = run_id.encode(), json.dumps(event.to_message()).encode()
+                self._produce(key, value)
+                self._recent.append((key, value))
                 produced += 1
         self.producer.poll(0)
         return produced
+
+    def _produce(self, key: bytes, value: bytes) -> None:
+        """Queue one warning event; while the client refuses it (queue full, or the topic is
+        gone with a restarted broker) serve callbacks, re-create the topics and try again."""
+        from confluent_kafka import KafkaException
+
+        for attempt in itertools.count():
+            try:
+                self.producer.produce(self.settings.warnings_topic, key=key, value=value)
+                return
+            except (BufferError, KafkaException) as exc:
+                if attempt % 20 == 0:
+                    log.warning("foreshock detect: cannot queue a warning yet (%s); retrying", exc)
+                self.producer.poll(0.5)
+                with contextlib.suppress(Exception):
+                    ensure_topics(self.settings, timeout=2.0)
+
+    def _history(self, partition: int, offset: int) -> bool:
+        """True below the partition's resume point; reaching it ends that partition's replay."""
+        resume = self._resume_at.get(partition, 0)
+        if offset >= resume - 1:
+            self._resume_at.pop(partition, None)
+        return offset < resume
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         """Consume until ``stop`` is set (or ``idle_exit`` seconds pass with nothing new)."""

@@ -1,4 +1,4 @@
-"""``foreshock sink``, ``foreshock store …`` (info, compact, prune, export, migrate) and
+"""``foreshock sink``, ``foreshock store …`` (info, check, compact, prune, export, migrate) and
 ``foreshock report`` (the lead-time table). No torch."""
 
 from __future__ import annotations
@@ -55,6 +55,25 @@ def _info(args: argparse.Namespace) -> int:
     print(f"runs: {runs}; generation {history.generation}; "
           f"schema version {history.manifest['schema_version']}")  # fmt: skip
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Every stream complete? Exit 1 if one ended with seqs missing (see storage.reconcile)."""
+    from .reader import open_history
+    from .reconcile import check_streams
+
+    with open_history(args.store) as history:
+        checks = check_streams(history)
+    if args.json:
+        print(json.dumps([c.to_dict() for c in checks]))
+    else:
+        rows = [[c.run_id, c.rank, c.status, c.stored, c.expected,
+                 " ".join(f"{a}-{b}" if a != b else str(a) for a, b in c.missing)]
+                for c in checks if args.all or c.status != "complete"]  # fmt: skip
+        print(format_table(["run", "rank", "status", "stored", "expected", "missing seqs"], rows))
+        counts = {s: sum(c.status == s for c in checks) for s in ("complete", "incomplete", "open")}
+        print(", ".join(f"{n} {s}" for s, n in counts.items()) + " streams")
+    return 1 if any(c.status == "incomplete" for c in checks) else 0
 
 
 def _writer(args: argparse.Namespace):
@@ -176,6 +195,11 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
         cmd = store_sub.add_parser(name, help=text)
         cmd.add_argument("--store", default=DEFAULT_STORE)
         cmd.set_defaults(func=func)
+    check = store_sub.add_parser("check", help="is every run's stream complete? (exit 1 if not)")
+    check.add_argument("--store", default=DEFAULT_STORE)
+    check.add_argument("--json", action="store_true")
+    check.add_argument("--all", action="store_true", help="list complete streams too")
+    check.set_defaults(func=_check)
     prune = store_sub.add_parser("prune", help="remove runs with no data for N days")
     prune.add_argument("--store", default=DEFAULT_STORE)
     prune.add_argument("--older-than-days", type=float, required=True)

@@ -290,3 +290,16 @@ def dead_letters(history: History, limit: int = 100) -> list[dict[str, Any]]:
     return history.sql(
         "SELECT received_at, source, partition, \"offset\", reason, octet_length(raw) AS bytes "
         "FROM dead_letters ORDER BY received_at DESC LIMIT ?", [limit]).to_pylist()  # fmt: skip
+
+
+def stream_completeness(history: History) -> list[dict[str, Any]]:
+    """Per (run, rank): distinct seqs stored, the highest one, and ``last_seq`` if it ended."""
+    return history.sql(
+        "WITH seqs AS (SELECT run_id, rank, seq FROM steps UNION ALL "
+        "SELECT run_id, rank, seq FROM run_events), "
+        "ends AS (SELECT run_id, rank, max(last_seq) AS last_seq FROM run_events "
+        "WHERE kind = 'end' GROUP BY run_id, rank) "
+        "SELECT s.run_id, s.rank, count(DISTINCT s.seq) AS stored, max(s.seq) AS top, "
+        "any_value(e.last_seq) AS last_seq FROM seqs s LEFT JOIN ends e "
+        "ON s.run_id = e.run_id AND s.rank = e.rank GROUP BY s.run_id, s.rank "
+        "ORDER BY s.run_id, s.rank").to_pylist()  # fmt: skip

@@ -8,7 +8,8 @@ reason in a header and its origin (topic, partition, offset).
 After the broker was unreachable the consumer rewinds its partitions to the committed offsets
 (or the beginning where none survive: a restarted Tansu forgot both offsets and messages and
 its new messages start again at offset 0) — re-reads are dropped as duplicates, nothing is
-skipped.
+skipped. Where none survive it also re-creates foreshock's topics, which that broker forgot
+too: a worker's warnings or a dead letter must not wait for a producer to do it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .settings import RDKAFKA_LOG, KafkaSettings
+from .topics import ensure_topics
 from .wire import WireError, decode, stream_of
 
 __all__ = ["CONSUMER_DEFAULTS", "Deduplicator", "MetricsConsumer"]
@@ -103,12 +105,15 @@ class MetricsConsumer:
 
     ``decoders`` maps other topics to their own decoder (raw Kafka message → dict, or
     :class:`WireError`): their messages skip the seq bookkeeping and come out with ``_topic``.
+    ``on_rewind(found)`` is called after a rewind with the (partition, committed offset) pairs
+    found: a negative offset means the broker forgot it (it restarted without its data).
     """
 
     def __init__(self, settings: KafkaSettings, group_id: str,
                  topics: Iterable[str] | None = None, on_assign: Any = None,
                  gap_wait: float = 1.0,
                  decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
+                 on_rewind: Callable[[list[tuple[int, int]]], None] | None = None,
                  **config: Any) -> None:  # fmt: skip
         from confluent_kafka import Consumer, Producer
 
@@ -118,8 +123,10 @@ class MetricsConsumer:
             t for t in self.decoders if t not in (topics or [settings.metrics_topic])
         ]
         self.dedup = Deduplicator()
+        self.on_rewind = on_rewind
         self.dead_letters = 0
         self.rereads = 0
+        self.rewinds = 0
         self.gap_wait = gap_wait
         self._gaps: dict[tuple[str, int], list[float]] = {}
         self._anchor: dict[tuple[str, int], tuple[str, int, int]] = {}
@@ -217,6 +224,13 @@ class MetricsConsumer:
             committed = self._consumer.committed(assigned, timeout=2.0)
         except Exception:
             return  # still away: try again on the next poll
+        found = [(tp.partition, tp.offset) for tp in committed]
+        if any(offset < 0 for _, offset in found):
+            try:  # a restarted broker forgot the topics: the producers here need them back
+                ensure_topics(self.settings, timeout=2.0)
+            except Exception as exc:
+                log.debug("foreshock consumer: re-creating topics failed: %s", exc)
+                return
         for tp in committed:
             if tp.offset < 0:
                 tp.offset = OFFSET_BEGINNING
@@ -226,6 +240,9 @@ class MetricsConsumer:
                 log.debug("foreshock consumer: seek %s failed: %s", tp, exc)
                 return
         self._rewind = False
+        self.rewinds += 1
+        if self.on_rewind is not None:
+            self.on_rewind(found)
 
     def commit(self) -> None:
         """Commit the consumed positions (after the caller has stored what it got)."""
