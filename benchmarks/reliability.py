@@ -73,7 +73,8 @@ class Producer(threading.Thread):
     def run(self) -> None:  # noqa: D102 - threading.Thread's
         from foreshock.producers.kafka_sink import KafkaSink
 
-        sink = KafkaSink(self.settings, probe_interval=0.5, name=self.run_id)
+        sink = KafkaSink(self.settings, probe_interval=0.5, name=self.run_id,
+                         confirm_group="sink")  # fmt: skip
         messages = [self.recorded.start, *self.recorded.records, self.recorded.end]
         started = time.monotonic()
         for i, message in enumerate(messages):

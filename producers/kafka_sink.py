@@ -10,6 +10,13 @@ before anything newer. Spools left by earlier runs in the same folder are re-sen
 ``foreshock spool flush`` does it by hand. Delivery is at least once: consumers drop
 duplicates on (run_id, rank, seq).
 
+An acknowledgement is not storage: the embedded broker keeps messages in memory, so one that
+restarts forgets what it had acknowledged. While the producer lives it re-sends its recent
+acknowledged messages (``replay_bytes``) when it finds the broker restarted. When it closes it
+waits up to ``confirm_timeout`` s for the storage sink's consumer group (``confirm_group``,
+``foreshock sink``'s default) to commit past its messages — the sink commits only what it
+stored durably — and keeps what is still unconfirmed in its spool, to be re-sent later.
+
 Wire fields added here (see :mod:`foreshock.transport.wire`): ``kind``, a gap-free ``seq`` per
 (run_id, rank); a ``start`` message (synthesised if the caller sent none) with the producer's
 version; an ``end`` message with ``last_seq`` (synthesised by ``close`` if none was sent).
@@ -53,20 +60,20 @@ _DOWN = {"_ALL_BROKERS_DOWN", "_TRANSPORT", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_
 
 
 class _RecentWindow:
-    """The last acknowledged messages, up to ``max_bytes`` of values."""
+    """The last acknowledged messages with their (partition, offset), up to ``max_bytes``."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes, self.size = max_bytes, 0
-        self.items: collections.deque[SpooledMessage] = collections.deque()
+        self.items: collections.deque[tuple[SpooledMessage, int, int]] = collections.deque()
 
-    def add(self, item: SpooledMessage) -> None:
-        self.items.append(item)
+    def add(self, item: SpooledMessage, partition: int, offset: int) -> None:
+        self.items.append((item, partition, offset))
         self.size += len(item.value)
         while self.size > self.max_bytes and self.items:
-            self.size -= len(self.items.popleft().value)
+            self.size -= len(self.items.popleft()[0].value)
 
     def take(self) -> list[SpooledMessage]:
-        items, self.items, self.size = list(self.items), collections.deque(), 0
+        items, self.items, self.size = [i for i, _, _ in self.items], collections.deque(), 0
         return items
 
 
@@ -75,8 +82,13 @@ class KafkaSink:
 
     def __init__(self, settings: KafkaSettings | None = None, *, queue_size: int = 10_000,
                  probe_interval: float = 2.0, close_timeout: float = 10.0,
-                 replay_bytes: int = 64 << 20, name: str | None = None) -> None:  # fmt: skip
+                 replay_bytes: int = 64 << 20, name: str | None = None,
+                 confirm_group: str | None = "foreshock-sink",
+                 confirm_timeout: float = 5.0) -> None:  # fmt: skip
         self.settings = settings or load_settings()
+        self.confirm_group, self.confirm_timeout = confirm_group, confirm_timeout
+        self.unconfirmed = 0  # messages spooled at close: not confirmed stored
+        self._broker_restarted = False
         self.probe_interval, self.close_timeout = probe_interval, close_timeout
         self.delivered = self.spooled = self.rejected = 0
         self._queue: queue.Queue[SpooledMessage] = queue.Queue(maxsize=queue_size)
@@ -224,7 +236,7 @@ class KafkaSink:
         item = SpooledMessage(msg.topic(), msg.key(), msg.value())
         if err is None:
             self.delivered += 1
-            self._recent.add(item)
+            self._recent.add(item, msg.partition(), msg.offset())
             return
         self._online = False
         self._to_spool(item)
@@ -245,6 +257,7 @@ class KafkaSink:
         if self._lost_brokers or self.settings.metrics_topic in topics.created:
             self._replay = self._recent.take()  # the broker may have lost what it acknowledged
             self.replayed += len(self._replay)
+            self._broker_restarted = self._broker_restarted or bool(self._replay)
         self._lost_brokers = False
         if self._producer is None:
             from confluent_kafka import Producer
@@ -274,8 +287,6 @@ class KafkaSink:
                 with self._spool_lock:
                     spool.commit(end)
                 self.delivered += len(batch)
-                for item in batch:
-                    self._recent.add(item)
         for spool in [s for s in self._others if s.pending_bytes() == 0]:
             spool.close()
             self._others.remove(spool)
@@ -284,9 +295,12 @@ class KafkaSink:
         """Send and wait for the broker to acknowledge all of ``batch``."""
         failed: list[Any] = []
 
-        def acked(err: Any, _msg: Any) -> None:
+        def acked(err: Any, msg: Any) -> None:
             if err is not None:
                 failed.append(err)
+            else:
+                item = SpooledMessage(msg.topic(), msg.key(), msg.value())
+                self._recent.add(item, msg.partition(), msg.offset())
 
         for item in batch:
             while True:
@@ -309,6 +323,48 @@ class KafkaSink:
         if left:
             self._producer.purge(in_queue=True, in_flight=True)
             self._producer.flush(1.0)  # purged messages come back through _on_delivery
+        elif self._online:
+            self._keep_unconfirmed()
         for spool in self._others:
             spool.close()
         self._producer = None  # its threads and sockets go now, not at interpreter exit
+
+    def _keep_unconfirmed(self) -> None:
+        """Closing: wait (``confirm_timeout``) until the storage sink's consumer group has
+        committed past every message in the window — it commits only what it stored durably —
+        and spool whatever it has not: a broker that restarts without its data after this
+        producer is gone must not take those messages with it."""
+        if not self.confirm_group or not self._recent.items:
+            return
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(self.settings.librdkafka(
+            {"group.id": self.confirm_group, "enable.auto.commit": False},
+            logger=RDKAFKA_LOG))  # fmt: skip
+        deadline = time.monotonic() + self.confirm_timeout
+        try:
+            while (left := self._unconfirmed(consumer)) and time.monotonic() < deadline:
+                time.sleep(0.25)
+        finally:
+            consumer.close()
+        for item in left or []:
+            self._to_spool(item)
+        self.unconfirmed = len(left or [])
+        if left:
+            log.warning("foreshock: %d messages not yet confirmed stored by consumer group %r; "
+                        "kept in %s", len(left), self.confirm_group, self._spool.path)  # fmt: skip
+
+    def _unconfirmed(self, consumer: Any) -> list[SpooledMessage] | None:
+        """Window messages at or past the group's committed offsets; None when the group has
+        committed nothing here and no broker restart was seen (no sink to wait for)."""
+        from confluent_kafka import TopicPartition
+
+        parts = sorted({(i.topic, p) for i, p, _ in self._recent.items})
+        try:
+            found = consumer.committed([TopicPartition(t, p) for t, p in parts], timeout=2.0)
+        except Exception:
+            return [i for i, _, _ in self._recent.items]
+        committed = {(tp.topic, tp.partition): tp.offset for tp in found}
+        if all(o < 0 for o in committed.values()) and not self._broker_restarted:
+            return None
+        return [i for i, p, o in self._recent.items if o >= committed.get((i.topic, p), -1)]

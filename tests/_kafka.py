@@ -78,8 +78,8 @@ def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
         _, loss = model(x, y)
         loss.backward()
         optimizer.step()
+        monitor.step(step, loss=loss)  # after the update, before the gradients are cleared
         optimizer.zero_grad()
-        monitor.step(step, loss=loss)
         seconds.append(time.perf_counter() - tick)
         if on_step is not None:
             on_step(step)

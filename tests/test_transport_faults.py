@@ -96,3 +96,72 @@ class _Null:
 
     def close(self) -> None:
         pass
+
+
+def _sink_service(settings: KafkaSettings, store, group: str) -> subprocess.Popen:
+    from _kafka import service_env
+
+    return subprocess.Popen([sys.executable, "-m", "foreshock.cli", "sink", "--store", str(store),
+                             "--group", group], env=service_env(settings),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _stored_seqs(store) -> list[int]:
+    from foreshock.storage.reader import open_history
+
+    if not (store / "manifest.json").exists():
+        return []
+    with open_history(store) as history:
+        return sorted(history.sql("SELECT seq FROM steps UNION ALL SELECT seq FROM run_events")
+                      .column("seq").to_pylist())  # fmt: skip
+
+
+def _wait(done, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.2)
+    return done()
+
+
+def test_producer_gone_before_the_broker_restarts_keeps_what_storage_had_not_confirmed(tmp_path):
+    """The embedded broker's worst case: the sink is down when a run ends, and the broker then
+    restarts without its data. The producer closed only after keeping the messages the sink's
+    group had not committed in its spool; a flush after the restart completes the store."""
+    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start()
+    settings = _settings(broker.port, tmp_path, "confirm")
+    store, group = tmp_path / "store", "confirm-sink"
+    sink_service = _sink_service(settings, store, group)
+    try:
+        producer = KafkaSink(settings, probe_interval=0.5, confirm_group=group)
+        for step in range(10):
+            producer.write(_record("run-confirm", step))
+        assert _wait(lambda: len(_stored_seqs(store)) == 11, 60)  # start + 10, stored
+        time.sleep(1.5)  # and committed
+        sink_service.kill()
+        sink_service.wait(10)
+        for step in range(10, 20):
+            producer.write(_record("run-confirm", step))
+        producer.close(timeout=10)
+        assert producer.unconfirmed >= 11  # steps 10..19 and the end, all acknowledged
+        assert producer.delivered == 22
+        broker.kill()  # forgets all 22 messages and the group's offsets
+        broker.start()
+        sink_service = _sink_service(settings, store, group)
+        env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+               "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+               "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+               "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip
+        flush = subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush",
+                                "--timeout", "60"], env=env, capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+        assert flush.returncode == 0, flush.stderr
+        assert _wait(lambda: _stored_seqs(store) == list(range(22)), 60), _stored_seqs(store)
+    finally:
+        sink_service.kill()
+        sink_service.wait(10)
+        broker.stop()
+
+
+def _record(run_id: str, step: int) -> dict:
+    return {"schema": "foreshock.metrics/1", "run_id": run_id, "step": step,
+            "values": {"loss": 2.0 - step / 100}}  # fmt: skip
