@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import tempfile
 import threading
@@ -70,7 +71,7 @@ class Producer(threading.Thread):
         self.written = 0
         self.pending = -1
 
-    def run(self) -> None:  # noqa: D102 - threading.Thread's
+    def run(self) -> None:
         from foreshock.producers.kafka_sink import KafkaSink
 
         sink = KafkaSink(self.settings, probe_interval=0.5, name=self.run_id,
@@ -352,6 +353,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3.0, help="records/s per run")
     parser.add_argument("--down", type=float, default=3.0, help="s a killed part stays down")
     args = parser.parse_args()
+    logging.getLogger("foreshock.rdkafka").setLevel(logging.CRITICAL)  # refused reconnects
     if args.quick:
         args.faults, args.runs = "worker,broker", ",".join(DEFAULT_RUNS[::2][:3])
     plan = Plan(runs=tuple(args.runs.split(",")), rate=args.rate, down=args.down)
