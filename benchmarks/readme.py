@@ -89,6 +89,45 @@ def _fleet(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _soak(r: dict) -> list[tuple[str, str]]:
+    lag = r["lag"]
+    renders = r["dashboard"]["renders"]
+    rows = [(f"{r['duration_s']:.0f} s at {r['offered_values_per_s']:,} values/s offered "
+             f"({r['offered_values_per_s'] / r['saturation_values_per_s']:.0%} of saturation), "
+             f"{r['runs_started']:,} runs ({r['concurrent_runs']} at a time)",
+             f"{r['lost_values']:,} values lost of {r['offered_values']:,}; stored "
+             f"{r['stored_values_per_s_steady']:,} values/s in the steady state")]  # fmt: skip
+    for service, m in r["memory"].items():
+        if m["growth"] is None:
+            continue
+        verdict = {True: "flat", False: "not flat", None: "for information"}[m["flat"]]
+        rows.append((f"RSS {service}, after {r['warmup_s']:.0f} s warm-up → end of load",
+                     f"{m['rss_start_mb']:.0f} → {m['rss_end_mb']:.0f} MB ({m['growth']:+.0%}, "
+                     f"{m['slope_mb_per_min']:+.1f} MB/min): {verdict}"))  # fmt: skip
+    rows.append(("consumer lag max / at end of load / drained (detector; sink)",
+                 f"{lag['detector']['lag_max']:.0f} / {lag['detector']['lag_end_of_load']:.0f} / "
+                 f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
+                 f"{lag['sink']['lag_end_of_load']:.0f} / {lag['sink']['lag_drained']:.0f} "
+                 "messages"))  # fmt: skip
+    rows.append(("dashboard renders over the agent API (fleet; run page), median",
+                 f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
+                 f"({len(r['dashboard']['failures'])} failures)"))  # fmt: skip
+    return rows
+
+
+def _unreachable(r: dict) -> list[tuple[str, str]]:
+    m = r["modes"]
+    return [(f"training loop, broker unreachable for the whole run vs live ({r['steps']} "
+             f"steps, median of {r['repeats']})",
+             f"{r['slowdown_unreachable_vs_live']:+.1%} (target ≤ +5 %); "
+             f"{m['live']['step_s_median'] * 1000:.0f} vs "
+             f"{m['unreachable']['step_s_median'] * 1000:.0f} ms/step"),
+            ("its records after a broker came up (`foreshock spool flush`)",
+             f"{r['spooled']} spooled, {r['delivered_later']} delivered, {r['missing']} "
+             f"missing, {r['duplicates']} duplicates; {r['runs_complete']} of "
+             f"{len(r['per_run'])} runs complete")]  # fmt: skip
+
+
 BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], _overhead, "Monitor overhead per training step"),
@@ -101,6 +140,8 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         _fleet,
         "Whole pipeline past its knee (3 records/s per run)",
     ),
+    "soak": ([], _soak, "Soak: memory and lag under a steady fleet at half saturation"),
+    "unreachable": ([], _unreachable, "Training with the broker unreachable, records later"),
 }
 
 

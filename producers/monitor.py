@@ -13,7 +13,12 @@ Every ``every`` (δ) steps it snapshots W_q and W_k of each attention layer and,
 previous snapshot, computes the ΔW and Δ2/Δ3 spectra; forward hooks on the routers gather
 routing entropies during the forward pass of that step only. Between monitoring steps it does
 nothing but bookkeeping. Monitoring never raises into the training loop: an error is logged,
-counted in ``errors`` and written as an error record.
+counted in ``errors`` and written as an error record at the step it happened (a failure in a
+forward hook or observer is flagged ``monitor_error@<module>`` in that step's record).
+
+Non-finite weights, gradients or loss (NaN/Inf) are not errors: the values they make are
+emitted as null with a ``nonfinite@<module>`` (or ``nonfinite:<key>``) flag, the first such
+record is logged once, and monitoring carries on.
 """
 
 from __future__ import annotations
@@ -106,6 +111,9 @@ class Monitor:
         self._params = list(model.parameters())  # walked once: named_modules() is slow
         self.errors = 0
         self.records_written = 0
+        self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
+        self._last_step = -1  # the last step passed to step(): error records are stamped with it
+        self._hook_errors: dict[str, str] = {}  # module -> error, in this step's forward
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._accumulators: dict[str, RoutingAccumulator] = {}
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
@@ -156,9 +164,12 @@ class Monitor:
         Cheap only where the model already has the scores; kept on device until emission."""
         if not (self.active and self._armed):
             return
-        value = value.detach().float().amax()
-        old = self._max_logits.get(name)
-        self._max_logits[name] = value if old is None else torch.maximum(old, value)
+        try:
+            value = value.detach().float().amax()
+            old = self._max_logits.get(name)
+            self._max_logits[name] = value if old is None else torch.maximum(old, value)
+        except Exception as exc:  # called from the model's forward: never break it
+            self._fail_hook(name, exc)
 
     def _hook_router(self, spec: RouterSpec) -> None:
         acc = RoutingAccumulator(spec.n_experts, spec.top_k)
@@ -170,7 +181,7 @@ class Monitor:
             try:
                 acc.update(output[0] if isinstance(output, tuple) else output)
             except Exception as exc:  # never break the forward pass
-                self._fail(-1, exc)
+                self._fail_hook(spec.name, exc)
 
         self._hooks.append(spec.module.register_forward_hook(hook))
 
@@ -180,6 +191,7 @@ class Monitor:
         if not self.active:
             return None
         try:
+            self._last_step = int(step)
             if step % self.config.every != 0:
                 return None
             record = self._measure(step, loss)
@@ -194,6 +206,7 @@ class Monitor:
                 for acc in self._accumulators.values():
                     acc.reset()
                 self._max_logits.clear()
+                self._hook_errors.clear()
             self._armed = (step + 1) % self.config.every == 0
 
     def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
@@ -210,8 +223,11 @@ class Monitor:
 
         gather("attention", lambda: attention_chunks(
             self.discovery.attention, self._snapshots, self.config))  # fmt: skip
+        flags.update(f"monitor_error@{name}" for name in self._hook_errors)
         for router in self.discovery.routers:
-            gather(router.name, lambda r=router: router_chunk(r, self._accumulators.get(r.name)))
+            # A router whose hook failed in this forward keeps only its weight geometry.
+            acc = None if router.name in self._hook_errors else self._accumulators.get(router.name)
+            gather(router.name, lambda r=router, a=acc: router_chunk(r, a))
         gather("symptoms", lambda: symptom_chunk(self._params, loss, self._max_logits))
         keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
         values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
@@ -223,6 +239,13 @@ class Monitor:
                 out[key] = None
             else:
                 out[key] = value
+        nonfinite = sorted(f for f in flags if f.startswith("nonfinite"))
+        if nonfinite:
+            self.nonfinite_records += 1
+            if self.nonfinite_records == 1:
+                log.warning("foreshock monitor: non-finite values at step %s (%s); they are "
+                            "emitted as null with these flags, and this is logged once",
+                            step, ", ".join(nonfinite))  # fmt: skip
         return {
             "schema": METRICS_SCHEMA,
             "run_id": self.run_id,
@@ -239,13 +262,30 @@ class Monitor:
         if self.errors <= 3:
             log.warning("foreshock monitor: %s failed at step %s: %r", part, step, exc)
 
-    def _fail(self, step: int, exc: Exception) -> None:
+    def _fail_hook(self, module: str, exc: Exception) -> None:
+        """A forward hook or observer failed: flag it in this step's record, never raise."""
+        if module in self._hook_errors:
+            return  # once per module and step (a hook fires once per micro-batch)
+        self._hook_errors[module] = repr(exc)[:500]
+        self._fail_part(self._last_step + 1, f"{module} (forward hook)", exc)
+
+    def _fail(self, step: Any, exc: Exception) -> None:
+        """A monitoring step failed as a whole: log, count, and write an error record.
+
+        The record is a valid metrics message (the wire format wants step >= 0): stamped with
+        ``step``, or with the last step seen when ``step`` is not a usable step number."""
         self.errors += 1
         if self.errors <= 3:
             log.warning("foreshock monitor error at step %s:\n%s", step, traceback.format_exc())
         with contextlib.suppress(Exception):
+            try:
+                stamp = int(step)
+            except Exception:
+                stamp = -1
+            if stamp < 0:
+                stamp = max(self._last_step, 0)
             self.sink.write(
-                {"schema": METRICS_SCHEMA, "run_id": self.run_id, "step": int(step),
+                {"schema": METRICS_SCHEMA, "run_id": self.run_id, "step": stamp,
                  "time": time.time(), "rank": self.rank, "world_size": self.world_size,
                  "values": {}, "flags": ["monitor_error"], "error": repr(exc)[:500]}
             )  # fmt: skip
@@ -267,8 +307,9 @@ class Monitor:
         self._hooks.clear()
         try:
             self.sink.close()
-        except Exception as exc:
-            self._fail(-1, exc)
+        except Exception as exc:  # the sink itself failed: nothing left to write a record to
+            self.errors += 1
+            log.warning("foreshock monitor: closing the sink failed: %r", exc)
 
     def __enter__(self) -> Monitor:
         return self
