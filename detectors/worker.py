@@ -68,6 +68,7 @@ class DetectorWorker:
             {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False},
             logger=RDKAFKA_LOG))  # fmt: skip
         self.runs: dict[str, RunDetector] = {}
+        self._live_ranks: dict[str, set[int]] = {}
         self.orderer = SeqOrderer()
         self.messages = self.values = self.warnings = 0
         self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
@@ -102,6 +103,7 @@ class DetectorWorker:
             detector = self.runs.get(run_id) or self.runs.setdefault(
                 run_id, RunDetector(run_id, self.config))  # fmt: skip
             events = detector.update(ready)
+            self._forget_if_ended(ready)
             self.messages += 1
             self.values += len(ready.get("values", ()))
             if self._history(ready["_partition"], ready["_offset"]):
@@ -113,6 +115,19 @@ class DetectorWorker:
                 produced += 1
         self.producer.poll(0)
         return produced
+
+    def _forget_if_ended(self, message: dict[str, Any]) -> None:
+        """Drop a run's detectors once every rank that wrote to it has ended: a worker that
+        serves a fleet for weeks must not keep every run it ever saw."""
+        run_id, rank = message["run_id"], int(message.get("rank", 0))
+        ranks = self._live_ranks.setdefault(run_id, set())
+        if message.get("kind") != "end":
+            ranks.add(rank)
+            return
+        ranks.discard(rank)
+        if not ranks:
+            self.runs.pop(run_id, None)
+            self._live_ranks.pop(run_id, None)
 
     def _produce(self, key: bytes, value: bytes) -> None:
         """Queue one warning event; while the client refuses it (queue full, or the topic is

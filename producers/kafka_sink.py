@@ -118,6 +118,7 @@ class KafkaSink:
                                       encode(message))  # fmt: skip
             except WireError as exc:
                 self.rejected += 1
+                self._unnumber(message)
                 log.warning("foreshock: record rejected by the wire format: %s", exc)
                 continue
             try:
@@ -149,6 +150,13 @@ class KafkaSink:
             message.setdefault("status", "closed")
             self._ended.add(stream)
         return message
+
+    def _unnumber(self, message: dict[str, Any]) -> None:
+        """Give a rejected message's seq back, so that the stream keeps no gap."""
+        stream = (message.get("run_id"), message.get("rank"))
+        if self._seq.get(stream) == message.get("seq"):
+            self._seq[stream] -= 1
+            self._ended.discard(stream)
 
     def close(self, timeout: float | None = None) -> None:
         """End open streams, deliver what the broker takes within ``timeout``, spool the rest."""

@@ -132,3 +132,30 @@ def test_two_workers_share_the_partitions_and_skip_bad_messages(kafka_settings, 
         run.start["run_id"] = name
         offline |= _events([e.to_message() for e in replay_run(run, calibrated).events])
     assert _events(_read_warnings(kafka_settings)) == offline
+
+
+def test_worker_forgets_a_run_once_every_rank_ended(kafka_settings, config):
+    """A worker serving a fleet for weeks keeps only the runs still going."""
+    worker = DetectorWorker(kafka_settings, config[0])
+    try:
+        offset = iter(range(100))
+
+        def feed(run_id: str, rank: int, seq: int, kind: str) -> None:
+            message = {"kind": kind, "run_id": run_id, "rank": rank, "seq": seq,
+                       "_partition": 0, "_offset": next(offset)}  # fmt: skip
+            if kind == "metrics":
+                message.update(step=seq * 25, values={"loss": 2.0})
+            worker.process(message)
+
+        for rank in (0, 1):
+            feed("two-ranks", rank, 0, "start")
+            feed("two-ranks", rank, 1, "metrics")
+        feed("one-rank", 0, 0, "start")
+        feed("one-rank", 0, 1, "end")
+        assert set(worker.runs) == {"two-ranks"}
+        feed("two-ranks", 0, 2, "end")
+        assert set(worker.runs) == {"two-ranks"}  # rank 1 still writes
+        feed("two-ranks", 1, 2, "end")
+        assert worker.runs == {}
+    finally:
+        worker.consumer.close()

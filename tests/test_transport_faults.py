@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -165,3 +166,18 @@ def test_producer_gone_before_the_broker_restarts_keeps_what_storage_had_not_con
 def _record(run_id: str, step: int) -> dict:
     return {"schema": "foreshock.metrics/1", "run_id": run_id, "step": step,
             "values": {"loss": 2.0 - step / 100}}  # fmt: skip
+
+
+def test_a_rejected_record_leaves_no_gap_in_its_stream(tmp_path):
+    """The wire format refuses a record: its seq is given back, so storage can still prove the
+    stream complete (0..last_seq)."""
+    sink = KafkaSink(_settings(free_port(), tmp_path, "reject"), probe_interval=60)
+    sink.write(_record("run-reject", 0))
+    sink.write({**_record("run-reject", 1), "values": {"loss": "not a number"}})
+    sink.write(_record("run-reject", 2))
+    sink.close(timeout=1)
+    spool = next(orphaned_spools(tmp_path / "spool"))
+    seqs = [json.loads(json.loads(line)["v"])["seq"] for line in spool.path.read_text().split()]
+    spool.close(delete_if_empty=False)
+    assert sink.rejected == 1
+    assert seqs == [0, 1, 2, 3]  # start, steps 0 and 2, end
