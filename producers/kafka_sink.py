@@ -322,19 +322,21 @@ class KafkaSink:
         return left == 0 and not failed
 
     def _finish(self) -> None:
-        """Closing: deliver within ``close_timeout``; spool whatever is still unacknowledged."""
-        if self._producer is None:
-            return
-        if self._online:
-            self._drain_spools(time_budget=self.close_timeout)
-        left = self._producer.flush(self.close_timeout if self._online else 0)
-        if left:
-            self._producer.purge(in_queue=True, in_flight=True)
-            self._producer.flush(1.0)  # purged messages come back through _on_delivery
-        elif self._online:
-            self._keep_unconfirmed()
+        """Closing: deliver within ``close_timeout``; spool whatever is still unacknowledged.
+        Adopted spools are released either way: a later flush, or another sink in this same
+        process, must be able to take them."""
+        if self._producer is not None:
+            if self._online:
+                self._drain_spools(time_budget=self.close_timeout)
+            left = self._producer.flush(self.close_timeout if self._online else 0)
+            if left:
+                self._producer.purge(in_queue=True, in_flight=True)
+                self._producer.flush(1.0)  # purged messages come back through _on_delivery
+            elif self._online:
+                self._keep_unconfirmed()
         for spool in self._others:
             spool.close()
+        self._others = []
         self._producer = None  # its threads and sockets go now, not at interpreter exit
 
     def _keep_unconfirmed(self) -> None:

@@ -181,3 +181,17 @@ def test_a_rejected_record_leaves_no_gap_in_its_stream(tmp_path):
     spool.close(delete_if_empty=False)
     assert sink.rejected == 1
     assert seqs == [0, 1, 2, 3]  # start, steps 0 and 2, end
+
+
+def test_spools_adopted_by_a_sink_that_never_connected_are_released_at_close(tmp_path):
+    """Two runs in one process, no broker for either: the second sink adopts the first one's
+    spool; once both are closed, a flush (another process) can take both."""
+    settings = _settings(free_port(), tmp_path, "adopt")
+    for run in ("run-a", "run-b"):
+        sink = KafkaSink(settings, probe_interval=60)
+        sink.write(_record(run, 0))
+        sink.close(timeout=1)
+    spools = list(orphaned_spools(settings.spool_dir))  # fails to lock a spool still held
+    assert len(spools) == 2
+    for spool in spools:
+        spool.close(delete_if_empty=False)
