@@ -4,7 +4,8 @@
 bounded in-memory queue — or, if that queue is full, appends it to the local spool. One
 background thread owns the confluent-kafka producer: it sends, serves delivery callbacks,
 and spools every message the broker did not acknowledge (unreachable, restarted, timed out).
-While the broker is away it probes every ``probe_interval`` seconds; when it is back the
+While the broker is away it probes after ``probe_interval`` seconds, doubling the wait up to
+``max_probe_interval`` (a long outage costs the training process nothing); when it is back the
 thread re-creates the topics (a restarted Tansu forgot them) and re-sends the spool in order
 before anything newer. Spools left by earlier runs in the same folder are re-sent too;
 ``foreshock spool flush`` does it by hand. Delivery is at least once: consumers drop
@@ -81,7 +82,8 @@ class KafkaSink:
     """Send monitoring records to Kafka; see the module docstring for the guarantees."""
 
     def __init__(self, settings: KafkaSettings | None = None, *, queue_size: int = 10_000,
-                 probe_interval: float = 2.0, close_timeout: float = 10.0,
+                 probe_interval: float = 2.0, max_probe_interval: float = 30.0,
+                 close_timeout: float = 10.0,
                  replay_bytes: int = 64 << 20, name: str | None = None,
                  confirm_group: str | None = "foreshock-sink",
                  confirm_timeout: float = 5.0) -> None:  # fmt: skip
@@ -90,6 +92,7 @@ class KafkaSink:
         self.unconfirmed = 0  # messages spooled at close: not confirmed stored
         self._broker_restarted = False
         self.probe_interval, self.close_timeout = probe_interval, close_timeout
+        self.max_probe_interval = max_probe_interval
         self.delivered = self.spooled = self.rejected = 0
         self._queue: queue.Queue[SpooledMessage] = queue.Queue(maxsize=queue_size)
         self._seq: dict[tuple[str, int], int] = {}
@@ -202,12 +205,17 @@ class KafkaSink:
             self.spooled += 1
 
     def _loop(self) -> None:
-        next_probe = 0.0
+        next_probe, delay = 0.0, self.probe_interval
         while True:
             closing = self._closing.is_set()
             if not self._online and time.monotonic() >= next_probe:
                 self._online = self._connect()
-                next_probe = time.monotonic() + self.probe_interval
+                delay = (
+                    self.probe_interval
+                    if self._online
+                    else min(2 * delay, max(self.probe_interval, self.max_probe_interval))
+                )
+                next_probe = time.monotonic() + delay
             if self._online:
                 self._drain_spools(time_budget=0.5)
             self._move_queue(block=not closing)
@@ -257,6 +265,7 @@ class KafkaSink:
     def _connect(self) -> bool:
         try:
             topics = ensure_topics(self.settings, timeout=min(5.0, self.probe_interval + 1.0),
+                                   quiet=True,
                                    names=[self.settings.metrics_topic,
                                           self.settings.deadletter_topic])  # fmt: skip
         except Exception:

@@ -29,21 +29,20 @@ def topic_names(settings: KafkaSettings) -> list[str]:
 
 
 def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
-                  names: list[str] | None = None) -> Topics:  # fmt: skip
+                  names: list[str] | None = None, quiet: bool = False) -> Topics:  # fmt: skip
     """Create missing topics; report partition counts and which topics were created.
 
     Raises ``KafkaException`` when the cluster cannot be reached within ``timeout`` seconds.
+    ``quiet``: the client logs nothing, not even through Python's logging — for a probe that
+    repeats while the broker is away, inside a training process whose Python thread must not
+    wait on librdkafka's log callbacks.
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     names = names or topic_names(settings)
-    admin = AdminClient(
-        settings.librdkafka(
-            {"socket.timeout.ms": int(timeout * 1000)},
-            logger=RDKAFKA_LOG,
-        )
-    )
+    logging = {"log_level": 0} if quiet else {"logger": RDKAFKA_LOG}
+    admin = AdminClient(settings.librdkafka({"socket.timeout.ms": int(timeout * 1000)}, **logging))
     existing = admin.list_topics(timeout=timeout).topics
     missing = [name for name in names if name not in existing]
     created = []
