@@ -19,6 +19,7 @@ the false-alarm bound: its healthy maxima are lower, so thresholds come out lowe
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 
 from river import base
@@ -67,7 +68,8 @@ class OneSidedCUSUM(base.DriftDetector):
         if not math.isfinite(x):
             return
         sign = 1.0 if self.direction == "up" else -1.0
-        self.statistic = max(0.0, self.statistic + sign * x - self.k)
+        # capped at the largest float: a sum of huge inputs never becomes inf (then NaN)
+        self.statistic = min(max(0.0, self.statistic + sign * x - self.k), sys.float_info.max)
         self._last.append(self.statistic)
         before = self.sustained
         self.sustained = min(self._last) if len(self._last) == self._last.maxlen else 0.0

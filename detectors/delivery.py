@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +39,7 @@ __all__ = [
     "SEVERITY",
     "Target",
     "alertmanager_alert",
+    "check_event",
     "dashboard_link",
     "send",
     "slack_payload",
@@ -96,6 +98,54 @@ class Target:
         return f"{self.kind} {parts.scheme}://{parts.netloc}"
 
 
+_TEXT = ("id", "event", "run_id", "family")  # required strings
+_OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")
+_OPTIONAL_INT = ("divergence_step", "lead_time", "cleared_step")
+_OPTIONAL_NUMBER = ("statistic", "threshold", "false_alarm_rate")
+
+
+def check_event(event: Any) -> str | None:
+    """Why ``event`` is not a warning event the payload builders can render; None if it is.
+
+    >>> check_event({"schema": "foreshock.warning/1", "id": "a", "event": "opened",
+    ...              "run_id": "r1", "family": "router", "step": 5})
+    >>> check_event({"schema": "foreshock.warning/1", "id": ["a"], "event": "opened",
+    ...              "run_id": "r1", "family": "router", "step": 5})
+    "warning event whose 'id' is not a string"
+    """
+    if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
+        return "not a foreshock.warning/1 event"
+    missing = [k for k in (*_TEXT, "step") if event.get(k) is None]
+    if missing:
+        return f"warning event without {missing}"
+    for name in _TEXT:
+        if not isinstance(event[name], str):
+            return f"warning event whose {name!r} is not a string"
+    if event["event"] not in ("opened", "cleared", "updated"):
+        return f"unknown warning event {event['event'][:40]!r}"
+    for name in _OPTIONAL_TEXT:
+        if not isinstance(event.get(name), str | None):
+            return f"warning event whose {name!r} is not a string or null"
+    for name in ("step", *_OPTIONAL_INT):
+        value = event.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"warning event whose {name!r} is not an integer"
+    for name in _OPTIONAL_NUMBER:
+        value = event.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+            return f"warning event whose {name!r} is not a finite number"
+    return None
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float
+        return False
+
+
 def dashboard_link(dashboard_url: str, run_id: str) -> str:
     """The dashboard's page of one run (its ``run`` query parameter, quoted).
 
@@ -123,7 +173,8 @@ def summary(event: dict[str, Any]) -> str:
     where = f"run {event['run_id']}" + (f" ({event['module']})" if event.get("module") else "")
     kind = event["event"]
     if kind == "cleared":
-        text = (f"{event['family']} warning cleared on {where} at step {event['cleared_step']}, "
+        cleared = event.get("cleared_step")
+        text = (f"{event['family']} warning cleared on {where} at step {cleared}, "
                 f"opened at step {event['step']}")  # fmt: skip
     elif kind == "updated":
         text = (f"{event['family']} warning on {where} (opened at step {event['step']}): the "
@@ -131,7 +182,7 @@ def summary(event: dict[str, Any]) -> str:
     else:
         rate = _rate(event.get("false_alarm_rate"))
         text = (f"{event['family']} warning opened on {where} at step {event['step']}, "
-                f"{event['role']}; false-alarm rate {rate}")  # fmt: skip
+                f"{event.get('role')}; false-alarm rate {rate}")  # fmt: skip
     if event.get("lead_time") is not None:
         text += f"; lead time {event['lead_time']} steps"
     return text
@@ -176,7 +227,8 @@ def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
         head += f" · module `{_mrkdwn(event['module'])}`"
     role = _mrkdwn(event.get("role", "?"))
     if kind == "cleared":
-        head += f" · opened at step {event['step']} ({role}), cleared at {event['cleared_step']}"
+        cleared = event.get("cleared_step")
+        head += f" · opened at step {event['step']} ({role}), cleared at {cleared}"
     else:
         head += f" · step {event['step']} ({role})"
     facts = [f"calibrated false-alarm rate: {_rate(event.get('false_alarm_rate'))}"]

@@ -44,7 +44,14 @@ from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
-from .delivery import Target, alertmanager_alert, send, slack_payload, webhook_payload
+from .delivery import (
+    Target,
+    alertmanager_alert,
+    check_event,
+    send,
+    slack_payload,
+    webhook_payload,
+)
 
 __all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "decode_warning"]
 
@@ -114,15 +121,13 @@ def decode_warning(raw: Any) -> dict[str, Any]:
 
     try:
         event = json.loads(raw.value())
-    except (TypeError, UnicodeDecodeError, ValueError) as exc:
+    except RecursionError:
+        return {"_invalid": "warning is not JSON: nested too deeply"}
+    except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
         return {"_invalid": f"warning is not JSON: {exc}"}
-    if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
-        return {"_invalid": "not a foreshock.warning/1 event"}
-    missing = [k for k in ("id", "event", "run_id", "family", "step") if event.get(k) is None]
-    if missing:
-        return {"_invalid": f"warning event without {missing}"}
-    if event["event"] not in ("opened", "cleared", "updated"):
-        return {"_invalid": f"unknown warning event {event['event']!r}"}
+    problem = check_event(event)
+    if problem is not None:
+        return {"_invalid": problem}
     kind, ms = raw.timestamp()
     event["_time"] = ms / 1000 if kind and ms > 0 else time.time()
     return event

@@ -7,14 +7,54 @@ the first ``records`` values at steps ≥ ``start`` give a mean μ and a scale �
     z = (x − μ) / σ,   σ = max(std, rel_floor·|μ|, abs_floor),
 
 so a series that is flat during the warm-up does not turn every later wobble into a huge z.
+
+Any finite input gives a finite z, μ and σ, however large (a value of 1e300 is possible on the
+wire): sums that would overflow are rescaled, and |z| is capped at :data:`Z_LIMIT` — far above
+any threshold, so a CUSUM still fires, and its sums stay finite.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import sys
 
-__all__ = ["TrendStandardizer", "WarmupStandardizer"]
+__all__ = ["Z_LIMIT", "TrendStandardizer", "WarmupStandardizer"]
+
+Z_LIMIT = 1e100
+_MAX = sys.float_info.max
+
+
+def _finite(x: float | None) -> float | None:
+    """``x`` as a float, None when it is missing or not finite (an int beyond float too)."""
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _clamp(value: float, limit: float) -> float:
+    """``value`` within ±``limit`` (±inf included)."""
+    return max(-limit, min(limit, value))
+
+
+def _mean(xs: list[float]) -> float:
+    try:
+        return statistics.fmean(xs)
+    except OverflowError:  # a sum beyond float: the mean of xs / max|x|, scaled back (≤ max|x|)
+        top = max(abs(x) for x in xs)
+        return math.fsum(x / top for x in xs) / len(xs) * top
+
+
+def _spread(xs: list[float]) -> float:
+    try:
+        return statistics.stdev(xs)
+    except OverflowError:  # beyond float: the spread of xs / max|x|, scaled back (capped)
+        top = max(abs(x) for x in xs)
+        return min(statistics.stdev([x / top for x in xs]) * top, _MAX)
 
 
 class WarmupStandardizer:
@@ -42,16 +82,17 @@ class WarmupStandardizer:
         return self.mean is not None
 
     def update(self, step: int, x: float | None) -> float | None:
-        if x is None or not math.isfinite(x) or step < self.start:
+        x = _finite(x)
+        if x is None or step < self.start:
             return None
         if self.mean is None:
             self._warmup.append(x)
             if len(self._warmup) == self.records:
-                self.mean = statistics.fmean(self._warmup)
-                spread = statistics.stdev(self._warmup)
+                self.mean = _mean(self._warmup)
+                spread = _spread(self._warmup)
                 self.scale = max(spread, self.rel_floor * abs(self.mean), self.abs_floor)
             return None
-        return (x - self.mean) / self.scale
+        return _clamp((x - self.mean) / self.scale, Z_LIMIT)  # x − μ may overflow to ±inf
 
 
 class TrendStandardizer:
@@ -87,17 +128,21 @@ class TrendStandardizer:
         return self.scale is not None
 
     def update(self, step: int, x: float | None) -> float | None:
-        if x is None or not math.isfinite(x) or step < self.start:
+        x = _finite(x)
+        if x is None or step < self.start:
             return None
         if self.trend is None:
             self.trend, self.mean = x, x
             return None
         residual = x - self.trend
-        self.trend += self.beta * residual
+        if math.isfinite(residual):
+            self.trend += self.beta * residual
+        else:  # x − m overflowed: the same EMA step, in a form that cannot
+            self.trend = (1 - self.beta) * self.trend + self.beta * x
         if self.scale is None:
-            self._residuals.append(residual)
+            self._residuals.append(_clamp(residual, _MAX))
             if len(self._residuals) == self.records - 1:
-                spread = statistics.stdev(self._residuals)
+                spread = _spread(self._residuals)
                 self.scale = max(spread, self.rel_floor * abs(self.trend), self.abs_floor)
             return None
-        return residual / self.scale
+        return _clamp(residual / self.scale, Z_LIMIT)

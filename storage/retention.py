@@ -8,12 +8,15 @@ received before the same cutoff.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from foreshock.transport.wire import RUN_ID_PATTERN
 
 from . import queries
 from .reader import open_history
@@ -58,7 +61,19 @@ def _touches(path: Path, table: str, doomed: pa.Array, cutoff: float) -> bool:
 
 
 def export_run(root: str | Path, run_id: str, out_dir: str | Path) -> dict[str, int]:
-    """Every table's rows of one run as ``<out_dir>/<table>.parquet``; rows per table."""
+    """Every table's rows of one run as ``<out_dir>/<table>.parquet``; rows per table.
+
+    The files are named after the tables, never the run; a run id outside the wire's rule
+    (:data:`~foreshock.transport.wire.RUN_ID_PATTERN`) — no store holds one — is refused:
+
+    >>> export_run("history", "../../etc/passwd", "out")
+    Traceback (most recent call last):
+    ...
+    ValueError: export: not a valid run id (it must match [A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}): '../../etc/passwd'
+    """  # noqa: E501
+    if not isinstance(run_id, str) or re.fullmatch(RUN_ID_PATTERN, run_id) is None:
+        raise ValueError(f"export: not a valid run id (it must match {RUN_ID_PATTERN}): "
+                         f"{str(run_id)[:80]!r}")  # fmt: skip
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     counts = {}

@@ -5,17 +5,26 @@ dead letters, and appends their fields to Python lists per column; ``take()`` tu
 into one Arrow table per store table (the only way rows reach DuckDB/Parquet: measured here,
 an Arrow insert is ~10,000× faster than ``executemany``). Series keys are split into (metric,
 module, head) once per distinct key.
+
+Each ``add_*`` checks what Arrow would refuse in ``take()`` — a run id outside the wire's rule
+(:data:`~foreshock.transport.wire.RUN_ID_PATTERN`), an int beyond int64, a non-finite or
+non-numeric value, a string that is not valid Unicode — and raises :class:`RecordError`
+*before* appending anything: one bad message becomes a dead letter, never a batch that cannot
+be written (which would stall the sink on it forever).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
 from foreshock.producers.records import parse_series_key
+from foreshock.transport.wire import RUN_ID_PATTERN
 
 from .schema import TABLES
 
@@ -24,6 +33,15 @@ __all__ = ["BatchBuilder", "RecordError", "split_key"]
 WARNING_FIELDS = ("id", "event", "run_id", "family", "module", "series", "direction", "step",
                   "role", "statistic", "threshold", "false_alarm_rate", "config_version",
                   "divergence_step", "lead_time", "cleared_step")  # fmt: skip
+
+
+_isfinite = math.isfinite
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT_MAX = int(1.7976931348623157e308)
+_RUN_ID = re.compile(RUN_ID_PATTERN)
+# the wire schema's pattern, matched whole: Python's ``$`` would also pass a trailing newline
+# and ``\d`` non-ASCII digits, which the schema's (ECMA) pattern does not
+_KEY = re.compile(r"[A-Za-z0-9_.]+(?:@[^#@]*)?(?:#h[0-9]+)?")
 
 
 class RecordError(ValueError):
@@ -36,11 +54,19 @@ def split_key(key: str) -> tuple[str, str | None, int | None]:
 
     >>> split_key("attn.d2.entropy@h.0.attn#h3")
     ('attn.d2.entropy', 'h.0.attn', 3)
+    >>> split_key("loss\\n")
+    Traceback (most recent call last):
+    ...
+    foreshock.storage.rows.RecordError: malformed series key: 'loss\\n'
     """
-    try:
-        return tuple(parse_series_key(key))
-    except ValueError as exc:
-        raise RecordError(str(exc)) from None
+    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+        raise RecordError(f"malformed series key: {_short(key)}")
+    metric, module, head = parse_series_key(key)
+    if head is not None and head > _INT64[1]:
+        raise RecordError(f"series key with a head beyond int64: {_short(key)}")
+    if module is not None:
+        _check_text(module, "series key module")
+    return metric, module, head
 
 
 class BatchBuilder:
@@ -63,9 +89,17 @@ class BatchBuilder:
 
     def add_metrics(self, message: dict[str, Any], received_at: float) -> None:
         """One monitoring record: a ``steps`` row and one ``metric_values`` row per value."""
+        run_id, rank = _run_id(message), _int64(message, "rank", 0)
+        step, seq = _int64(message, "step"), _int64(message, "seq")
         values = message.get("values") or {}
+        if not isinstance(values, dict):
+            raise RecordError("metrics: values must be an object")
         keys = [split_key(k) for k in values]  # raises before anything is appended
-        run_id, rank, step = message["run_id"], int(message.get("rank", 0)), message["step"]
+        numbers = [v if v.__class__ is float and _isfinite(v) else _number(v, k)
+                   for k, v in values.items()]  # fmt: skip
+        time = _time(message)
+        flags = message.get("flags")
+        flags = _json(flags, "flags") if flags else None
         n = len(values)
         mv = self._columns["metric_values"]
         mv["run_id"].extend([run_id] * n)
@@ -74,49 +108,57 @@ class BatchBuilder:
         mv["metric"].extend(k[0] for k in keys)
         mv["module"].extend(k[1] for k in keys)
         mv["head"].extend(k[2] for k in keys)
-        mv["value"].extend(None if v is None else float(v) for v in values.values())
-        flags = message.get("flags")
-        self._append("steps", run_id=run_id, rank=rank, step=step, seq=message["seq"],
-                     time=message.get("time"), received_at=received_at, n_values=n,
-                     flags=json.dumps(flags) if flags else None)  # fmt: skip
+        mv["value"].extend(numbers)
+        self._append("steps", run_id=run_id, rank=rank, step=step, seq=seq, time=time,
+                     received_at=received_at, n_values=n, flags=flags)  # fmt: skip
         self.values += n
 
     def add_lifecycle(self, message: dict[str, Any], received_at: float) -> None:
         """A ``start`` or ``end`` message, kept whole in ``body``."""
+        kind = message.get("kind")
+        if kind not in ("start", "end"):
+            raise RecordError(f"lifecycle message of kind {_short(kind)}")
         labels = message.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise RecordError("start: labels must be an object")
         fault = labels.get("fault")
         fault = fault.get("scenario") if isinstance(fault, dict) else fault
-        onset = labels.get("onset")
-        self._append("run_events", run_id=message["run_id"], rank=int(message.get("rank", 0)),
-                     kind=message["kind"], seq=message["seq"], time=message.get("time"),
-                     received_at=received_at, project=_text(labels.get("project")),
-                     scenario=_text(labels.get("scenario")), fault=_text(fault),
-                     onset=onset if isinstance(onset, int) else None,
-                     status=_text(message.get("status")),
-                     divergence_step=_int(message.get("divergence_step")),
-                     last_seq=_int(message.get("last_seq")),
-                     body=json.dumps(message, default=str))  # fmt: skip
+        row = dict(run_id=_run_id(message), rank=_int64(message, "rank", 0), kind=kind,
+                   seq=_int64(message, "seq"), time=_time(message), received_at=received_at,
+                   project=_text(labels.get("project")), scenario=_text(labels.get("scenario")),
+                   fault=_text(fault), onset=_int(labels.get("onset")),
+                   status=_text(message.get("status")),
+                   divergence_step=_int(message.get("divergence_step")),
+                   last_seq=_int(message.get("last_seq")))  # fmt: skip
+        row["body"] = _json(message, "message")
+        self._append("run_events", **row)
 
     def add_warning(self, event: dict[str, Any], received_at: float) -> None:
         """One warning event (``foreshock.warning/1``); RecordError if it lacks its keys."""
         for name in ("id", "event", "run_id", "family", "step"):
             if event.get(name) is None:
                 raise RecordError(f"warning event without {name!r}")
+        _run_id(event)
         row = {f: event.get(f) for f in WARNING_FIELDS}
         try:
             pa.RecordBatch.from_pylist([row], schema=pa.schema(
                 [TABLES["warnings"].field(f) for f in WARNING_FIELDS]))  # fmt: skip
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise RecordError(f"warning event with a field of the wrong type: {exc}") from None
-        self._append("warnings", **row, received_at=received_at,
-                     evidence=json.dumps(event.get("evidence"), default=str))  # fmt: skip
+        evidence = _json(event.get("evidence"), "evidence")
+        self._append("warnings", **row, received_at=received_at, evidence=evidence)
 
     def add_dead_letter(self, raw: bytes | None, reason: str, source: str,
                         partition: int | None, offset: int | None,
                         received_at: float) -> None:  # fmt: skip
-        self._append("dead_letters", received_at=received_at, source=source,
-                     partition=partition, offset=offset, reason=reason[:2000],
-                     raw=raw)  # fmt: skip
+        """Never fails: whatever came is kept (text made valid UTF-8, out-of-range ints null)."""
+        if isinstance(raw, bytearray | memoryview):
+            raw = bytes(raw)
+        elif raw is not None and not isinstance(raw, bytes):
+            raw = str(raw).encode("utf-8", "surrogatepass")
+        self._append("dead_letters", received_at=received_at, source=_valid_text(source),
+                     partition=_int(partition), offset=_int(offset),
+                     reason=_valid_text(reason)[:2000] or "(no reason)", raw=raw)  # fmt: skip
 
     def _append(self, table: str, **row: Any) -> None:
         columns = self._columns[table]
@@ -129,9 +171,72 @@ class BatchBuilder:
         return tables
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_text(value: str, what: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RecordError(f"{what} is not valid Unicode: {_short(value)}") from None
+    return value
+
+
+def _valid_text(value: Any) -> str:
+    """Any value as valid UTF-8 text (lone surrogates replaced): for dead letters."""
+    return str(value).encode("utf-8", "replace").decode("utf-8")
+
+
 def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+    return None if value is None else _check_text(str(value), "a label")
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An int64, else None (a label such as ``onset`` is informative, not required)."""
+    if isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]:
+        return value
+    return None
+
+
+def _int64(message: dict[str, Any], field: str, default: int | None = None) -> int:
+    value = message.get(field, default)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT64[1]:
+        return value
+    raise RecordError(f"{field} must be an integer in 0..2**63-1, got {_short(value)}")
+
+
+def _run_id(message: dict[str, Any]) -> str:
+    run_id = message.get("run_id")
+    if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
+        raise RecordError(f"run_id must match {RUN_ID_PATTERN}: {_short(run_id)}")
+    return run_id
+
+
+def _number(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _FLOAT_MAX:
+        return float(value)
+    raise RecordError(f"metrics: value of {_short(key)} must be a finite number or null")
+
+
+def _time(message: dict[str, Any]) -> float | None:
+    value = message.get("time")
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= _FLOAT_MAX:
+        return float(value)  # (NaN and ±Inf fail the comparison)
+    raise RecordError(f"time must be a finite number, got {_short(value)}")
+
+
+def _json(value: Any, what: str) -> str:
+    """JSON text (ASCII, so any string survives); RecordError for what JSON cannot hold."""
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RecordError(f"{what} cannot be written as JSON: {exc}") from None

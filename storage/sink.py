@@ -48,21 +48,40 @@ log = logging.getLogger(__name__)
 
 
 def _decode_warning(raw: Any) -> dict[str, Any]:
+    """A ``foreshock.warning/1`` event, or :class:`WireError` (the consumer dead-letters it).
+
+    Only what the dedup key needs is checked here (``id`` and ``event`` strings or null,
+    ``divergence_step`` and ``cleared_step`` ints or null); :meth:`BatchBuilder.add_warning`
+    checks the rest.
+    """
     import json
 
     try:
         event = json.loads(raw.value())
-    except (TypeError, UnicodeDecodeError, ValueError) as exc:
+    except RecursionError:
+        raise WireError("warning is not JSON: nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
         raise WireError(f"warning is not JSON: {exc}") from None
     if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
         raise WireError("not a foreshock.warning/1 event")
+    for name in ("id", "event"):
+        if not isinstance(event.get(name), str | None):
+            raise WireError(f"warning event whose {name!r} is not a string")
+    for name in ("divergence_step", "cleared_step"):
+        value = event.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise WireError(f"warning event whose {name!r} is not an integer or null")
     return event
 
 
 def _decode_dead_letter(raw: Any) -> dict[str, Any]:
     """Never fails: a dead letter is stored as it is, with the reason its header gives."""
-    headers = {k: (v or b"").decode("utf-8", "replace") for k, v in raw.headers() or []}
-    return {"raw": raw.value(), "reason": headers.get("reason", "(no reason header)"),
+    headers = {}
+    for key, value in raw.headers() or []:
+        if isinstance(value, str):
+            value = value.encode("utf-8", "replace")
+        headers[str(key)] = (value or b"").decode("utf-8", "replace")
+    return {"raw": raw.value(), "reason": headers.get("reason") or "(no reason header)",
             "source": headers.get("topic", "?"), "origin_partition": headers.get("partition"),
             "origin_offset": headers.get("offset")}  # fmt: skip
 
@@ -161,7 +180,10 @@ class StorageSink:
             self.stats["duplicates"] += 1
             return
         self._seen_events.add(key)
-        raw = json.dumps(message, default=str).encode()
+        try:
+            raw = json.dumps(message, default=str).encode()
+        except (TypeError, ValueError, RecursionError):
+            raw = repr(message)[:100_000].encode("utf-8", "replace")
         self.builder.add_dead_letter(raw, reason, source, partition, offset, now)
         self.stats["dead_letters"] += 1
         log.warning("foreshock sink: stored as dead letter: %s", reason)
@@ -261,7 +283,9 @@ class StorageSink:
 
 
 def _int(value: Any) -> int | None:
+    """A header's partition or offset; None unless it is an int64."""
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         return None
+    return number if -(2**63) <= number < 2**63 else None

@@ -19,20 +19,50 @@ Read, later sources winning, from: defaults; a TOML file (``--config PATH`` or
 Environment: ``FORESHOCK_KAFKA_BOOTSTRAP_SERVERS``, ``FORESHOCK_KAFKA_METRICS_TOPIC``, … (each
 field below, upper-cased), and ``FORESHOCK_RDKAFKA_<PROPERTY>`` for librdkafka properties with
 dots written as underscores (``FORESHOCK_RDKAFKA_SASL_PASSWORD`` → ``sasl.password``).
+
+Secrets stay out of logs: ``repr(settings)`` (and so any log line or traceback that prints
+the settings) shows every client property :func:`is_secret` flags as ``***``; use
+:func:`redact` on any librdkafka config dict before it is printed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RDKAFKA_LOG", "KafkaSettings", "load_settings"]
+__all__ = ["RDKAFKA_LOG", "KafkaSettings", "is_secret", "load_settings", "redact"]
 
 RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines, all clients
+
+# sasl.password, ssl.key.password, ssl.keystore.password, sasl.oauthbearer.client.secret,
+# sasl.oauthbearer.config (may hold a token), ssl.key.pem (a private key, inline), ssl_key, …
+_SECRET = re.compile(r"password|secret|token|credential|oauthbearer\.config|(^|[._])key\.pem$"
+                     r"|(^|[._])ssl[._]key$|private", re.IGNORECASE)  # fmt: skip
+REDACTED = "***"
+
+
+def is_secret(key: str) -> bool:
+    """True for a client property whose value must never be printed.
+
+    >>> [k for k in ("sasl.username", "sasl.password", "ssl.key.pem", "ssl.key.location",
+    ...              "sasl.oauthbearer.client.secret", "ssl.ca.location") if is_secret(k)]
+    ['sasl.password', 'ssl.key.pem', 'sasl.oauthbearer.client.secret']
+    """
+    return bool(_SECRET.search(str(key)))
+
+
+def redact(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a librdkafka config dict that is safe to log: secret values are ``***``.
+
+    >>> redact({"bootstrap.servers": "k:9092", "sasl.password": "hunter2"})
+    {'bootstrap.servers': 'k:9092', 'sasl.password': '***'}
+    """
+    return {k: REDACTED if is_secret(k) else v for k, v in config.items()}
 
 
 def _default_spool_dir() -> str:
@@ -57,6 +87,16 @@ class KafkaSettings:
             raise ValueError("partitions and replication_factor must be >= 1")
         if not self.bootstrap_servers:
             raise ValueError("bootstrap_servers is empty")
+
+    def __repr__(self) -> str:
+        """Like the dataclass's, with secret client properties as ``***``.
+
+        >>> KafkaSettings(spool_dir="s", client={"sasl.password": "hunter2"})
+        KafkaSettings(bootstrap_servers='127.0.0.1:9092', ..., client={'sasl.password': '***'})
+        """
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "client"]
+        parts.append(f"client={redact(self.client)!r}")
+        return f"KafkaSettings({', '.join(parts)})"
 
     def librdkafka(
         self, defaults: dict[str, Any] | None = None, **overrides: Any

@@ -11,6 +11,19 @@ ordered in one partition. The value is a UTF-8 JSON object: a monitoring record 
 ``start`` carries ``labels`` and the producer's version; ``end`` carries ``status`` and
 ``last_seq`` (its own seq: storage knows a run is complete when it holds 0..last_seq).
 
+**Run ids** match :data:`RUN_ID_PATTERN`, ``[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}``: a letter
+or digit, then up to 199 letters, digits and ``. _ : @ + = -`` (ASCII only). No ``/``, ``\\``,
+whitespace, control characters or quotes, and no leading ``.``, so a run id is safe wherever
+it ends up — a file name, a URL, a log line, a Kafka key — and no consumer has to escape one.
+(Every query takes it as a bound parameter anyway, never spliced into SQL.)
+
+**What a consumer can rely on** once :func:`decode` accepted a message: every number in it is
+finite (``NaN``/``Infinity`` literals and overflowing numbers like ``1e999`` are rejected);
+``seq``, ``rank``, ``step``, ``last_seq`` and ``divergence_step`` are ints in ``0..2**63-1`` (the
+store's int64); every string is valid Unicode (no lone surrogate escapes); the message is at
+most :data:`MAX_MESSAGE_BYTES`. Anything else raises :class:`WireError`, never another
+exception: its text is the dead-letter reason.
+
 Why JSON: every value is a float or null, a step's message is a few kB, and readability wins —
 ``kcat -C -t foreshock.metrics`` prints it, any language parses it, and no schema registry
 has to run beside the broker (Avro or Protobuf would need one, or framing of our own). The
@@ -21,14 +34,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-__all__ = ["KINDS", "WIRE_VERSION", "WireError", "decode", "encode", "stream_of"]
+__all__ = ["KINDS", "RUN_ID_PATTERN", "WIRE_VERSION", "WireError", "check_run_id", "decode",
+           "encode", "stream_of", "validate"]  # fmt: skip
 
 WIRE_VERSION = 1
 KINDS = ("start", "metrics", "end")
 _SCHEMAS = {"start": "foreshock.run/1", "end": "foreshock.run/1", "metrics": "foreshock.metrics/1"}
 MAX_MESSAGE_BYTES = 1_000_000  # Kafka's default message.max.bytes
+MAX_INT = 2**63 - 1  # seq, step, rank: the store keeps them as int64
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}"
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 class WireError(ValueError):
@@ -43,9 +61,13 @@ def encode(message: dict[str, Any]) -> bytes:
     b'{"kind":"metrics","schema":"foreshock.metrics/1","run_id":"r1","seq":1,"step":25,"values":{"loss":2.5}}'
     """
     validate(message)
-    data = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
+    try:
+        data = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise WireError(f"not serialisable as JSON: {exc}") from None
     if len(data) > MAX_MESSAGE_BYTES:
         raise WireError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    _check_unicode(message, data)
     return data
 
 
@@ -62,12 +84,40 @@ def decode(data: bytes | None) -> dict[str, Any]:
     """
     if data is None:
         raise WireError("empty message (null value)")
+    if not isinstance(data, bytes | bytearray | str):
+        raise WireError(f"message value is a {type(data).__name__}, not bytes")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
-        message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        message = json.loads(data, parse_constant=_no_constant)
+    except WireError:
+        raise
+    except RecursionError:
+        raise WireError("not JSON: nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # also a UnicodeDecodeError, an int of 4,300+ digits
         raise WireError(f"not JSON: {exc}") from None
     validate(message)
+    _check_unicode(message, data)
     return message
+
+
+def _no_constant(name: str) -> Any:
+    raise WireError(f"not JSON: {name} is not a number the wire allows (non-finite is null)")
+
+
+def check_run_id(run_id: Any) -> str:
+    """``run_id`` if it matches :data:`RUN_ID_PATTERN`, else :class:`WireError` (a ValueError).
+
+    >>> check_run_id("lr-high-s1")
+    'lr-high-s1'
+    >>> check_run_id("../../etc/passwd")
+    Traceback (most recent call last):
+    ...
+    foreshock.transport.wire.WireError: run_id must match [A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}: '../../etc/passwd'
+    """  # noqa: E501
+    if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
+        raise WireError(f"run_id must match {RUN_ID_PATTERN}: {_short(run_id)}")
+    return run_id
 
 
 def validate(message: Any) -> None:
@@ -76,31 +126,93 @@ def validate(message: Any) -> None:
         raise WireError(f"message is a {type(message).__name__}, not a JSON object")
     kind = message.get("kind")
     if kind not in KINDS:
-        raise WireError(f"kind must be one of {KINDS}, got {kind!r}")
+        raise WireError(f"kind must be one of {KINDS}, got {_short(kind)}")
     schema = message.get("schema")
     if schema != _SCHEMAS[kind]:
-        raise WireError(f"{kind}: schema must be {_SCHEMAS[kind]!r}, got {schema!r}")
-    run_id = message.get("run_id")
-    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
-        raise WireError(f"run_id must be a non-empty string of at most 200 characters: {run_id!r}")
+        raise WireError(f"{kind}: schema must be {_SCHEMAS[kind]!r}, got {_short(schema)}")
+    check_run_id(message.get("run_id"))
     _check_int(message, "seq")
     if "rank" in message:
         _check_int(message, "rank")
+    if "world_size" in message:
+        _check_int(message, "world_size", 1)
+    time = message.get("time")
+    if "time" in message and (isinstance(time, bool) or not isinstance(time, int | float)):
+        raise WireError(f"time must be a number (Unix seconds), got {_short(time)}")
     if kind == "metrics":
         _check_int(message, "step")
         _check_values(message.get("values"))
+        flags = message.get("flags", [])
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise WireError("metrics: flags must be an array of strings")
+        if not isinstance(message.get("error", ""), str):
+            raise WireError("metrics: error must be a string")
     elif kind == "end":
         _check_int(message, "last_seq")
         if message["last_seq"] != message["seq"]:
             raise WireError("end: last_seq must equal the end message's own seq")
         if not isinstance(message.get("status"), str):
             raise WireError("end: status must be a string")
+        if message.get("divergence_step") is not None:
+            _check_int(message, "divergence_step")
+    else:
+        for name in ("labels", "monitor", "producer"):
+            if not isinstance(message.get(name, {}), dict):
+                raise WireError(f"start: {name} must be an object")
+        if "producer" in message and not isinstance(message["producer"].get("foreshock"), str):
+            raise WireError("start: producer.foreshock must be a string (the version)")
+    _check_finite(message, skip="values" if kind == "metrics" else None)
 
 
-def _check_int(message: dict[str, Any], field: str) -> None:
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_int(message: dict[str, Any], field: str, low: int = 0) -> None:
     value = message.get(field)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WireError(f"{field} must be an integer >= 0, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_INT:
+        raise WireError(f"{field} must be an integer in {low}..2**63-1, got {_short(value)}")
+
+
+def _check_finite(message: dict[str, Any], skip: str | None) -> None:
+    """No NaN or ±Inf anywhere, e.g. in ``labels`` (``skip``: a field checked already)."""
+    stack = [v for k, v in message.items() if k != skip]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise WireError("a number is not finite (the wire has null for that)")
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def _check_unicode(message: dict[str, Any], data: bytes | str) -> None:
+    """Every string valid Unicode: a lone surrogate (``"\\ud800"``) can be neither stored nor
+    re-encoded as UTF-8. Only a ``\\uD8..``-``\\uDF..`` escape can make one, so the walk
+    runs only when the raw text holds one."""
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise WireError("a string holds a lone surrogate (not valid Unicode)") from None
+    if b"\\ud" not in data and b"\\uD" not in data:
+        return
+    stack: list[Any] = [message]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise WireError("a string holds a lone surrogate (not valid Unicode)") from None
 
 
 def _check_values(values: Any) -> None:
@@ -109,12 +221,14 @@ def _check_values(values: Any) -> None:
     for key, value in values.items():
         if value is None:
             continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise WireError(f"metrics: value of {key!r} must be a finite number or null")
+        if isinstance(value, float) and math.isfinite(value):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _FLOAT_MAX:
+            continue  # an int a float64 can hold
+        raise WireError(f"metrics: value of {_short(key)} must be a finite number or null")
+
+
+_FLOAT_MAX = int(1.7976931348623157e308)
 
 
 def stream_of(message: dict[str, Any]) -> tuple[str, int]:
