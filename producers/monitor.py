@@ -35,6 +35,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from foreshock.transport.wire import check_run_id
+
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .measure import attention_chunks, router_chunk, symptom_chunk
@@ -104,7 +106,7 @@ class Monitor:
     ) -> None:
         self.model, self.sink = model, sink
         self.config = config or MonitorConfig()
-        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.run_id = check_run_id(run_id or uuid.uuid4().hex[:12])  # fail now, not per record
         self.rank, self.world_size = _rank_and_world()
         self.active = self.config.emit_ranks == "all" or self.rank == 0
         self.discovery = discover(model) if auto_discover else Discovery()

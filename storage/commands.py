@@ -112,7 +112,11 @@ def _export(args: argparse.Namespace) -> int:
     from .retention import export_query, export_run
 
     if args.run:
-        counts = export_run(args.store, args.run, args.out)
+        try:
+            counts = export_run(args.store, args.run, args.out)
+        except ValueError as exc:
+            print(f"foreshock store export: {exc}", file=sys.stderr)
+            return 2
         print(f"{args.run} -> {args.out}: {counts}")
     else:
         print(f"{export_query(args.store, args.query, args.out)} rows -> {args.out}")
