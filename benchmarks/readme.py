@@ -128,6 +128,25 @@ def _unreachable(r: dict) -> list[tuple[str, str]]:
              f"{len(r['per_run'])} runs complete")]  # fmt: skip
 
 
+def _reliability(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for f in r["faults"]:
+        lost = f["records_produced"] - f["records_stored"] + len(f["missed_warning_events"])
+        recovery = "–" if f["recovery_s"] is None else f"recovered in {f['recovery_s']} s"
+        rows.append(
+            (
+                f"{f['fault']} killed (SIGKILL) and restarted mid-fleet"
+                if f["fault"] != "none"
+                else "control: no fault",
+                f"{recovery}; records {f['records_stored']}/{f['records_produced']}, "
+                f"warning events {f['warning_events_stored']}/"
+                f"{f['warning_events_expected']}, duplicates "
+                f"{f['duplicate_records'] + f['duplicate_warning_events']}, lost {lost}",
+            )
+        )
+    return rows
+
+
 BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], _overhead, "Monitor overhead per training step"),
@@ -142,6 +161,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     ),
     "soak": ([], _soak, "Soak: memory and lag under a steady fleet at half saturation"),
     "unreachable": ([], _unreachable, "Training with the broker unreachable, records later"),
+    "reliability": ([], _reliability, "Faults under a live fleet: recovery, nothing lost"),
 }
 
 

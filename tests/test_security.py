@@ -184,3 +184,41 @@ def test_queries_bind_every_value_and_the_dashboard_has_no_sql():
     for path in (ROOT / "dashboard").rglob("*.py"):
         text = path.read_text()
         assert "duckdb" not in text and not _sql_calls(path), f"SQL in {path}"
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses of the sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as file:
+            for line in file.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    out.append(address)
+    return out
+
+
+def test_the_dashboard_listens_on_127_0_0_1_only_by_default(tmp_path):
+    import signal
+    import urllib.request
+
+    from foreshock.transport.broker import free_port
+
+    port = free_port()
+    cli = [sys.executable, "-m", "foreshock.cli", "dashboard", "--store", str(tmp_path),
+           "--port", str(port)]  # fmt: skip
+    dashboard = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.3)
+        assert _listening(port) == ["0100007F"]  # 127.0.0.1, and no IPv6 or wildcard socket
+    finally:
+        dashboard.send_signal(signal.SIGTERM)
+        _, err = dashboard.communicate(timeout=30)
+    assert "unauthenticated" not in err and "no authentication" not in err
