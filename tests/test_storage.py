@@ -154,6 +154,35 @@ def test_compaction_merges_and_keeps_old_snapshots_readable(tmp_path):
         assert store.delete_retired(now=time.time() + 7200) == 18
 
 
+def test_merge_of_every_table_is_exact_sorted_and_out_of_core(history_dir, monkeypatch):
+    """The DuckDB merge writes each table's own schema (no fallback to the in-memory sort),
+    the same rows, sorted on the table's keys."""
+    from foreshock.storage import segments
+
+    with SegmentStore(history_dir, grace=3600) as store:
+        for offset in (7, 3):
+            b = BatchBuilder()
+            b.add_dead_letter(b"\xff\x00 not json", "not JSON", "sink:metrics", 0, offset, 1.0)
+            store.write(b.take())
+        before = {t: pq.read_table(store.files(t)).sort_by(
+            [(k, "ascending") for k in segments.SORT_KEYS[t]]) for t in segments.TABLES
+            if store.files(t)}  # fmt: skip
+        monkeypatch.setattr(store, "rewrite", lambda *a: pytest.fail("fell back to Arrow"))
+        for table in before:
+            store.merge(table, list(store.manifest["tables"][table]))
+            (merged,) = store.files(table)
+            after = pq.read_table(merged)
+            assert after.schema.remove_metadata().equals(segments.TABLES[table])
+            assert after.schema.metadata == {b"foreshock.schema_version": b"1"}
+            keys = segments.SORT_KEYS[table]
+            assert after.select(keys).to_pylist() == before[table].select(keys).to_pylist()
+            assert sorted(map(repr, after.to_pylist())) == sorted(
+                map(repr, before[table].to_pylist())), table  # fmt: skip
+    assert sorted(before) == sorted(segments.TABLES)
+    with open_history(history_dir) as history:
+        assert [r["run_id"] for r in queries.fleet(history)]
+
+
 def test_prune_and_export(history_dir, tmp_path):
     with SegmentStore(history_dir, grace=0) as store:
         b = BatchBuilder()
