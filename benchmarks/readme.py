@@ -103,7 +103,8 @@ def _soak(r: dict) -> list[tuple[str, str]]:
         verdict = {True: "flat", False: "not flat", None: "for information"}[m["flat"]]
         rows.append((f"RSS {service}, after {r['warmup_s']:.0f} s warm-up → end of load",
                      f"{m['rss_start_mb']:.0f} → {m['rss_end_mb']:.0f} MB ({m['growth']:+.0%}, "
-                     f"{m['slope_mb_per_min']:+.1f} MB/min): {verdict}"))  # fmt: skip
+                     f"{m['slope_mb_per_min']:+.1f} MB/min, max {m['rss_max_mb']:.0f} MB"
+                     f"{_recycled(r) if service == 'broker' else ''}): {verdict}"))  # fmt: skip
     rows.append(("consumer lag max / at end of load / drained (detector; sink)",
                  f"{lag['detector']['lag_max']:.0f} / {lag['detector']['lag_end_of_load']:.0f} / "
                  f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
@@ -113,6 +114,12 @@ def _soak(r: dict) -> list[tuple[str, str]]:
                  f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
                  f"({len(r['dashboard']['failures'])} failures)"))  # fmt: skip
     return rows
+
+
+def _recycled(r: dict) -> str:
+    if not r.get("broker_max_mb"):
+        return ""
+    return f"; recycled {r['broker_recycles']}× at {r['broker_max_mb']:.0f} MB"
 
 
 def _unreachable(r: dict) -> list[tuple[str, str]]:

@@ -26,8 +26,11 @@ end of the load, growth as a fraction and a least-squares slope, flat = growth �
 (+20 %; reported, not enforced); max lag, lag at the end of the load and after draining; lost
 values (stored vs offered, exact, after draining); offered vs stored values/s.
 
-Note: Tansu's memory storage keeps every message (no retention), so the broker's RSS grows
-with the data offered — by design of the embedded broker, not a leak of foreshock's.
+Tansu's memory storage keeps every message (no retention), so the broker's RSS grows with the
+data offered. The broker is recycled — restarted empty on its port, as ``foreshock broker
+--max-memory-mb`` does — once its RSS passes ``--broker-max-mb`` (512; 0: never); its memory
+counts as flat when it never passed 1.2 × that limit. Each recycle is a broker restart under
+full load, so the lost-values count covers those too.
 """
 
 from __future__ import annotations
@@ -308,7 +311,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
           f"{args.run_seconds:.0f} s; warm-up {warmup:.0f} s", flush=True)  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="foreshock-soak-"))
     store = root / "history"
-    broker = EmbeddedBroker(log_path=root / "broker.log")
+    broker = EmbeddedBroker(log_path=root / "broker.log", max_memory_mb=args.broker_max_mb or None)
     samples: list[dict[str, Any]] = []
     try:
         broker.start()
@@ -318,6 +321,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                            deadletter_topic=f"{name}.dead",
                            spool_dir=str(root / "spool"))  # fmt: skip
         ensure_topics(settings)
+        broker.on_start = lambda _bootstrap: ensure_topics(settings)
         env = {"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
                "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
                "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
@@ -358,6 +362,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                                                     for c in chunks])  # fmt: skip
 
                 def sample(phase: str) -> dict[str, Any]:
+                    groups["broker"] = broker.process.pid
                     row = {"t": round(time.time() - t0, 1), "phase": phase,
                            "rss_mb": _rss_mb(groups, {"producers": producer_pids}),
                            **_pipeline(urls, written, store),
@@ -369,6 +374,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 probe.start()
                 next_sample = t0
                 while not pending.ready():
+                    if broker.recycle_if_over():
+                        print(f"broker recycled ({broker.recycles})", flush=True)
                     if time.time() >= next_sample:
                         row = sample("load")
                         next_sample += args.sample_every
@@ -397,7 +404,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "saturation_values_per_s": saturation, "target_values_per_s": round(target),
         "values_per_record": round(per_record, 1), "concurrent_runs": n_slots,
         "warmup_s": warmup, "produce_s": produce_s, "total_s": total_s,
-        "failed_services": final["failed"], "failed_logs": tail})  # fmt: skip
+        "failed_services": final["failed"], "failed_logs": tail,
+        "broker_max_mb": args.broker_max_mb or None,
+        "broker_recycles": broker.recycles})  # fmt: skip
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -433,6 +442,9 @@ def _summary(args: argparse.Namespace, samples: list[dict[str, Any]], produced: 
             "slope_mb_per_min": None if slope is None else round(slope, 2),
             "flat": None if growth is None or service == "producers" else growth <= args.flat,
         }  # fmt: skip
+    limit = info.get("broker_max_mb")
+    if limit and memory["broker"]["rss_max_mb"] is not None:
+        memory["broker"]["flat"] = memory["broker"]["rss_max_mb"] <= 1.2 * limit
     offered = sum(p["values"] for p in produced)
     stored = samples[-1]["stored_values"]
     lag = {}
@@ -540,6 +552,12 @@ def main() -> None:
     parser.add_argument("--page-every", type=float, default=30.0, help="s between page loads")
     parser.add_argument("--warmup", type=float, help="s before the start RSS (default above)")
     parser.add_argument("--flat", type=float, default=0.20, help="flat: growth ≤ this")
+    parser.add_argument(
+        "--broker-max-mb",
+        type=float,
+        default=512.0,
+        help="recycle the broker above this RSS (0: never)",
+    )
     parser.add_argument("--drain", type=float, default=180.0, help="s to wait for the tail")
     args = parser.parse_args()
     if args.quick:

