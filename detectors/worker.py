@@ -30,6 +30,7 @@ import threading
 from collections import deque
 from typing import Any
 
+from foreshock.memory import MemoryTrimmer
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
@@ -156,8 +157,9 @@ class DetectorWorker:
         """Consume until ``stop`` is set (or ``idle_exit`` seconds pass with nothing new)."""
         import time
 
-        idle_since = time.monotonic()
+        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
         while not stop.is_set():
+            trimmer.maybe_trim()
             t0 = time.perf_counter()
             batch = self.consumer.poll_batch(1000, timeout=0.5)
             t1 = time.perf_counter()

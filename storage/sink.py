@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from foreshock.memory import MemoryTrimmer
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
@@ -256,9 +257,10 @@ class StorageSink:
 
         thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
         thread.start()
-        idle_since = time.monotonic()
+        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
         try:
             while not stop.is_set():
+                trimmer.maybe_trim()
                 if self.step():
                     idle_since = time.monotonic()
                 elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
