@@ -399,7 +399,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             tail = {n: _tail(logs / f"{n}.log") for n in final["failed"]}
     finally:
         broker.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"kept {root}", flush=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     return _summary(args, samples, produced, probe, {
         "saturation_values_per_s": saturation, "target_values_per_s": round(target),
         "values_per_record": round(per_record, 1), "concurrent_runs": n_slots,
@@ -559,6 +562,7 @@ def main() -> None:
         help="recycle the broker above this RSS (0: never)",
     )
     parser.add_argument("--drain", type=float, default=180.0, help="s to wait for the tail")
+    parser.add_argument("--keep", action="store_true", help="keep the logs and the store")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.run_seconds = 60.0, 20.0

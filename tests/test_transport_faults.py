@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from _kafka import Collector, has_end, tiny_training
 
@@ -237,3 +238,52 @@ def test_foreshock_broker_recycles_above_max_memory(tmp_path):
     finally:
         process.terminate()
         assert process.wait(20) == 0
+
+
+def test_a_gap_after_a_broker_restart_is_not_searched_for_at_the_old_logs_offsets(tmp_path):
+    """A restarted Tansu numbers its log from 0 again. A stream with a gap on the new log must
+    not be re-read from where it was contiguous on the old one (a seek past the new log's end
+    stalled the partition): the missing messages, sent later, still arrive, each once."""
+    from confluent_kafka import Producer
+
+    from foreshock.transport.consumer import MetricsConsumer
+    from foreshock.transport.topics import ensure_topics
+    from foreshock.transport.wire import encode
+
+    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start()
+    settings = replace(_settings(broker.port, tmp_path, "regap"), partitions=1)
+    ensure_topics(settings)
+    consumer = MetricsConsumer(settings, group_id="regap", gap_wait=0.2)
+    got: list[int] = []
+
+    def send(seqs: range) -> None:
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for seq in seqs:
+            message = {"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": "run-regap",
+                       "seq": seq, "step": seq, "values": {"loss": 1.0}}  # fmt: skip
+            producer.produce(settings.metrics_topic, key=b"run-regap", value=encode(message))
+        assert producer.flush(10) == 0
+
+    def consume_until(count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(got) < count:
+            got.extend(m["seq"] for m in consumer.poll_batch(500, timeout=0.2))
+            consumer.commit()
+
+    try:
+        send(range(300))
+        consume_until(300, 60)
+        broker.stop()
+        consume_until(300, 2)  # the consumer notices the broker gone
+        broker.start()
+        ensure_topics(settings)
+        send(range(310, 320))  # offsets 0..9 of the new log: seqs 300..309 missing
+        consume_until(310, 30)
+        consume_until(311, 3)  # the gap waits out every re-read try
+        send(range(300, 310))
+        consume_until(320, 30)
+    finally:
+        consumer.close()
+        broker.stop()
+    assert sorted(got) == list(range(320))
+    assert consumer.rereads == 0  # no seek to where seq 299 was on the old log

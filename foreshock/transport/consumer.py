@@ -136,10 +136,21 @@ class MetricsConsumer:
                                   "logger": RDKAFKA_LOG, **config}))  # fmt: skip
         self._dlq = Producer(settings.librdkafka({"allow.auto.create.topics": False},
                                                  logger=RDKAFKA_LOG))  # fmt: skip
-        if on_assign is not None:
-            self._consumer.subscribe(self.topics, on_assign=on_assign)
-        else:
-            self._consumer.subscribe(self.topics)
+        self._on_assign = on_assign
+        self._consumer.subscribe(self.topics, on_assign=self._assigned)
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        self._forget_offsets()
+        if self._on_assign is not None:
+            self._on_assign(consumer, partitions)
+
+    def _forget_offsets(self) -> None:
+        """Drop every remembered offset: after a rewind or an assignment they may belong to a
+        log the broker no longer has (a restarted Tansu numbers its log from 0 again), and a
+        re-read seek there went past the new log's end and reset the partition to its start
+        again and again (the soak saw detector and sink lag grow for minutes)."""
+        self._anchor.clear()
+        self._gaps.clear()
 
     def _on_error(self, err: Any) -> None:
         if err.name() in ("_ALL_BROKERS_DOWN", "_TRANSPORT"):
@@ -198,9 +209,9 @@ class MetricsConsumer:
             if tries >= 3 or now - since < self.gap_wait * (2**tries) or stream not in self._anchor:
                 continue
             topic, partition, offset = self._anchor[stream]
+            self.rereads += 1
             try:
                 self._consumer.seek(TopicPartition(topic, partition, offset + 1))
-                self.rereads += 1
             except Exception as exc:
                 log.debug("foreshock consumer: re-read seek failed: %s", exc)
             gap[1] = tries + 1
@@ -241,6 +252,7 @@ class MetricsConsumer:
                 return
         self._rewind = False
         self.rewinds += 1
+        self._forget_offsets()
         if self.on_rewind is not None:
             self.on_rewind(found)
 
