@@ -110,10 +110,17 @@ def _soak(r: dict) -> list[tuple[str, str]]:
                  f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
                  f"{lag['sink']['lag_end_of_load']:.0f} / {lag['sink']['lag_drained']:.0f} "
                  "messages"))  # fmt: skip
+    rows.append(("backlog: written − consumed (detector); − stored (sink): max / end / drained",
+                 f"{_backlog(lag['detector'])}; {_backlog(lag['sink'])} messages"))  # fmt: skip
     rows.append(("dashboard renders over the agent API (fleet; run page), median",
                  f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
                  f"({len(r['dashboard']['failures'])} failures)"))  # fmt: skip
     return rows
+
+
+def _backlog(lag: dict) -> str:
+    return (f"{lag['backlog_max']:,.0f} / {lag['backlog_end_of_load']:,.0f} / "
+            f"{lag['backlog_drained']:,.0f}")  # fmt: skip
 
 
 def _recycled(r: dict) -> str:

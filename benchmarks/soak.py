@@ -21,9 +21,11 @@ producers, for information), and the consumer lag the detector and the sink repo
 ``/metrics`` (as in ``benchmarks.fleet``), with the backlog beside it (messages written and
 not yet consumed by the detector / stored by the sink).
 
-Summary: RSS after the warm-up (60 s; 20 % of the duration when shorter than 300 s) vs at the
-end of the load, growth as a fraction and a least-squares slope, flat = growth ≤ ``--flat``
-(+20 %; reported, not enforced); max lag, lag at the end of the load and after draining; lost
+Summary: RSS after the warm-up (one run lifetime, ``--run-seconds``: a run's detector state
+grows until it ends, so the fleet's memory is steady only once the first runs have ended and
+been replaced; 20 % of the duration when shorter than 300 s) vs at the end of the load,
+growth as a fraction and a least-squares slope, flat = growth ≤ ``--flat`` (+20 %; reported,
+not enforced); max lag, lag at the end of the load and after draining; lost
 values (stored vs offered, exact, after draining); offered vs stored values/s.
 
 Tansu's memory storage keeps every message (no retention), so the broker's RSS grows with the
@@ -304,7 +306,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     per_record = _mean_values_per_record()
     n_slots = max(1, round(target / (args.rate * per_record)))
     warmup = args.warmup if args.warmup is not None else (
-        60.0 if args.duration >= 300 else 0.2 * args.duration)  # fmt: skip
+        args.run_seconds if args.duration >= 300 else 0.2 * args.duration)  # fmt: skip
     print(f"soak: {args.duration:.0f} s at {target:,.0f} values/s offered "
           f"({target / saturation:.0%} of the saturation rate {saturation:,.0f}): {n_slots} "
           f"concurrent runs × {args.rate:g} records/s × ~{per_record:.0f} values, each run "
