@@ -262,9 +262,11 @@ class KafkaSink:
             self._online = False
             self._lost_brokers = True
 
-    def _connect(self) -> bool:
+    def _connect(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            timeout = min(5.0, self.probe_interval + 1.0)
         try:
-            topics = ensure_topics(self.settings, timeout=min(5.0, self.probe_interval + 1.0),
+            topics = ensure_topics(self.settings, timeout=timeout,
                                    quiet=True,
                                    names=[self.settings.metrics_topic,
                                           self.settings.deadletter_topic])  # fmt: skip
@@ -333,7 +335,11 @@ class KafkaSink:
     def _finish(self) -> None:
         """Closing: deliver within ``close_timeout``; spool whatever is still unacknowledged.
         Adopted spools are released either way: a later flush, or another sink in this same
-        process, must be able to take them."""
+        process, must be able to take them. A sink still waiting out its probe back-off tries
+        the broker once more first: a run that ends seconds after the broker came back must not
+        leave its records in the spool."""
+        if not self._online and self.close_timeout > 0:
+            self._online = self._connect(min(self.close_timeout, self.probe_interval + 1.0, 5.0))
         if self._producer is not None:
             if self._online:
                 self._drain_spools(time_budget=self.close_timeout)

@@ -287,3 +287,30 @@ def test_a_gap_after_a_broker_restart_is_not_searched_for_at_the_old_logs_offset
         broker.stop()
     assert sorted(got) == list(range(320))
     assert consumer.rereads == 0  # no seek to where seq 299 was on the old log
+
+
+def test_a_run_ending_just_after_the_broker_came_back_delivers_at_close(tmp_path):
+    """The producer is waiting out its probe back-off when the run ends: closing tries the
+    broker once more, so the records reach it instead of staying in the spool."""
+    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start()
+    settings = _settings(broker.port, tmp_path, "lastprobe")
+    sink = KafkaSink(settings, probe_interval=30, confirm_group=None)
+    collector = Collector(settings)
+    try:
+        sink.write(_record("run-last", 0))
+        assert sink.wait_delivered(30)
+        broker.kill()
+        for step in range(1, 4):
+            sink.write(_record("run-last", step))
+        deadline = time.monotonic() + 30
+        while sink._online and time.monotonic() < deadline:  # it notices the broker gone
+            time.sleep(0.1)
+        broker.start()
+        sink.close(timeout=10)
+        assert sink.pending() == 0
+        assert collector.wait_for(has_end("run-last"), 60)
+    finally:
+        collector.close()
+        broker.stop()
+    seqs = sorted(m["seq"] for m in collector.messages if m["run_id"] == "run-last")
+    assert seqs == list(range(6))  # start, steps 0..3, end
