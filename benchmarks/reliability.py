@@ -272,7 +272,7 @@ def run_fault(fault: str, plan: Plan, root: Path) -> dict[str, Any]:
         failed = pipeline.group.failed()
     finally:
         pipeline.stop()
-    return _verdict(fault, plan, producers, pipeline.store, {
+    return _verdict(fault, plan, producers, pipeline, {
         "killed_s": None if killed is None else round(killed - watch.samples[0]["t"], 1),
         "recovery_s": recovery, "drain_s": None if drained is None else round(drained - closed, 1),
         "lag_end": lag_end, "services_failed": failed})  # fmt: skip
@@ -322,8 +322,30 @@ def _lag_end(pipeline: Pipeline, timeout: float = 15.0) -> dict[str, float]:
         time.sleep(1)
 
 
-def _verdict(fault: str, plan: Plan, producers: list[Producer], store: Path,
+def kept_unstored(spool_dir: Path, store: Path) -> int:
+    """Messages the producers kept in their spools (unconfirmed when they closed) that the
+    store does not hold: what a later ``foreshock spool flush`` would still have to deliver."""
+    from foreshock.producers.spool import orphaned_spools
+    from foreshock.storage.reader import open_history
+
+    kept = set()
+    for spool in orphaned_spools(spool_dir):
+        batch, _ = spool.read_batch(10**9)
+        spool.close(delete_if_empty=False)
+        for item in batch:
+            message = json.loads(item.value)
+            kept.add((message["run_id"], message.get("rank", 0), message["seq"]))
+    if not kept:
+        return 0
+    with open_history(store) as history:
+        rows = history.sql("SELECT run_id, rank, seq FROM steps UNION ALL "
+                           "SELECT run_id, rank, seq FROM run_events").to_pylist()  # fmt: skip
+    return len(kept - {(r["run_id"], r["rank"], r["seq"]) for r in rows})
+
+
+def _verdict(fault: str, plan: Plan, producers: list[Producer], pipeline: Pipeline,
              timing: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    store = pipeline.store
     stored = stored_counts(store)
     produced = {p.run_id: p.written - 2 for p in producers}  # minus start and end
     expected = expected_events(plan.runs)
@@ -342,6 +364,7 @@ def _verdict(fault: str, plan: Plan, producers: list[Producer], store: Path,
         "missed_warning_events": sorted(expected - got),
         "extra_warning_events": sorted(got - expected),
         "producer_pending_bytes": sum(max(p.pending, 0) for p in producers),
+        "producer_kept_unstored": kept_unstored(Path(pipeline.settings.spool_dir), store),
     }  # fmt: skip
 
 
@@ -366,11 +389,13 @@ def main() -> None:
              f"{r['records_stored']}/{r['records_produced']}", f"{r['runs_exact']}/{r['runs']}",
              r["duplicate_records"], f"{r['warning_events_stored']}/{r['warning_events_expected']}",
              len(r["missed_warning_events"]), len(r["extra_warning_events"]),
-             r["duplicate_warning_events"], r["lag_end"]["worker"], r["lag_end"]["sink"]]
+             r["duplicate_warning_events"], r["lag_end"]["worker"], r["lag_end"]["sink"],
+             f"{r['producer_pending_bytes']} B / {r['producer_kept_unstored']}"]
             for r in results]  # fmt: skip
     print(format_table(["fault", "killed at s", "recovery s", "drain s", "records stored",
                         "runs exact", "dup records", "warning events", "missed", "extra",
-                        "dup warnings", "end lag: worker", "end lag: sink"], rows))  # fmt: skip
+                        "dup warnings", "end lag: worker", "end lag: sink",
+                        "kept by producers / of it unstored"], rows))  # fmt: skip
     emit_json({"runs": len(plan.runs), "rate_per_run": plan.rate, "down_s": plan.down,
                "faults": results})  # fmt: skip
 

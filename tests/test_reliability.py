@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from benchmarks.reliability import Plan, run_fault
+from benchmarks.reliability import Plan, kept_unstored, run_fault
+from foreshock.producers.spool import Spool, SpooledMessage
 from foreshock.storage.reader import open_history
 from foreshock.storage.reconcile import check_streams, missing_ranges
 from foreshock.storage.rows import BatchBuilder
@@ -35,7 +36,7 @@ def test_part_killed_and_restarted_mid_fleet_loses_and_duplicates_nothing(fault,
     assert result["missed_warning_events"] == []
     assert result["extra_warning_events"] == []
     assert result["duplicate_warning_events"] == 0
-    assert result["producer_pending_bytes"] == 0
+    assert result["producer_kept_unstored"] == 0  # what producers kept to re-send is stored
     assert result["recovery_s"] is not None and result["recovery_s"] < 60
     assert result["lag_end"] == {"worker": 0, "sink": 0}
 
@@ -82,3 +83,18 @@ def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
         "running": "open",
         "whole": "complete",
     }
+
+
+def test_kept_unstored_counts_what_a_producer_kept_and_the_store_lacks(tmp_path):
+    """The fault test's last check: spooled copies of stored messages don't count, others do."""
+    b = BatchBuilder()
+    _stream(b, "run-k", [0, 1, 2, 3], last_seq=3)
+    with SegmentStore(tmp_path / "store") as store:
+        store.write(b.take())
+    spool = Spool(tmp_path / "spool", "run-k")
+    for seq in (2, 3, 4, 5):  # 2 and 3 stored (a step, the end); 4 and 5 not
+        body = {"run_id": "run-k", "rank": 0, "seq": seq}
+        spool.append(SpooledMessage("metrics", b"run-k", json.dumps(body).encode()))
+    spool.close(delete_if_empty=False)
+    assert kept_unstored(tmp_path / "spool", tmp_path / "store") == 2
+    assert kept_unstored(tmp_path / "empty", tmp_path / "store") == 0
