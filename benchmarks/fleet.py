@@ -86,7 +86,7 @@ def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
     return {"values": values, "pending": sink.pending(), "spooled": sink.spooled}
 
 
-def _scrape(url: str) -> tuple[float, float]:
+def scrape(url: str) -> tuple[float, float]:
     """(messages consumed, consumer lag summed over partitions) from a service's /metrics.
 
     Lag as the service's own consumer sees it (high watermarks from its fetches): Tansu
@@ -117,7 +117,7 @@ def _sample(urls: dict[str, list[str]], written: int, store: Path) -> dict[str, 
     also consumes the warnings topic, so its own consumed count would overstate it)."""
     out = {}
     for service, service_urls in urls.items():
-        scraped = [_scrape(u) for u in service_urls]
+        scraped = [scrape(u) for u in service_urls]
         done = sum(c for c, _ in scraped) if service == "detectors" else _stored_messages(store)
         out[service] = {"lag": sum(lag for _, lag in scraped), "backlog": written - done}
     return out

@@ -41,6 +41,7 @@ from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table
+from .fleet import scrape
 
 __all__ = ["FAULTS", "Plan", "run_fault"]
 
@@ -154,22 +155,8 @@ def signal_group(pid: int, sig: int) -> None:
 
 
 def _scrape(port: int) -> tuple[float, float]:
-    """(messages consumed, consumer lag) from a service's /metrics; NaN while it is down."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return float("nan"), float("nan")
-    consumed = lag = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "foreshock_messages_consumed_total":
-                consumed += sample.value
-            elif sample.name == "foreshock_consumer_lag":
-                lag += sample.value
-    return consumed, lag
+    """(messages consumed, consumer lag) from the service on ``port``; NaN while it is down."""
+    return scrape(f"http://127.0.0.1:{port}/metrics")
 
 
 def _healthy(port: int) -> bool:

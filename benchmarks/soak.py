@@ -59,7 +59,7 @@ from foreshock.transport.broker import free_port
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, median
-from .fleet import _finite_max, _scrape
+from .fleet import _finite_max, scrape
 
 SATURATION = Path(__file__).parent / "results" / "fleet_saturation.json"
 SERVICES = ("broker", "detector", "sink", "dashboard")
@@ -201,7 +201,7 @@ def _pipeline(urls: dict[str, str], written: Any, store: Path) -> dict[str, Any]
     and not yet consumed by the detector, or not yet stored by the sink. The store and the
     services are read before the producers' counter, so a backlog is never understated."""
     stored_messages, stored_values = _stored(store)
-    detector, sink = _scrape(urls["detector"]), _scrape(urls["sink"])
+    detector, sink = scrape(urls["detector"]), scrape(urls["sink"])
     n = written.value
     return {"detectors": {"lag": detector[1], "backlog": n - detector[0]},
             "sink": {"lag": sink[1], "backlog": n - stored_messages},

@@ -75,13 +75,7 @@ def test_no_broker_for_a_whole_run_spools_everything_then_flush_delivers(tmp_pat
     broker = EmbeddedBroker(port=port, log_path=tmp_path / "tansu.log").start()
     collector = Collector(settings)
     try:
-        env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-               "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-               "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-               "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip
-        flush = subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush",
-                                "--timeout", "60"], env=env, capture_output=True, text=True,
-                               timeout=120)  # fmt: skip
+        flush = _spool_flush(settings)
         assert flush.returncode == 0, flush.stderr
         assert "42 messages delivered" in flush.stdout
         assert collector.wait_for(has_end("run-offline"), 60)
@@ -106,6 +100,14 @@ def _sink_service(settings: KafkaSettings, store, group: str) -> subprocess.Pope
     return subprocess.Popen([sys.executable, "-m", "foreshock.cli", "sink", "--store", str(store),
                              "--group", group], env=service_env(settings),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _spool_flush(settings: KafkaSettings) -> subprocess.CompletedProcess:
+    from _kafka import service_env
+
+    return subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout",
+                           "60"], env=service_env(settings), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
 
 
 def _stored_seqs(store) -> list[int]:
@@ -149,13 +151,7 @@ def test_producer_gone_before_the_broker_restarts_keeps_what_storage_had_not_con
         broker.kill()  # forgets all 22 messages and the group's offsets
         broker.start()
         sink_service = _sink_service(settings, store, group)
-        env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-               "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-               "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-               "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip
-        flush = subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush",
-                                "--timeout", "60"], env=env, capture_output=True, text=True,
-                               timeout=120)  # fmt: skip
+        flush = _spool_flush(settings)
         assert flush.returncode == 0, flush.stderr
         assert _wait(lambda: _stored_seqs(store) == list(range(22)), 60), _stored_seqs(store)
     finally:
