@@ -262,11 +262,11 @@ class KafkaSink:
             self._online = False
             self._lost_brokers = True
 
-    def _connect(self, timeout: float | None = None) -> bool:
-        if timeout is None:
-            timeout = min(5.0, self.probe_interval + 1.0)
+    def _connect(self, timeout: float = float("inf")) -> bool:
+        """Reach the broker and (re-)create the topics, within ``timeout`` and one probe's time."""
         try:
-            topics = ensure_topics(self.settings, timeout=timeout,
+            topics = ensure_topics(self.settings,
+                                   timeout=min(timeout, 5.0, self.probe_interval + 1.0),
                                    quiet=True,
                                    names=[self.settings.metrics_topic,
                                           self.settings.deadletter_topic])  # fmt: skip
@@ -339,7 +339,7 @@ class KafkaSink:
         the broker once more first: a run that ends seconds after the broker came back must not
         leave its records in the spool."""
         if not self._online and self.close_timeout > 0:
-            self._online = self._connect(min(self.close_timeout, self.probe_interval + 1.0, 5.0))
+            self._online = self._connect(self.close_timeout)
         if self._producer is not None:
             if self._online:
                 self._drain_spools(time_budget=self.close_timeout)
