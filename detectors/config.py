@@ -1,5 +1,10 @@
 """Which series feed which family, in which direction, and the calibrated thresholds.
 
+The attention-numerics family reads the ΔW and Δ2 spectral entropies (down) and the largest
+attention logit max(αQKᵀ) per layer (up): the FA fault's feedback loop is a coherent low-rank
+bias in the query/key gradients → growing logits → more repeated row maxima → more bias
+(SCIENCE.md), so the logits are the loop's own state, not a symptom of the loss.
+
 A detector config is versioned by the hash of its content: every warning carries the version
 that produced it, so a warning can always be traced to its thresholds and rules.
 """
@@ -34,6 +39,7 @@ DEFAULT_RULES: tuple[SeriesRule, ...] = (
     SeriesRule("attn.d2.entropy_mean", "attention-numerics", "down"),
     SeriesRule("attn.dwq.entropy", "attention-numerics", "down"),
     SeriesRule("attn.dwk.entropy", "attention-numerics", "down"),
+    SeriesRule("max_logit", "attention-numerics", "up"),
     SeriesRule("router.token_entropy_norm", "router", "down"),
     SeriesRule("router.load_entropy", "router", "down"),
     SeriesRule("router.epsilon", "router", "both"),
