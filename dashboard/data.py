@@ -27,6 +27,7 @@ MONITORS: dict[str, tuple[str, str]] = {  # label -> (metric, family)
     "Δ2 spectral entropy (QK increment)": ("attn.d2.entropy_mean", "attention-numerics"),
     "ΔW_q spectral entropy": ("attn.dwq.entropy", "attention-numerics"),
     "ΔW_k spectral entropy": ("attn.dwk.entropy", "attention-numerics"),
+    "max attention logit": ("max_logit", "attention-numerics"),
     "router token entropy (normalised)": ("router.token_entropy_norm", "router"),
     "expert-load entropy": ("router.load_entropy", "router"),
     "router ε (row conditioning)": ("router.epsilon", "router"),

@@ -3,7 +3,13 @@
 The attention-numerics family reads the ΔW and Δ2 spectral entropies (down) and the largest
 attention logit max(αQKᵀ) per layer (up): the FA fault's feedback loop is a coherent low-rank
 bias in the query/key gradients → growing logits → more repeated row maxima → more bias
-(SCIENCE.md), so the logits are the loop's own state, not a symptom of the loss.
+(SCIENCE.md), so the logits are the loop's own state, not a symptom of the loss. Their
+failure is a change in rate: a CUSUM on the residual from each series' own trend.
+
+The router family judges its entropies as *levels* against the run's own warm-up: the
+stable-winner loop slides them to a fraction of where they started, over hundreds of steps and
+no faster per record than healthy early drift, which a trend-relative CUSUM cannot see. ε stays
+a CUSUM (both directions; in the lab it rises under a learning-rate ramp).
 
 A detector config is versioned by the hash of its content: every warning carries the version
 that produced it, so a warning can always be traced to its thresholds and rules.
@@ -17,19 +23,32 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_RULES", "FAMILIES", "DetectorConfig", "SeriesRule"]
+__all__ = ["DEFAULT_RULES", "FAMILIES", "KINDS", "DetectorConfig", "SeriesRule"]
 
 FAMILIES = ("attention-numerics", "router", "symptom")
 MECHANISMS = ("attention-numerics", "router")
 
 
+KINDS = ("cusum", "level")
+
+
 @dataclass(frozen=True)
 class SeriesRule:
-    """A metric (all its modules) feeding a family; direction ``up``, ``down`` or ``both``."""
+    """A metric (all its modules) feeding a family; direction ``up``, ``down`` or ``both``.
+
+    ``kind`` says what fails: ``cusum``, a change in rate (a one-sided CUSUM on the residual
+    from the run's own trend); ``level``, a slide too far (the log ratio to the run's own
+    warm-up level, held beyond h for ``confirm`` records).
+    """
 
     metric: str
     family: str
     direction: str
+    kind: str = "cusum"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
     def directions(self) -> tuple[str, ...]:
         return ("up", "down") if self.direction == "both" else (self.direction,)
@@ -40,8 +59,8 @@ DEFAULT_RULES: tuple[SeriesRule, ...] = (
     SeriesRule("attn.dwq.entropy", "attention-numerics", "down"),
     SeriesRule("attn.dwk.entropy", "attention-numerics", "down"),
     SeriesRule("max_logit", "attention-numerics", "up"),
-    SeriesRule("router.token_entropy_norm", "router", "down"),
-    SeriesRule("router.load_entropy", "router", "down"),
+    SeriesRule("router.token_entropy_norm", "router", "down", "level"),
+    SeriesRule("router.load_entropy", "router", "down", "level"),
     SeriesRule("router.epsilon", "router", "both"),
     SeriesRule("loss", "symptom", "up"),
     SeriesRule("grad_norm", "symptom", "up"),

@@ -3,8 +3,10 @@
 The same code runs live (the Kafka worker) and offline (``foreshock detect --replay``): it
 sees a run's wire messages in seq order and returns events.
 
-* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is
-  standardized against the run's own warm-up and fed to a one-sided CUSUM per direction.
+* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is measured
+  against the run's own warm-up and fed, per direction, to a one-sided CUSUM of its residual
+  from its own trend (``cusum`` rules: a change in rate) or to a sustained-level test of its
+  log ratio to the warm-up level (``level`` rules: a slide too far).
 * A family fires for a module when one of its series' statistics has stayed above that
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
   per (run, family, module) until every one of its statistics is back below h (then a
@@ -33,14 +35,18 @@ from typing import Any
 
 from foreshock.producers.records import parse_series_key
 
-from .config import MECHANISMS, DetectorConfig
+from .config import MECHANISMS, DetectorConfig, SeriesRule
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
-from .standardize import TrendStandardizer, WarmupStandardizer
+from .level import SustainedLevel
+from .standardize import LogRatioStandardizer, TrendStandardizer, WarmupStandardizer
 
 __all__ = ["ALERT_SCHEMA", "Alert", "RunDetector"]
 
 ALERT_SCHEMA = "foreshock.warning/1"
+
+Detector = OneSidedCUSUM | SustainedLevel
+Standardizer = WarmupStandardizer | TrendStandardizer | LogRatioStandardizer
 
 
 @dataclass
@@ -79,8 +85,8 @@ class _Series:
     metric: str
     family: str
     module: str | None
-    standardizer: WarmupStandardizer | TrendStandardizer
-    cusums: dict[str, OneSidedCUSUM]
+    standardizer: Standardizer
+    cusums: dict[str, Detector]  # direction -> its detector
     recent: deque = field(default_factory=lambda: deque(maxlen=6))  # (step, value, z)
 
 
@@ -105,8 +111,10 @@ class RunDetector:
         if kind == "metrics":
             step = int(message["step"])
             self.last_step = max(self.last_step, step)
-            events += self._metrics(step, message.get("values", {}))
-            self.divergence.update(step, message.get("values", {}).get("loss"))
+            values = message.get("values", {})
+            events += self._metrics(step, values)
+            if "loss" in values:  # null is a non-finite loss (a divergence); absent is no news
+                self.divergence.update(step, values["loss"])
             if self.divergence.divergence_step is not None:
                 events += self._diverged(self.divergence.divergence_step)
         elif kind == "end" and message.get("divergence_step") is not None:
@@ -147,22 +155,25 @@ class RunDetector:
         if rule is None or head is not None:
             return None
         h = self.config.thresholds.get(rule.metric, math.inf)
-        series = _Series(
-            key, metric, rule.family, module,
-            self._standardizer(),
-            {d: OneSidedCUSUM(d, self.config.k, h, self.config.confirm)
-             for d in rule.directions()},
-        )  # fmt: skip
+        series = _Series(key, metric, rule.family, module, self._standardizer(rule),
+                         {d: self._detector(rule, d, h) for d in rule.directions()})  # fmt: skip
         self._series[key] = series
         return series
 
-    def _standardizer(self) -> WarmupStandardizer | TrendStandardizer:
+    def _detector(self, rule: SeriesRule, direction: str, h: float) -> Detector:
+        if rule.kind == "level":
+            return SustainedLevel(direction, h, self.config.confirm)
+        return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm)
+
+    def _standardizer(self, rule: SeriesRule) -> Standardizer:
         c = self.config
+        if rule.kind == "level":
+            return LogRatioStandardizer(c.warmup_start, c.warmup_records)
         if c.baseline == "trend":
             return TrendStandardizer(c.warmup_start, c.warmup_records, c.trend_beta)
         return WarmupStandardizer(c.warmup_start, c.warmup_records)
 
-    def _open_alert(self, series: _Series, direction: str, cusum: OneSidedCUSUM,
+    def _open_alert(self, series: _Series, direction: str, cusum: Detector,
                     step: int) -> Alert:  # fmt: skip
         family = series.family
         if family in MECHANISMS:
