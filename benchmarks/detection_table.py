@@ -9,7 +9,9 @@ Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14, 25�
 * attribution: the role of the run's first mechanism warning — cause of the right family
   (correct), of the wrong family (wrong), or ambiguous;
 * lead: divergence step − first warning step, for the mechanism families and for the symptom
-  family (loss, grad norm, weight norm: the baseline foreshock must beat).
+  family (loss, grad norm, weight norm: the baseline foreshock must beat);
+* own family before symptom: diverged runs whose own-family warning came before any symptom
+  warning (or with none) — the per-run version of the lead comparison.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def _judge(report: RunReport, scenario: str) -> dict:
     symptom = report.first("symptom", before=div)
     first = mechanism[0] if mechanism else None
     own = OWN.get(scenario, set())
+    own_first = next((a for a in mechanism if a.family in own), None)
     detected = any(a.family in own for a in mechanism) if own else bool(mechanism)
     if first is None:
         attribution = "none"
@@ -53,6 +56,8 @@ def _judge(report: RunReport, scenario: str) -> dict:
             "attribution": attribution,
             "first": first and (first.family, first.module, first.step),
             "mechanism_lead": None if div is None or first is None else div - first.step,
+            "before_symptom": div is not None and own_first is not None and (
+                symptom is None or own_first.step < symptom.step),
             "symptom_lead": None if div is None or symptom is None else div - symptom.step,
             }  # fmt: skip
 
@@ -101,17 +106,21 @@ def main() -> None:
         count = {k: sum(r["attribution"] == k for r in runs) for k in
                  ("correct", "wrong", "ambiguous", "none")}  # fmt: skip
         detected = sum(r["detected"] for r in runs)
-        rows.append([f"{scenario} ({n})", f"{detected}/{n}", sum(r["divergence"] is not None
-                     for r in runs), count["correct"], count["wrong"], count["ambiguous"],
-                     _median(mech), _median(sym)])  # fmt: skip
+        diverged = sum(r["divergence"] is not None for r in runs)
+        earlier = sum(r["before_symptom"] for r in runs)
+        rows.append([f"{scenario} ({n})", f"{detected}/{n}", diverged, count["correct"],
+                     count["wrong"], count["ambiguous"], _median(mech), _median(sym),
+                     f"{earlier}/{diverged}" if scenario in OWN and diverged else "-"])  # fmt: skip
         figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
+                             "diverged": diverged, "own_family_before_symptom": earlier,
                              "mechanism_lead_median": _median(mech),
                              "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
     print(f"calibrated on {len(calib)} healthy runs (held out: seeds {args.held_out}), "
           f"margin {margin}; "
           f"false-alarm bound per run: {config.false_alarm}; config {config.version}")  # fmt: skip
     header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
-              "ambiguous", "lead: mechanism", "lead: symptom"]  # fmt: skip
+              "ambiguous", "lead: mechanism", "lead: symptom",
+              "own family before symptom"]  # fmt: skip
     print(format_table(header, rows))
     emit_json({"config_version": config.version, "calibration_runs": len(calib),
                "false_alarm_bound": config.false_alarm, "scenarios": figures})  # fmt: skip
