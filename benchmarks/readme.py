@@ -53,9 +53,22 @@ def _detection(r: dict) -> list[tuple[str, str]]:
         lead = (f"; median lead {s['mechanism_lead_median']} steps (mechanism) vs "
                 f"{symptom} (symptom: loss, grad norm, weight norm)"
                 if s["mechanism_lead_median"] is not None else "")  # fmt: skip
+        earlier = (f"; own family before any symptom warning in "
+                   f"{s['own_family_before_symptom']}/{s['diverged']} diverged runs"
+                   if s.get("diverged") else "")  # fmt: skip
         rows.append((f"{scenario}: warned by its own family before divergence",
                      f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
-                     f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}"))  # fmt: skip
+                     f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}{earlier}"))  # fmt: skip
+    return rows
+
+
+def _false_alarms(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for least, rates in r["false_warning_rate"].items():
+        shipped = " (shipped)" if float(least) == r["shipped_least_margin"] else ""
+        rows.append((f"unseen healthy runs with a false warning, least margin "
+                     f"{float(least):.0%}{shipped}",
+                     ", ".join(f"{f} {v:.1%}" for f, v in rates.items())))  # fmt: skip
     return rows
 
 
@@ -165,6 +178,11 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], _overhead, "Monitor overhead per training step"),
     "detection_table": ([], _detection, "Lead time and false warnings (held-out lab runs)"),
+    "false_alarms": (
+        [],
+        _false_alarms,
+        "Calibration: false warnings on unseen healthy runs (cross-validated)",
+    ),
     "storage": ([], _storage, "History: ingest and queries"),
     "dashboard": ([], _dashboard, "Dashboard render time"),
     "fleet": ([], _fleet, "Whole pipeline: throughput, latency, backlog"),

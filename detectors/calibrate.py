@@ -57,10 +57,10 @@ def leave_one_out_margin(healthy: Sequence[RunReport], config: DetectorConfig, k
     Healthy maxima are heavy-tailed here, and more so for some metrics than others: the
     largest of n runs is a poor guard for run n+1. Leave-one-out measures that on the
     calibration runs alone — no faulty or held-out run is looked at — and gives each metric the
-    margin its own tail asks for. The least margin is 50 %: on the 55 shipped healthy runs
-    (5-fold cross-validation, ``python -m benchmarks.false_alarms``) a least margin of 10 % let
-    2.3 % of unseen healthy runs raise a false router warning; from 50 %, at most 0.9 % per
-    mechanism family — within a budget of 1 false warning per 100 healthy runs.
+    margin its own tail asks for. The least margin is 50 %, chosen by cross-validation on
+    healthy runs alone (``python -m benchmarks.false_alarms``, figures in
+    benchmarks/README.md): on the 55 healthy runs of that day a least margin of 10 % let 2.3 %
+    of unseen healthy runs raise a false router warning, 50 % at most 0.9 % per family.
     """
     chosen = {}
     for rule in config.rules:
