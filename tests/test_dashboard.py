@@ -86,6 +86,9 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     assert len(charts) == 5  # loss + the four default monitors
     titles = [e.label for e in app.expander]
     assert any("attention-numerics" in t and "cause" in t for t in titles)
+    texts = [m.value for m in app.markdown]
+    assert any("its CUSUM statistic" in t for t in texts)  # an attention (trend) warning
+    assert any("from its warm-up level" in t for t in texts)  # a router (level) warning
     assert {m.label: m.value for m in app.metric}["divergence step"] == str(
         load_run(_path("fa-lowprec-s1")).end["divergence_step"])  # fmt: skip
     app.checkbox[0].check().run()  # per-head detail

@@ -138,6 +138,7 @@ def test_growing_attention_logits_warn_attention_numerics_upward():
                          "values": {"max_logit@h.1.attn": 10.0 + wobble + grown}})  # fmt: skip
     (alert,) = detector.alerts
     assert (alert.family, alert.module, alert.direction) == ("attention-numerics", "h.1.attn", "up")
+    assert alert.evidence["detector"] == "cusum"
     assert 500 < alert.step <= 650
 
 
@@ -164,6 +165,7 @@ def test_a_router_entropy_sliding_too_far_warns_as_a_level(final_ratio, fires):
     if fires:
         (alert,) = detector.alerts
         assert (alert.family, alert.direction, alert.role) == ("router", "down", "cause")
+        assert alert.evidence["detector"] == "level"
         ratio = math.exp(-alert.statistic)
         assert ratio < 0.6 and alert.evidence["warmup_mean"] == pytest.approx(0.9, abs=0.01)
         assert alert.step == 900  # 1 − 0.7·(step − 300)/1000 < 0.6 from 875, confirmed at 900

@@ -35,6 +35,12 @@ def _header(summary: dict) -> None:
     st.caption(" · ".join(f"{k}: {v}" for k, v in labels.items()))
 
 
+def _statistic_name(warning: dict) -> str:
+    if (warning["evidence"] or {}).get("detector") == "level":
+        return "its distance from its warm-up level (|ln ratio|, sustained)"
+    return "its CUSUM statistic"
+
+
 def _warnings(warnings: list[dict]) -> None:
     st.subheader("Warnings")
     if not warnings:
@@ -47,7 +53,7 @@ def _warnings(warnings: list[dict]) -> None:
                  f"{w['role']}{lead}{cleared}")  # fmt: skip
         with st.expander(title):
             st.markdown(
-                f"**{w['series']}** moved **{w['direction']}**: its CUSUM statistic "
+                f"**{w['series']}** moved **{w['direction']}**: {_statistic_name(w)} "
                 f"{w['statistic']} crossed the calibrated threshold {w['threshold']}. "
                 f"A healthy run warns falsely in this family with probability ≤ "
                 f"**{w['false_alarm_rate']}** per run (config `{w['config_version']}`)."
