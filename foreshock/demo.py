@@ -86,10 +86,12 @@ def _replay_plan(count: int, tag: str) -> list[tuple[str, Any]]:
     from foreshock.lab.recorded import load_run, shipped_runs
 
     paths = shipped_runs()
+    order = random.Random(0).sample(paths, len(paths))  # a spread of scenarios and seeds
     plan = []
     for i in range(count):
-        path = paths[(i * 7) % len(paths)]  # a spread of scenarios and seeds
-        plan.append((f"replay-{path.name.split('.')[0]}-{tag}", load_run(path)))
+        path, copy = order[i % len(order)], i // len(order)
+        suffix = f"-c{copy}" if copy else ""  # every replayed run gets a run id of its own
+        plan.append((f"replay-{path.name.split('.')[0]}-{tag}{suffix}", load_run(path)))
     return plan
 
 

@@ -53,3 +53,17 @@ def test_ctrl_c_or_sigterm_stops_everything_the_demo_started(tmp_path, sig):
     out, _ = demo.communicate(timeout=60)
     assert "stopping everything" in out and "stopped everything" in out
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("count", [40, 250])
+def test_replayed_runs_have_distinct_run_ids_and_mix_scenarios(count):
+    """A run id replayed twice would interleave two copies of one run in one stream."""
+    from foreshock.demo import _replay_plan
+    from foreshock.lab.recorded import shipped_runs
+
+    plan = _replay_plan(count, "t")
+    assert len({run_id for run_id, _ in plan}) == count
+    names = {run.path.name for _, run in plan}
+    assert len(names) == min(count, len(shipped_runs()))
+    scenarios = {run.labels["scenario"] for _, run in plan}
+    assert {"healthy", "fa-lowprec", "lr-high"} <= scenarios
