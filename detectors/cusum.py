@@ -67,14 +67,17 @@ class OneSidedCUSUM(base.DriftDetector):
         self._drift_detected = False
         if not math.isfinite(x):
             return
-        sign = 1.0 if self.direction == "up" else -1.0
-        # capped at the largest float: a sum of huge inputs never becomes inf (then NaN)
-        self.statistic = min(max(0.0, self.statistic + sign * x - self.k), sys.float_info.max)
+        self.statistic = self._next_statistic(x)
         self._last.append(self.statistic)
         before = self.sustained
         self.sustained = min(self._last) if len(self._last) == self._last.maxlen else 0.0
         self.peak = max(self.peak, self.sustained)
         self._drift_detected = before <= self.h < self.sustained
+
+    def _next_statistic(self, x: float) -> float:
+        sign = 1.0 if self.direction == "up" else -1.0
+        # capped at the largest float: a sum of huge inputs never becomes inf (then NaN)
+        return min(max(0.0, self.statistic + sign * x - self.k), sys.float_info.max)
 
     @property
     def in_alarm(self) -> bool:

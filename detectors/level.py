@@ -14,22 +14,21 @@ On that input the statistic is the one-sided excursion
 
 and the detector fires when min(S_{t−c+1}, …, S_t) — the *sustained* statistic — crosses h.
 h is calibrated like every threshold (:mod:`foreshock.detectors.calibrate`): on the healthy
-runs' largest sustained excursion. The attributes match ``OneSidedCUSUM``'s (``statistic``,
-``sustained``, ``peak``, ``in_alarm``), so the engine treats both alike.
+runs' largest sustained excursion. It is a ``OneSidedCUSUM`` whose statistic forgets its past, so
+the engine treats both alike.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
-
-from river import base
+from .cusum import OneSidedCUSUM
 
 __all__ = ["SustainedLevel"]
 
 
-class SustainedLevel(base.DriftDetector):
+class SustainedLevel(OneSidedCUSUM):
     """River-style: ``update(x)`` then read ``drift_detected`` (true on the crossing update).
+
+    A CUSUM without memory: the same confirmation, peak and alarm, on S_t = max(0, s·x_t).
 
     >>> level = SustainedLevel(direction="down", h=0.5, confirm=2)
     >>> for x in [-0.1, -0.7, -0.2, -0.6, -0.8]:
@@ -42,29 +41,7 @@ class SustainedLevel(base.DriftDetector):
     """
 
     def __init__(self, direction: str = "down", h: float = 1.0, confirm: int = 1) -> None:
-        super().__init__()
-        if direction not in ("up", "down"):
-            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
-        if h <= 0 or confirm < 1:
-            raise ValueError("h must be > 0 and confirm >= 1")
-        self.direction, self.h = direction, h
-        self.statistic = 0.0
-        self.sustained = 0.0
-        self.peak = 0.0
-        self._last: deque[float] = deque(maxlen=confirm)
+        super().__init__(direction, k=0.0, h=h, confirm=confirm)
 
-    def update(self, x: float) -> None:
-        self._drift_detected = False
-        if not math.isfinite(x):
-            return
-        sign = 1.0 if self.direction == "up" else -1.0
-        self.statistic = max(0.0, sign * x)
-        self._last.append(self.statistic)
-        before = self.sustained
-        self.sustained = min(self._last) if len(self._last) == self._last.maxlen else 0.0
-        self.peak = max(self.peak, self.sustained)
-        self._drift_detected = before <= self.h < self.sustained
-
-    @property
-    def in_alarm(self) -> bool:
-        return self.statistic > self.h
+    def _next_statistic(self, x: float) -> float:
+        return max(0.0, x if self.direction == "up" else -x)

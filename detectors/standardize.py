@@ -148,14 +148,14 @@ class TrendStandardizer:
         return _clamp(residual / self.scale, Z_LIMIT)
 
 
-class LogRatioStandardizer:
+class LogRatioStandardizer(WarmupStandardizer):
     """The series as a log ratio to its own warm-up level: x = ln(value / μ) (nats).
 
     For a positive series whose *level* is what fails (a router's entropy sliding to a fraction
     of where it started), the ratio to the run's own warm-up mean μ is scale-free: runs of any
     width or vocabulary compare on one threshold. Values ≤ 0 count as the smallest positive
     one, ``abs_floor`` (a total collapse, not a missing value); a warm-up mean ≤ 0 has no ratio
-    and the series stays silent.
+    and the series stays silent. The warm-up is :class:`WarmupStandardizer`'s.
 
     >>> s = LogRatioStandardizer(start=100, records=2)
     >>> [s.update(step, x) for step, x in [(50, 9.0), (100, 0.9), (125, 1.1)]]
@@ -165,26 +165,9 @@ class LogRatioStandardizer:
     """
 
     def __init__(self, start: int, records: int, abs_floor: float = 1e-12) -> None:
-        if records < 2:
-            raise ValueError("the warm-up needs at least 2 records")
-        self.start, self.records, self.abs_floor = start, records, abs_floor
-        self._warmup: list[float] = []
-        self.mean: float | None = None  # warm-up level, for the evidence
-        self.scale: float | None = None  # a ratio has no scale; kept for the evidence
-
-    @property
-    def ready(self) -> bool:
-        return self.mean is not None
+        super().__init__(start, records, abs_floor=abs_floor)
 
     def update(self, step: int, x: float | None) -> float | None:
-        x = _finite(x)
-        if x is None or step < self.start:
+        if super().update(step, x) is None or self.mean is None or self.mean <= 0:
             return None
-        if self.mean is None:
-            self._warmup.append(x)
-            if len(self._warmup) == self.records:
-                self.mean = _mean(self._warmup)
-            return None
-        if self.mean <= 0:
-            return None
-        return math.log(max(x, self.abs_floor)) - math.log(self.mean)
+        return math.log(max(float(x), self.abs_floor)) - math.log(self.mean)  # type: ignore[arg-type]
