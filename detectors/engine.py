@@ -45,8 +45,7 @@ __all__ = ["ALERT_SCHEMA", "Alert", "RunDetector"]
 
 ALERT_SCHEMA = "foreshock.warning/1"
 
-Detector = OneSidedCUSUM | SustainedLevel
-Standardizer = WarmupStandardizer | TrendStandardizer | LogRatioStandardizer
+Standardizer = WarmupStandardizer | TrendStandardizer  # LogRatioStandardizer is a Warmup one
 
 
 @dataclass
@@ -86,7 +85,7 @@ class _Series:
     family: str
     module: str | None
     standardizer: Standardizer
-    cusums: dict[str, Detector]  # direction -> its detector
+    cusums: dict[str, OneSidedCUSUM]  # direction -> its detector (or a SustainedLevel)
     recent: deque = field(default_factory=lambda: deque(maxlen=6))  # (step, value, z)
 
 
@@ -160,7 +159,7 @@ class RunDetector:
         self._series[key] = series
         return series
 
-    def _detector(self, rule: SeriesRule, direction: str, h: float) -> Detector:
+    def _detector(self, rule: SeriesRule, direction: str, h: float) -> OneSidedCUSUM:
         if rule.kind == "level":
             return SustainedLevel(direction, h, self.config.confirm)
         return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm)
@@ -173,7 +172,7 @@ class RunDetector:
             return TrendStandardizer(c.warmup_start, c.warmup_records, c.trend_beta)
         return WarmupStandardizer(c.warmup_start, c.warmup_records)
 
-    def _open_alert(self, series: _Series, direction: str, cusum: Detector,
+    def _open_alert(self, series: _Series, direction: str, cusum: OneSidedCUSUM,
                     step: int) -> Alert:  # fmt: skip
         family = series.family
         if family in MECHANISMS:
