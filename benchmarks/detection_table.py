@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
@@ -62,6 +63,13 @@ def _judge(report: RunReport, scenario: str) -> dict:
             }  # fmt: skip
 
 
+def _without(config: DetectorConfig, metrics: list[str]) -> DetectorConfig:
+    known = {rule.metric for rule in config.rules}
+    if unknown := set(metrics) - known:
+        raise SystemExit(f"--without: no rule reads {sorted(unknown)}; rules read {sorted(known)}")
+    return replace(config, rules=tuple(r for r in config.rules if r.metric not in metrics))
+
+
 def _median(values: list[int]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -81,6 +89,13 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="same runs (replay is fast)")
     parser.add_argument("--save-config", type=Path, help="write the calibrated config here")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="METRIC",
+        help="drop a metric's rule, e.g. max_logit: what a model that can't report it gets",
+    )
     args = parser.parse_args()
     paths = sorted(args.runs.glob("*.jsonl.gz"))
     scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
@@ -89,7 +104,7 @@ def main() -> None:
     calib = [p for p in paths
              if scenario_of[p] == "healthy" and _seed(p) not in held_seeds]  # fmt: skip
     held = [p for p in paths if p not in calib]
-    base = DetectorConfig()
+    base = _without(DetectorConfig(), args.without)
     healthy = replay(calib, uncalibrated(base))
     margin = leave_one_out_margin(healthy, base) if args.margin is None else args.margin
     config = calibrate(healthy, base, margin=margin)
@@ -115,14 +130,17 @@ def main() -> None:
                              "diverged": diverged, "own_family_before_symptom": earlier,
                              "mechanism_lead_median": _median(mech),
                              "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
+    dropped = f"; without {', '.join(args.without)}" if args.without else ""
     print(f"calibrated on {len(calib)} healthy runs (held out: seeds {args.held_out}), "
           f"margin {margin}; "
-          f"false-alarm bound per run: {config.false_alarm}; config {config.version}")  # fmt: skip
+          f"false-alarm bound per run: {config.false_alarm}; config {config.version}"
+          f"{dropped}")  # fmt: skip
     header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
               "ambiguous", "lead: mechanism", "lead: symptom",
               "own family before symptom"]  # fmt: skip
     print(format_table(header, rows))
     emit_json({"config_version": config.version, "calibration_runs": len(calib),
+               "without": args.without,
                "false_alarm_bound": config.false_alarm, "scenarios": figures})  # fmt: skip
 
 

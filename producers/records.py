@@ -71,9 +71,16 @@ def parse_series_key(key: str) -> SeriesKey:
 def family_of(metric: str) -> str:
     """Monitor family of a metric: ``attention-numerics``, ``router`` or ``symptom``.
 
+    The metric's first component names it, except ``max_logit``: the attention logits are the
+    FA fault's feedback loop itself (biased Q/K gradients → growing logits), not a symptom.
+
     >>> family_of("attn.dwq.entropy"), family_of("router.epsilon"), family_of("loss")
     ('attention-numerics', 'router', 'symptom')
+    >>> family_of("max_logit")
+    'attention-numerics'
     """
+    if metric == "max_logit":
+        return "attention-numerics"
     prefix = metric.split(".", 1)[0]
     return {"attn": "attention-numerics", "router": "router"}.get(prefix, "symptom")
 
