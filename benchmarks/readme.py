@@ -72,6 +72,13 @@ def _false_alarms(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _lab_reproducibility(r: dict) -> list[tuple[str, str]]:
+    differing = ", ".join(r["differing"][:8]) + (" …" if len(r["differing"]) > 8 else "")
+    return [(f"shipped runs whose first {r['steps'] - 1} steps retrain bit-identical here "
+             f"(CPU {r['cpu_capability']}, torch {r['torch']})",
+             f"{r['identical']}/{r['runs']}; differing: {differing or 'none'}")]  # fmt: skip
+
+
 def _storage(r: dict) -> list[tuple[str, str]]:
     q = r["query_seconds"]
     return [("ingest, Kafka → store (one sink)", f"{r['ingest_values_per_s']:,} values/s"),
@@ -182,6 +189,11 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         [],
         _false_alarms,
         "Calibration: false warnings on unseen healthy runs (cross-validated)",
+    ),
+    "lab_reproducibility": (
+        [],
+        _lab_reproducibility,
+        "Lab runs: do the shipped recordings retrain bit for bit here?",
     ),
     "storage": ([], _storage, "History: ingest and queries"),
     "dashboard": ([], _dashboard, "Dashboard render time"),

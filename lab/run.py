@@ -26,7 +26,7 @@ from .divergence import DivergenceRule, divergence_step
 from .faults import Fault
 from .model import GPT, GPTConfig
 
-__all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "run_lab"]
+__all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "config_from_labels", "run_lab"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,28 @@ def _labels(config: RunConfig) -> dict[str, Any]:
         "divergence_rule": asdict(config.divergence),
         "foreshock": __version__,
         "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # which kernels ran
     }
+
+
+def config_from_labels(labels: dict[str, Any], steps: int | None = None) -> RunConfig:
+    """The RunConfig a recorded run's ``start`` labels describe (the inverse of its labels).
+
+    ``steps`` overrides the horizon, e.g. to retrain only a run's first records. The run id is
+    the default one, so the config trains a run under its own name.
+    """
+    return RunConfig(
+        fault=Fault(**labels["fault"]),
+        seed=labels["seed"],
+        steps=labels["steps"] if steps is None else steps,
+        every=labels["every"],
+        batch_size=labels["batch_size"],
+        lr=labels["lr"],
+        weight_decay=labels["weight_decay"],
+        model=GPTConfig(**labels["model"]),
+        divergence=DivergenceRule(**labels["divergence_rule"]),
+        after_divergence=labels["after_divergence"],
+    )
 
 
 def _param_groups(model: GPT, fault: Fault) -> list[dict[str, Any]] | Any:

@@ -10,7 +10,7 @@ from foreshock.lab.attention import LowPrecision, flash_attention, round_mantiss
 from foreshock.lab.divergence import DivergenceRule, divergence_step
 from foreshock.lab.faults import Fault
 from foreshock.lab.model import GPT, GPTConfig
-from foreshock.lab.run import RunConfig, _param_groups, run_lab
+from foreshock.lab.run import RunConfig, _param_groups, config_from_labels, run_lab
 
 torch.set_num_threads(1)
 
@@ -138,6 +138,12 @@ def test_lab_run_writes_labelled_records(tmp_path) -> None:
     assert end["kind"] == "end" and end["last_step"] == 40
     assert end["divergence_step"] == result.divergence_step
     assert len(result.losses) == 41 and end["monitor_errors"] == 0
+    assert start["labels"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+    # The labels describe the run completely: retrained from them, here, it is the same run.
+    assert config_from_labels(start["labels"]) == config
+    again = run_lab(config_from_labels(start["labels"]), tmp_path / "again.jsonl", progress=False)
+    assert again.losses == result.losses and again.divergence_step == result.divergence_step
 
 
 def test_router_only_learning_rate_fault_targets_only_the_gates() -> None:
