@@ -1,7 +1,7 @@
 """Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
 
-Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14, 25–39 by default;
-:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
+Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14, 25–39 and 60–64 by
+default; :mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
 
 * warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
   attention-numerics, lr-high and gbs-small → router; combined: either); for healthy and
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
     parser.add_argument(
         "--held-out",
-        default="10-14,25-39",
+        default="10-14,25-39,60-64",
         help="healthy seeds held out (FIRST-LAST[,FIRST-LAST...]); the other healthy calibrate",
     )
     parser.add_argument(
