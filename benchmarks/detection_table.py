@@ -1,7 +1,8 @@
 """Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
 
-Thresholds come from the healthy runs outside ``--held-out`` (seeds 10–14, 25–39 and 60–64 by
-default; :mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
+Thresholds come from the healthy runs outside ``--held-out`` (by default
+``foreshock.lab.recorded.HELD_OUT_HEALTHY``: seeds 10–14, 25–39 and 60–64;
+:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
 
 * warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
   attention-numerics, lr-high and gbs-small → router; combined: either); for healthy and
@@ -24,7 +25,7 @@ from pathlib import Path
 from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.replay import RunReport, replay
-from foreshock.lab.recorded import RECORDED_DIR
+from foreshock.lab.recorded import HELD_OUT_HEALTHY, RECORDED_DIR, seed_spans
 
 from ._table import emit_json, format_table
 
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
     parser.add_argument(
         "--held-out",
-        default="10-14,25-39,60-64",
+        default=HELD_OUT_HEALTHY,
         help="healthy seeds held out (FIRST-LAST[,FIRST-LAST...]); the other healthy calibrate",
     )
     parser.add_argument(
@@ -99,8 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = sorted(args.runs.glob("*.jsonl.gz"))
     scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
-    spans = [tuple(int(x) for x in part.split("-")) for part in args.held_out.split(",")]
-    held_seeds = {s for first, last in spans for s in range(first, last + 1)}
+    held_seeds = seed_spans(args.held_out)
     calib = [p for p in paths
              if scenario_of[p] == "healthy" and _seed(p) not in held_seeds]  # fmt: skip
     held = [p for p in paths if p not in calib]

@@ -14,9 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECORDED_DIR", "RecordedRun", "load_run", "shipped_runs"]
+__all__ = [
+    "HELD_OUT_HEALTHY",
+    "RECORDED_DIR",
+    "RecordedRun",
+    "load_run",
+    "seed_spans",
+    "shipped_runs",
+]
 
 RECORDED_DIR = Path(__file__).parent / "runs"
+# Healthy seeds the shipped detector config never saw: benchmarks.detection_table judges on them
+# (the other healthy seeds calibrate it). FIRST-LAST[,FIRST-LAST...].
+HELD_OUT_HEALTHY = "10-14,25-39,60-64"
 
 
 @dataclass
@@ -88,3 +98,13 @@ def shipped_runs(directory: str | Path | None = None) -> list[Path]:
     """Paths of the finished, gzipped runs in ``directory`` (default: those shipped)."""
     root = Path(directory) if directory is not None else RECORDED_DIR
     return sorted(root.glob("*.jsonl.gz"))
+
+
+def seed_spans(spans: str) -> set[int]:
+    """The seeds in ``FIRST-LAST[,FIRST-LAST...]`` (inclusive).
+
+    >>> sorted(seed_spans("1-3,7-7"))
+    [1, 2, 3, 7]
+    """
+    bounds = [tuple(int(x) for x in part.split("-")) for part in spans.split(",")]
+    return {seed for first, last in bounds for seed in range(first, last + 1)}
