@@ -1,14 +1,23 @@
 """Find attention Q/K projections and MoE routers in a model from its module structure.
 
-Recognised layouts (by child names, the conventions of the common code bases):
+Recognised layouts (by child names and attributes, the conventions of the common code bases):
 
 * fused qkv, contiguous [q | k | v] blocks: ``c_attn`` (nanoGPT nn.Linear, GPT-2 Conv1D stored
-  (in, out)) and ``qkv_proj`` (GQA sizes H·d_h + 2·H_kv·d_h allowed);
-* separate projections: ``q_proj``/``k_proj`` (Llama, Mistral, Qwen), ``wq``/``wk``,
+  (in, out)) and ``qkv_proj`` (Phi-3; GQA sizes H·d_h + 2·H_kv·d_h allowed);
+* fused ``query_key_value``: per-head interleaved [q k v] (GPT-NeoX/Pythia, Bloom, Falcon
+  without ``multi_query``), [q heads | k | v] (Falcon ``multi_query``), or per group of query
+  heads [q… k v] (Falcon ``new_decoder_architecture``; Megatron's ``linear_qkv`` likewise);
+* separate projections: ``q_proj``/``k_proj`` (Llama, Mistral, Qwen, GPT-OSS), ``wq``/``wk``,
   ``query``/``key``, ``to_q``/``to_k``;
+* multi-head latent attention (DeepSeek-V2/V3, Kimi): ``kv_a_proj_with_mqa``/``kv_b_proj``
+  with ``q_proj`` or ``q_a_proj``/``q_b_proj``; the no-RoPE (content) part of the score is
+  monitored through the latents (``layouts.LatentPath``);
 * QK-norm scales: ``q_norm``/``k_norm``, ``q_layernorm``/``k_layernorm``, ``q_ln``/``k_ln``;
-* routers: an nn.Linear child ``gate`` or ``router`` beside an ``experts`` container
-  (Mixtral's ``block_sparse_moe``, Qwen-MoE, most MoE code).
+* routers: a child of a module with ``experts`` whose 2-D ``weight`` has one row per expert
+  (E ≥ 2) — an nn.Linear gate or any router module with a ``weight`` (transformers'
+  ``*TopKRouter``), with ``top_k`` from it, its parent or their ``config``; sigmoid scoring
+  where it says so (``e_score_correction_bias``, a ``score_func``/``scoring_func`` of
+  "sigmoid"). A gate with one output (Qwen2-MoE's shared-expert gate) is not a router.
 
 Head counts come from the attention module's attributes or its ``config``. Whatever is found
 but can't be read is reported in ``Discovery.skipped`` with the reason, so that the user can
@@ -18,11 +27,12 @@ register it explicitly; nothing is guessed silently.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
-from .layouts import AttentionSpec, RouterSpec, linear_out_in
+from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
 
 __all__ = ["Discovery", "discover"]
 
@@ -31,7 +41,9 @@ _SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_
 _QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("q_ln", "k_ln"))
 _HEADS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head")
-_TOP_K = ("top_k", "num_experts_per_tok", "topk", "k", "num_selected_experts")
+_TOP_K = ("top_k", "num_experts_per_tok", "topk", "k", "num_selected_experts", "moe_router_topk")
+_N_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "n_experts")
+_SCORING = ("score_func", "scoring_func", "score_function", "moe_router_score_function")
 
 
 @dataclass
@@ -93,14 +105,26 @@ def _bias(module: nn.Module) -> torch.Tensor | None:
     return bias if isinstance(bias, torch.Tensor) else None
 
 
-def _fused_spec(name: str, module: nn.Module, proj: nn.Module) -> AttentionSpec | str:
+def _fused_weight(
+    name: str, module: nn.Module, proj: nn.Module
+) -> tuple[torch.Tensor, bool, int, int] | str:
+    """(weight, transposed, out_features, heads) of a fused projection, or why not."""
     found = _weight_of(proj)
     heads = _attr(module, _HEADS)
     if found is None or heads is None:
         return f"{name}: fused qkv projection without a 2-D weight or a head-count attribute"
     weight, transposed = found
-    out_features = linear_out_in(weight, transposed).shape[0]
-    kv_heads = _attr(module, _KV_HEADS) or heads
+    return weight, transposed, linear_out_in(weight, transposed).shape[0], heads
+
+
+def _fused_spec(
+    name: str, module: nn.Module, proj: nn.Module, kv_heads: int | None = None
+) -> AttentionSpec | str:
+    fused = _fused_weight(name, module, proj)
+    if isinstance(fused, str):
+        return fused
+    weight, transposed, out_features, heads = fused
+    kv_heads = kv_heads or _attr(module, _KV_HEADS) or heads
     head_dim = _attr(module, ("head_dim",)) or out_features // (heads + 2 * kv_heads)
     q_end = heads * head_dim
     k_end = q_end + kv_heads * head_dim
@@ -134,11 +158,90 @@ def _separate_spec(name: str, module: nn.Module, q: nn.Module, k: nn.Module) -> 
     )  # fmt: skip
 
 
+def _query_key_value_spec(name: str, module: nn.Module, proj: nn.Module) -> AttentionSpec | str:
+    """GPT-NeoX / Bloom / Falcon ``query_key_value``: the layout follows the module's flags."""
+    fused = _fused_weight(name, module, proj)
+    if isinstance(fused, str):
+        return fused
+    weight, transposed, out_features, heads = fused
+    if getattr(module, "new_decoder_architecture", False):  # groups of [q_1 … q_r, k, v]
+        groups = _attr(module, ("num_kv_heads", *_KV_HEADS)) or heads
+        head_dim = out_features // (heads + 2 * groups)
+        per_group = heads // groups
+        block = torch.arange(groups) * (per_group + 2) * head_dim
+        q_starts = (block.unsqueeze(1) + torch.arange(per_group) * head_dim).flatten()
+        q_rows = head_rows(q_starts, head_dim)
+        k_rows = head_rows(block + per_group * head_dim, head_dim)
+        kv_heads = groups
+    elif getattr(module, "multi_query", False):  # [q heads | k | v]: contiguous, one kv head
+        return _fused_spec(name, module, proj, kv_heads=1)
+    else:  # per head [q k v] (GPT-NeoX, Bloom, Falcon-RW)
+        head_dim = out_features // (3 * heads)
+        starts = torch.arange(heads) * 3 * head_dim
+        q_rows, k_rows = head_rows(starts, head_dim), head_rows(starts + head_dim, head_dim)
+        kv_heads = heads
+    if q_rows.numel() + 2 * k_rows.numel() != out_features:
+        return f"{name}: query_key_value has {out_features} outputs, not (H + 2·H_kv)·d_h"
+    q_scale, k_scale = _qk_scales(module)
+    return AttentionSpec(
+        name, heads, kv_heads, head_dim, weight, weight, q_rows=q_rows, k_rows=k_rows,
+        transposed=transposed, q_bias=_bias(proj), k_bias=_bias(proj),
+        q_scale=q_scale, k_scale=k_scale,
+    )  # fmt: skip
+
+
+def _mla_spec(name: str, module: nn.Module) -> AttentionSpec | str:
+    """Multi-head latent attention: the content (no-RoPE) score q_nope · k_nope from x.
+
+    Per head h, q_nope^h = RMSNorm_q(x W_qa) W_qb^h (or x W_q^h without a query latent) and
+    k_nope^h = RMSNorm_kv(x W_kva[:r_kv]) W_kvb^h; the rotary part (q_rope · k_rope, k_rope
+    shared by all heads) is position-dependent and not part of the monitored form."""
+    heads = _attr(module, _HEADS)
+    nope = _attr(module, ("qk_nope_head_dim",))
+    rope = _attr(module, ("qk_rope_head_dim",))
+    v_dim = _attr(module, ("v_head_dim",))
+    kv_rank = _attr(module, ("kv_lora_rank",))
+    if None in (heads, nope, rope, v_dim, kv_rank):
+        return f"{name}: MLA without head counts and qk_nope/qk_rope/v/kv_lora dims"
+    q_b = getattr(module, "q_b_proj", None)
+    q_up = q_b if isinstance(q_b, nn.Module) else getattr(module, "q_proj", None)
+    if not isinstance(q_up, nn.Module):
+        return f"{name}: MLA without q_proj or q_b_proj"
+    q_latent = None
+    if isinstance(q_b, nn.Module):
+        q_down = module.q_a_proj
+        q_norm = _norm_weight(getattr(module, "q_a_layernorm", None))
+        q_latent = LatentPath(q_down.weight, scale=q_norm, bias=_bias(q_down))
+    kv_down, kv_up = module.kv_a_proj_with_mqa, module.kv_b_proj
+    kv_norm = _norm_weight(getattr(module, "kv_a_layernorm", None))
+    k_latent = LatentPath(
+        kv_down.weight, rows=slice(0, kv_rank), scale=kv_norm, bias=_bias(kv_down)
+    )
+    return AttentionSpec(
+        name, heads, heads, nope, q_up.weight, kv_up.weight,
+        q_rows=head_rows(torch.arange(heads) * (nope + rope), nope),
+        k_rows=head_rows(torch.arange(heads) * (nope + v_dim), nope),
+        q_bias=_bias(q_up), k_bias=_bias(kv_up), q_latent=q_latent, k_latent=k_latent,
+    )  # fmt: skip
+
+
+def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+    weight = getattr(norm, "weight", None) if norm is not None else None
+    return weight if isinstance(weight, torch.Tensor) else None
+
+
 def _attention_spec(name: str, module: nn.Module) -> AttentionSpec | str | None:
+    if isinstance(getattr(module, "kv_b_proj", None), nn.Module) and isinstance(
+        getattr(module, "kv_a_proj_with_mqa", None), nn.Module
+    ):
+        return _mla_spec(name, module)
     for fused in _FUSED:
         proj = getattr(module, fused, None)
         if isinstance(proj, nn.Module):
             return _fused_spec(name, module, proj)
+    proj = getattr(module, "query_key_value", None)
+    if isinstance(proj, nn.Module):
+        return _query_key_value_spec(name, module, proj)
     for q_name, k_name in _SEPARATE:
         q, k = getattr(module, q_name, None), getattr(module, k_name, None)
         if isinstance(q, nn.Module) and isinstance(k, nn.Module):
@@ -146,23 +249,74 @@ def _attention_spec(name: str, module: nn.Module) -> AttentionSpec | str | None:
     return None
 
 
+def _expert_count(module: nn.Module, experts: object) -> int | None:
+    """E from the experts container: an attribute, its length, or a stacked 3-D weight."""
+    for source in (experts, module):
+        if isinstance(source, nn.Module) and (count := _attr(source, _N_EXPERTS)):
+            return count
+    if isinstance(experts, nn.ModuleList | nn.ModuleDict | nn.Sequential):
+        return len(experts)
+    if isinstance(experts, nn.Module):
+        stacked = [p.shape[0] for p in experts.parameters(recurse=False) if p.dim() == 3]
+        if stacked and len(set(stacked)) == 1:
+            return stacked[0]
+    return None
+
+
+def _scoring(*sources: nn.Module) -> Literal["softmax", "sigmoid"]:
+    """ "sigmoid" where a router or its config says so, else "softmax"."""
+    for source in sources:
+        if isinstance(getattr(source, "e_score_correction_bias", None), torch.Tensor):
+            return "sigmoid"
+        for holder in (source, getattr(source, "config", None)):
+            for attr in _SCORING:
+                value = getattr(holder, attr, None) if holder is not None else None
+                if isinstance(value, str) and "sigmoid" in value.lower():
+                    return "sigmoid"
+    return "softmax"
+
+
+def _router_bias(gate: nn.Module, n_experts: int) -> torch.Tensor | None:
+    bias = getattr(gate, "bias", None)
+    if isinstance(bias, torch.Tensor) and tuple(bias.shape) == (n_experts,):
+        return bias
+    return None
+
+
 def _router_spec(name: str, module: nn.Module) -> RouterSpec | str | None:
+    """A child with one weight row per expert, beside ``experts`` (see the module docstring)."""
     experts = getattr(module, "experts", None)
     if experts is None:
         return None
-    for gate_name in ("gate", "router"):
-        gate = getattr(module, gate_name, None)
-        if isinstance(gate, nn.Linear):
-            n_experts = gate.out_features
-            if hasattr(experts, "__len__") and len(experts) != n_experts:
-                return f"{name}: {gate_name} has {n_experts} outputs but {len(experts)} experts"
-            prefix = f"{name}." if name else ""
-            return RouterSpec(
-                f"{prefix}{gate_name}", gate, gate.weight, n_experts, _attr(module, _TOP_K)
-            )
-        if isinstance(gate, nn.Module):
-            return f"{name}: router '{gate_name}' is not an nn.Linear; register its logits"
-    return None
+    n_experts = _expert_count(module, experts)
+    prefix = f"{name}." if name else ""
+    named = ("gate", "router")
+    candidates = []
+    for child_name, child in module.named_children():
+        if child is experts or "shared" in child_name:
+            continue
+        weight = getattr(child, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < 2:
+            continue
+        if (n_experts is None and child_name in named) or weight.shape[0] == n_experts:
+            candidates.append((child_name not in named, child_name, child, weight))
+    if not candidates:
+        for gate_name in named:
+            if isinstance(getattr(module, gate_name, None), nn.Module):
+                return (
+                    f"{prefix}{gate_name}: no 2-D weight with one row per expert "
+                    f"({n_experts} experts); register it with Monitor.register_router"
+                )
+        return None
+    _, gate_name, gate, weight = min(candidates, key=lambda c: c[:2])
+    count = weight.shape[0]
+    top_k = _attr(gate, _TOP_K) or _attr(module, _TOP_K)
+    if top_k is not None and top_k > count:
+        return f"{prefix}{gate_name}: top_k={top_k} exceeds its {count} experts"
+    return RouterSpec(
+        f"{prefix}{gate_name}", gate, weight, count, top_k,
+        bias=_router_bias(gate, count), scoring=_scoring(gate, module),
+    )  # fmt: skip
 
 
 def _centring_norm_note(name: str, module: nn.Module) -> str | None:

@@ -140,7 +140,7 @@ def _group_chunk(
 def router_chunk(spec: RouterSpec, acc: RoutingAccumulator | None) -> Chunk:
     """Routing entropies gathered by the forward hook, plus router-weight geometry."""
     stats = acc.summary() if acc is not None else {}
-    weight = spec.weight.detach()
+    weight = spec.rows()  # (E, d[+1]): [W | b] where the router has a bias
     eps = conditioning_ratio(weight)
     stats |= {
         "cosine_mean": mean_pairwise_cosine(weight),

@@ -29,6 +29,7 @@ import os
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -39,9 +40,10 @@ from foreshock.transport.wire import check_run_id
 
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
+from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_chunk, symptom_chunk
 from .records import METRICS_SCHEMA, parse_series_key
-from .router import RoutingAccumulator
+from .router import RoutingAccumulator, router_output
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -119,6 +121,7 @@ class Monitor:
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._accumulators: dict[str, RoutingAccumulator] = {}
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._closers: list[Callable[[], None]] = []  # attached observers' removal
         self._max_logits: dict[str, torch.Tensor] = {}
         self._armed = True
         if self.active:
@@ -150,10 +153,21 @@ class Monitor:
         return spec
 
     def register_router(
-        self, name: str, module: nn.Module, n_experts: int, top_k: int | None = None
+        self,
+        name: str,
+        module: nn.Module,
+        n_experts: int,
+        top_k: int | None = None,
+        *,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        scoring: Literal["softmax", "sigmoid"] = "softmax",
     ) -> RouterSpec:
-        """Declare a router: ``module`` outputs the routing logits (..., n_experts)."""
-        spec = RouterSpec(name, module, module.weight, n_experts, top_k)
+        """Declare a router: ``module`` outputs the routing logits (..., n_experts), alone or
+        first in a tuple with the selected experts; ``weight`` defaults to ``module.weight``.
+        ``scoring`` says how logits become scores (see ``RouterSpec``)."""
+        weight = module.weight if weight is None else weight
+        spec = RouterSpec(name, module, weight, n_experts, top_k, bias, scoring)
         self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
         self.discovery.routers.append(spec)
         if self.active:
@@ -173,15 +187,36 @@ class Monitor:
         except Exception as exc:  # called from the model's forward: never break it
             self._fail_hook(name, exc)
 
+    @property
+    def measuring(self) -> bool:
+        """True during the forward and backward of a monitoring step (when observers report)."""
+        return self.active and self._armed
+
+    def watch_sdpa(self, layers: dict[str, nn.Module] | None = None) -> SdpaLogitWatch:
+        """Record ``max_logit@<layer>`` from the ``F.scaled_dot_product_attention`` calls made
+        inside each attention layer's forward, on monitoring steps only (one line for plain
+        PyTorch code: ``monitor.watch_sdpa()``). ``layers`` maps names to modules; default:
+        the discovered attention layers. Removed by ``close()``."""
+        if layers is None:
+            modules = dict(self.model.named_modules())
+            layers = {
+                a.name: modules[a.name] for a in self.discovery.attention if a.name in modules
+            }
+        watch = SdpaLogitWatch(
+            layers.items(), self.observe_max_logit, lambda: self.measuring, self._fail_hook
+        )
+        self._closers.append(watch.close)
+        return watch
+
     def _hook_router(self, spec: RouterSpec) -> None:
-        acc = RoutingAccumulator(spec.n_experts, spec.top_k)
+        acc = RoutingAccumulator(spec.n_experts, spec.top_k, scoring=spec.scoring)
         self._accumulators[spec.name] = acc
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             if not (self._armed and module.training):
                 return
             try:
-                acc.update(output[0] if isinstance(output, tuple) else output)
+                acc.update(*router_output(output, spec.n_experts, spec.top_k))
             except Exception as exc:  # never break the forward pass
                 self._fail_hook(spec.name, exc)
 
@@ -307,6 +342,9 @@ class Monitor:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        for close in self._closers:
+            close()
+        self._closers.clear()
         try:
             self.sink.close()
         except Exception as exc:  # the sink itself failed: nothing left to write a record to

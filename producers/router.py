@@ -1,4 +1,4 @@
-"""Router monitors for softmax MoE routers over E experts.
+"""Router monitors for MoE routers over E experts (softmax or sigmoid scoring).
 
 Mechanism watched: the stable-winner loop. An expert that wins slightly more gets more gradient
 and wins more; a high learning rate or a small global batch feeds the loop until routing
@@ -19,8 +19,59 @@ __all__ = [
     "cosine_lower_bound",
     "expert_load_stats",
     "mean_pairwise_cosine",
+    "router_output",
+    "routing_logits",
     "token_entropy",
 ]
+
+
+def router_output(
+    output: object, n_experts: int, top_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits (…, E), selected experts (…, k) or None) from what a router module returned.
+
+    A plain gate returns the logits. transformers' MoE routers return a tuple (logits, scores,
+    indices): the logits are its first floating (…, E) tensor, the selection its integer
+    (…, k) tensor — the experts actually chosen, after any score-correction bias or grouped
+    top-k, which the logits alone cannot reproduce.
+
+    >>> logits, chosen = router_output((torch.zeros(3, 4), torch.ones(3, 2), torch.ones(3, 2,
+    ...     dtype=torch.long)), n_experts=4, top_k=2)
+    >>> tuple(logits.shape), tuple(chosen.shape)
+    ((3, 4), (3, 2))
+    """
+    if isinstance(output, torch.Tensor):
+        return output, None
+    if not isinstance(output, tuple | list):
+        raise TypeError(f"router output is a {type(output).__name__}, not logits or a tuple")
+    tensors = [t for t in output if isinstance(t, torch.Tensor)]
+    logits = next(
+        (t for t in tensors if t.is_floating_point() and t.shape[-1:] == (n_experts,)), None
+    )
+    if logits is None:
+        raise ValueError(f"no (…, {n_experts}) logits in the router's output")
+    selected = next(
+        (t for t in tensors if not t.is_floating_point() and top_k and t.shape[-1:] == (top_k,)),
+        None,
+    )
+    return logits, selected
+
+
+def routing_logits(logits: torch.Tensor, scoring: str = "softmax") -> torch.Tensor:
+    """Logits whose softmax is the routing distribution the entropy is taken over.
+
+    softmax routers: the logits themselves, p = softmax(z). Sigmoid routers (DeepSeek-V3) score
+    each expert independently, s_e = σ(z_e); their distribution is the normalised scores
+    p_e = s_e / Σ s_j = softmax(ln σ(z))_e, so the logits are ln σ(z) (``logsigmoid``, stable).
+
+    >>> z = torch.tensor([0.0, 2.0])
+    >>> p = torch.softmax(routing_logits(z, "sigmoid"), -1)
+    >>> torch.allclose(p, torch.sigmoid(z) / torch.sigmoid(z).sum())
+    True
+    """
+    if scoring == "sigmoid":
+        return torch.nn.functional.logsigmoid(logits.float())
+    return logits
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -31,8 +82,8 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     >>> round(token_entropy(torch.zeros(4)).item() / math.log(4), 6)
     1.0
-    >>> token_entropy(torch.tensor([0.0, -1e4])).item()
-    0.0
+    >>> abs(token_entropy(torch.tensor([0.0, -1e4])).item()) < 1e-9
+    True
     >>> round(token_entropy(torch.tensor([0.0, 0.0, -math.inf])).item(), 6)  # a masked expert
     0.693147
     """
@@ -49,10 +100,10 @@ def expert_load_stats(load: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     MaxVio = max_e load_e / mean_e load_e − 1 (0 = balanced, E − 1 = one expert takes all).
 
     >>> h, v = expert_load_stats(torch.tensor([5.0, 5.0, 5.0, 5.0]))
-    >>> round(h.item(), 6), v.item()
+    >>> round(h.item(), 6), round(v.item(), 6)
     (1.0, 0.0)
     >>> h, v = expert_load_stats(torch.tensor([8.0, 0.0, 0.0, 0.0]))
-    >>> h.item(), v.item()
+    >>> round(abs(h.item()), 6), round(v.item(), 6)
     (0.0, 3.0)
     """
     load = load.float()
@@ -108,8 +159,8 @@ def cosine_lower_bound(eps: torch.Tensor) -> torch.Tensor:
 
     For ε ≥ 1 the bound says nothing, and the floor is the trivial −1.
 
-    >>> cosine_lower_bound(torch.tensor([0.1, 3.0])).tolist()
-    [0.9800000190734863, -1.0]
+    >>> [round(v, 6) for v in cosine_lower_bound(torch.tensor([0.1, 3.0])).tolist()]
+    [0.98, -1.0]
     """
     return (1.0 - 2.0 * eps.square()).clamp_min(-1.0)
 
@@ -129,14 +180,18 @@ class RoutingAccumulator:
      'token_entropy_norm_min': 0.0, 'load_entropy': 0.5, 'load_maxvio': 1.0}
     """
 
-    def __init__(self, n_experts: int, top_k: int | None, bins: int = 1000) -> None:
+    def __init__(
+        self, n_experts: int, top_k: int | None, bins: int = 1000, scoring: str = "softmax"
+    ) -> None:
         if n_experts < 2:
             raise ValueError(f"a router needs at least 2 experts, got {n_experts}")
         if top_k is not None and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in [1, {n_experts}], got {top_k}")
         if bins < 1:
             raise ValueError(f"bins must be >= 1, got {bins}")
-        self.n_experts, self.top_k, self.bins = n_experts, top_k, bins
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+        self.n_experts, self.top_k, self.bins, self.scoring = n_experts, top_k, bins, scoring
         self.reset()
 
     def reset(self) -> None:
@@ -147,14 +202,18 @@ class RoutingAccumulator:
     def empty(self) -> bool:
         return self._count == 0
 
-    def update(self, logits: torch.Tensor) -> None:
-        """Add a batch of router logits, shape (..., E)."""
+    def update(self, logits: torch.Tensor, selected: torch.Tensor | None = None) -> None:
+        """Add a batch of router logits, shape (..., E), and the experts the router selected
+        for each token (…, k) where it says; else the top-k of the logits are counted."""
         logits = logits.detach().reshape(-1, self.n_experts)
-        h = token_entropy(logits) / math.log(self.n_experts)  # (tokens,) in [0, 1]
+        h = token_entropy(routing_logits(logits, self.scoring)) / math.log(self.n_experts)
         h = h.clamp(0.0, 1.0)  # round-off just past an edge would fall out of the histogram
         hist = torch.histc(h, bins=self.bins, min=0.0, max=1.0)
         load = None
-        if self.top_k is not None:
+        if selected is not None:
+            chosen = selected.detach().flatten().long()
+            load = torch.bincount(chosen, minlength=self.n_experts)[: self.n_experts].float()
+        elif self.top_k is not None:
             chosen = logits.topk(self.top_k, dim=-1).indices.flatten()
             load = torch.bincount(chosen, minlength=self.n_experts).float()
         if self._count == 0:

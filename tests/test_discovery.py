@@ -466,16 +466,16 @@ def test_router_without_top_k_skips_load_metrics() -> None:
 
 def test_router_not_linear_or_wrong_size_is_skipped() -> None:
     moe = SparseMoeBlock()
-    moe.gate = nn.Sequential(nn.Linear(D, 4))  # not an nn.Linear
+    moe.gate = nn.Sequential(nn.Linear(D, 4))  # no weight of its own: the logits are inside
     found = discover(Wrapper("mlp", moe))
     assert not found.routers
-    assert any("layers.0.mlp" in s and "not an nn.Linear" in s for s in found.skipped)
+    assert any("layers.0.mlp" in s and "no 2-D weight" in s for s in found.skipped)
 
     moe = SparseMoeBlock(n_experts=4)
     moe.gate = nn.Linear(D, 3, bias=False)  # 3 logits for 4 experts
     found = discover(Wrapper("mlp", moe))
     assert not found.routers
-    assert any("3 outputs but 4 experts" in s for s in found.skipped)
+    assert any("one row per expert (4 experts)" in s for s in found.skipped)
 
 
 # ---- (g) nothing recognisable; (h) q/k without a head count ---------------------------------

@@ -89,17 +89,36 @@ def check_symptoms(run: RecordedRun, losses: list[float]) -> None:
 
 
 # ---- Hugging Face ------------------------------------------------------------------------
-def hf_train(tmp_path: Path, callback: Any = None) -> tuple[list[float], dict[str, Any]]:
-    """Train a tiny random GPT-2 with the Trainer; per-update losses and the final weights."""
+def tiny_gpt2() -> Any:
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
+
+
+def tiny_mixtral() -> Any:
+    import transformers
+
+    config = transformers.MixtralConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, vocab_size=64,
+        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    return transformers.MixtralForCausalLM(config)
+
+
+def hf_train(
+    tmp_path: Path, callback: Any = None, make_model: Any = tiny_gpt2, steps: int = STEPS
+) -> tuple[list[float], dict[str, Any]]:
+    """Train a tiny random model with the Trainer; per-update losses and the final weights."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
-                                     n_positions=32, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config)
+    model = make_model()
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf-out"),
-        max_steps=STEPS,
+        max_steps=steps,
         per_device_train_batch_size=BATCH,
         learning_rate=1e-3,
         logging_steps=1,
@@ -110,7 +129,7 @@ def hf_train(tmp_path: Path, callback: Any = None) -> tuple[list[float], dict[st
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    data = [{"input_ids": t, "labels": t} for t in Tokens(STEPS * BATCH, SEQ, 64)]
+    data = [{"input_ids": t, "labels": t} for t in Tokens(steps * BATCH, SEQ, 64)]
     callbacks = [callback] if callback is not None else None
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
@@ -121,7 +140,7 @@ def hf_train(tmp_path: Path, callback: Any = None) -> tuple[list[float], dict[st
     finally:
         transformers.logging.set_verbosity(verbosity)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    assert len(losses) == STEPS
+    assert len(losses) == steps
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -144,6 +163,34 @@ def test_huggingface_callback(tmp_path: Path) -> None:
 
     # the callback leaves the training bit-identical
     plain_losses, plain_weights = hf_train(tmp_path)
+    assert plain_losses == losses
+    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+
+
+def test_huggingface_callback_on_mixtral_routers_and_max_logit(tmp_path: Path) -> None:
+    """A transformers MoE through the callback: router and max-logit series at every
+    monitoring step, and training bit-identical with and without it."""
+    pytest.importorskip("transformers")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+
+    steps = 50
+    path = tmp_path / "mixtral.jsonl"
+    callback = ForeshockCallback(path, run_id="hf-mixtral", every=EVERY, labels={"project": "t"})
+    losses, weights = hf_train(tmp_path, callback, tiny_mixtral, steps)
+    run = load_run(path)
+    assert [r["step"] for r in run.records] == list(range(0, steps, EVERY))
+    for layer in ("model.layers.0", "model.layers.1"):
+        router = f"{layer}.mlp.gate"
+        for metric in ("token_entropy_norm", "load_entropy", "epsilon", "cosine_mean"):
+            steps_seen, values = run.series(f"router.{metric}@{router}")
+            assert steps_seen == [r["step"] for r in run.records], metric
+            assert all(finite(v) for v in values), (metric, values)
+        steps_seen, values = run.series(f"max_logit@{layer}.self_attn")
+        assert steps_seen == [r["step"] for r in run.records]
+        assert all(finite(v) and v > 0 for v in values)
+    assert all(record["flags"] == [] for record in run.records)
+
+    plain_losses, plain_weights = hf_train(tmp_path, None, tiny_mixtral, steps)
     assert plain_losses == losses
     assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
 

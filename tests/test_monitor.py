@@ -302,9 +302,9 @@ def test_router_hooks_ignore_eval_and_off_steps() -> None:
     for name, acc in monitor._accumulators.items():
         update = acc.update
 
-        def counting(logits: torch.Tensor, name: str = name, update=update) -> None:
+        def counting(logits: torch.Tensor, selected=None, *, name: str = name, update=update):
             calls[name] += 1
-            update(logits)
+            update(logits, selected)
 
         acc.update = counting
 

@@ -79,6 +79,8 @@ class ForeshockCallback(RunAccess, TrainerCallback):
     config:  a ``MonitorConfig``, or its fields as keyword options (``every=10``, ...)
     labels:  free-form labels for the ``start`` record (project, scenario, ...); they override
              the ones the callback adds (framework and versions, a few TrainingArguments)
+    max_logit: record each attention layer's largest logit on monitoring steps, through
+             transformers' attention registry (``integrations.hf_attention``)
 
     One callback per training run: after ``on_train_end`` its sink is closed.
     """
@@ -90,8 +92,10 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         *,
         config: MonitorConfig | None = None,
         labels: Mapping[str, Any] | None = None,
+        max_logit: bool = True,
         **config_options: Any,
     ) -> None:
+        self._max_logit = max_logit
         self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
                                 framework="transformers")  # fmt: skip
         self._losses: list[torch.Tensor] = []
@@ -110,6 +114,13 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         except Exception:
             labels = {}
         self.run.begin(model, labels)
+        if self.run.running and self._max_logit:
+            try:
+                from .hf_attention import record_max_logit
+
+                record_max_logit(model, self.run.monitor)
+            except Exception:
+                log.warning("foreshock: no max_logit for this model", exc_info=True)
         if self.run.running:
             try:
                 self._hook = model.register_forward_hook(self._keep_loss, with_kwargs=True)

@@ -1,0 +1,134 @@
+"""``max_logit`` for transformers models, through the library's attention-function registry.
+
+``record_max_logit(model, monitor)`` registers ``foreshock+<impl>`` in transformers'
+``AttentionInterface`` — a function that, on a monitoring step, computes the layer's largest
+pre-softmax logit from the query and key it receives (``masked_max_logit``: the call's scaling
+and mask) and then calls the configured implementation ``<impl>`` (sdpa, eager, flash…) with
+the same arguments; on other steps it only checks a flag. The model is switched to it with
+``set_attn_implementation``, so its outputs are those of ``<impl>`` unchanged.
+
+Models whose attention does not dispatch through the registry (transformers' Falcon calls
+``F.scaled_dot_product_attention`` itself) are watched at that call instead
+(``Monitor.watch_sdpa``). Which layers go which way is decided by whether the layer's modeling
+module uses ``ALL_ATTENTION_FUNCTIONS``.
+
+Cost: nothing extra off monitoring steps beyond a dict lookup and a flag per layer call; on a
+monitoring step one extra Q Kᵀ per layer in float32, in blocks of query rows
+(``python -m benchmarks.overhead --model mixtral-tiny`` measures it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from foreshock.producers.max_logit import masked_max_logit
+
+from . import missing_extra
+
+try:
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+except ImportError as exc:
+    raise missing_extra(__name__, "transformers", "hf") from exc
+
+if TYPE_CHECKING:
+    from foreshock.producers.monitor import Monitor
+
+__all__ = ["record_max_logit"]
+
+PREFIX = "foreshock+"
+_OBSERVER = "_foreshock_max_logit"  # attribute on a watched attention module: (monitor, name)
+
+
+def record_max_logit(model: nn.Module, monitor: Monitor) -> dict[str, str]:
+    """Record ``max_logit@<layer>`` for every discovered attention layer of ``model``.
+
+    Returns {layer: "registry" | "sdpa"}: how each layer is watched. Layers reached neither
+    way (an attention module with its own kernel call) get no ``max_logit``.
+    """
+    modules = dict(model.named_modules())
+    layers = {a.name: modules[a.name] for a in monitor.discovery.attention if a.name in modules}
+    via_registry = {n: m for n, m in layers.items() if _uses_registry(m)}
+    via_sdpa = {n: m for n, m in layers.items() if n not in via_registry}
+    restore: list[Callable[[], None]] = []
+    if via_registry:
+        for name, module in via_registry.items():
+            setattr(module, _OBSERVER, (monitor, name))
+        restore = [_switch_implementation(m) for m in _pretrained_roots(model)]
+    if via_sdpa:
+        monitor.watch_sdpa(via_sdpa)
+
+    def forget() -> None:
+        for module in via_registry.values():
+            if hasattr(module, _OBSERVER):
+                delattr(module, _OBSERVER)
+        for undo in restore:
+            undo()
+
+    monitor._closers.append(forget)
+    return {name: "registry" if name in via_registry else "sdpa" for name in layers}
+
+
+def _pretrained_roots(model: nn.Module) -> list[nn.Module]:
+    """The outermost transformers models in ``model`` (itself, or e.g. inside a wrapper)."""
+    roots: list[nn.Module] = []
+    for _, module in model.named_modules():
+        if hasattr(module, "set_attn_implementation") and not any(
+            any(m is module for m in root.modules()) for root in roots
+        ):
+            roots.append(module)
+    return roots
+
+
+def _uses_registry(module: nn.Module) -> bool:
+    source = sys.modules.get(type(module).__module__)
+    return source is not None and "ALL_ATTENTION_FUNCTIONS" in vars(source)
+
+
+def _switch_implementation(model: nn.Module) -> Callable[[], None]:
+    """Route ``model``'s attention through the wrapper; returns how to switch back."""
+    current = getattr(model.config, "_attn_implementation", None) or "eager"
+    if current.startswith(PREFIX):
+        return lambda: None  # already wrapped (a second monitor on the same model)
+    key = PREFIX + current
+    AttentionInterface.register(key, _wrapper(current))
+    model.set_attn_implementation(key)
+    return lambda: model.set_attn_implementation(current)
+
+
+def _wrapper(base: str) -> Callable[..., Any]:
+    """The registered function: measure on monitoring steps, then call ``base`` unchanged."""
+
+    def attention(module: nn.Module, query: Any, key: Any, value: Any, mask: Any,
+                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        observer = getattr(module, _OBSERVER, None)
+        if observer is not None and observer[0].measuring:
+            _observe(observer, module, query, key, mask, kwargs)
+        return _base_function(base, module)(module, query, key, value, mask, *args, **kwargs)
+
+    return attention
+
+
+def _observe(observer: tuple[Monitor, str], module: nn.Module, query: Any, key: Any,
+             mask: Any, kwargs: dict[str, Any]) -> None:  # fmt: skip
+    monitor, name = observer
+    try:
+        causal = mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1
+        value = masked_max_logit(query, key, kwargs.get("scaling"), mask, causal)
+        monitor.observe_max_logit(name, value)
+    except Exception as exc:  # never break the forward pass
+        monitor._fail_hook(name, exc)
+
+
+def _base_function(base: str, module: nn.Module) -> Callable[..., Any]:
+    """The configured implementation: the registry's, or the model's own ``eager`` function."""
+    if base in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[base]
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise RuntimeError(f"no attention function {base!r} for {type(module).__name__}")
+    return eager
