@@ -3,7 +3,7 @@
 Recognised layouts (by child names and attributes, the conventions of the common code bases):
 
 * fused qkv, contiguous [q | k | v] blocks: ``c_attn`` (nanoGPT nn.Linear, GPT-2 Conv1D stored
-  (in, out)) and ``qkv_proj`` (Phi-3; GQA sizes H·d_h + 2·H_kv·d_h allowed);
+  (in, out)), ``qkv_proj`` (Phi-3) and ``qkv`` (litgpt); GQA sizes H·d_h + 2·H_kv·d_h allowed;
 * fused ``query_key_value``: per-head interleaved [q k v] (GPT-NeoX/Pythia, Bloom, Falcon
   without ``multi_query``), [q heads | k | v] (Falcon ``multi_query``), or per group of query
   heads [q… k v] (Falcon ``new_decoder_architecture``; Megatron's ``linear_qkv`` likewise);
@@ -12,7 +12,8 @@ Recognised layouts (by child names and attributes, the conventions of the common
 * multi-head latent attention (DeepSeek-V2/V3, Kimi): ``kv_a_proj_with_mqa``/``kv_b_proj``
   with ``q_proj`` or ``q_a_proj``/``q_b_proj``; the no-RoPE (content) part of the score is
   monitored through the latents (``layouts.LatentPath``);
-* QK-norm scales: ``q_norm``/``k_norm``, ``q_layernorm``/``k_layernorm``, ``q_ln``/``k_ln``;
+* QK-norm scales: ``q_norm``/``k_norm``, ``q_layernorm``/``k_layernorm``, ``q_ln``/``k_ln``,
+  ``norm_q``/``norm_k``;
 * routers: a child of a module with ``experts`` whose 2-D ``weight`` has one row per expert
   (E ≥ 2) — an nn.Linear gate or any router module with a ``weight`` (transformers'
   ``*TopKRouter``), with ``top_k`` from it, its parent or their ``config``; sigmoid scoring
@@ -36,13 +37,27 @@ from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_ou
 
 __all__ = ["Discovery", "discover"]
 
-_FUSED = ("c_attn", "qkv_proj")
+_FUSED = ("c_attn", "qkv_proj", "qkv")
 _SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_k"))
-_QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("q_ln", "k_ln"))
+_QK_NORMS = (
+    ("q_norm", "k_norm"),
+    ("q_layernorm", "k_layernorm"),
+    ("q_ln", "k_ln"),
+    ("norm_q", "norm_k"),
+)
 _HEADS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
-_KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head")
-_TOP_K = ("top_k", "num_experts_per_tok", "topk", "k", "num_selected_experts", "moe_router_topk")
-_N_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "n_experts")
+_KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "n_query_groups")
+_TOP_K = (
+    "top_k",
+    "num_experts_per_tok",
+    "topk",
+    "k",
+    "num_selected_experts",
+    "moe_router_topk",
+    "n_expert_per_token",
+)
+_HEAD_DIM = ("head_dim", "head_size")
+_N_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "n_experts", "n_expert")
 _SCORING = ("score_func", "scoring_func", "score_function", "moe_router_score_function")
 
 
@@ -125,7 +140,7 @@ def _fused_spec(
         return fused
     weight, transposed, out_features, heads = fused
     kv_heads = kv_heads or _attr(module, _KV_HEADS) or heads
-    head_dim = _attr(module, ("head_dim",)) or out_features // (heads + 2 * kv_heads)
+    head_dim = _attr(module, _HEAD_DIM) or out_features // (heads + 2 * kv_heads)
     q_end = heads * head_dim
     k_end = q_end + kv_heads * head_dim
     if out_features != k_end + kv_heads * head_dim:
@@ -146,7 +161,7 @@ def _separate_spec(name: str, module: nn.Module, q: nn.Module, k: nn.Module) -> 
         return f"{name}: q/k projections without 2-D weights or a head-count attribute"
     q_out = linear_out_in(*q_found).shape[0]
     k_out = linear_out_in(*k_found).shape[0]
-    head_dim = _attr(module, ("head_dim",)) or q_out // heads
+    head_dim = _attr(module, _HEAD_DIM) or q_out // heads
     kv_heads = _attr(module, _KV_HEADS) or k_out // head_dim
     q_scale, k_scale = _qk_scales(module)
     if q_found[1] != k_found[1]:
