@@ -18,7 +18,7 @@ from .layouts import AttentionSpec, RouterSpec
 from .qk_increments import qk_increment_spectra
 from .records import series_key
 from .router import RoutingAccumulator, conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
-from .spectra import SpectrumStats, update_spectrum
+from .spectra import SpectrumStats, compute_dtype, gram_eigvals, spectrum_stats
 
 __all__ = ["ATTENTION_LAYER_METRICS", "attention_chunks", "router_chunk", "symptom_chunk"]
 
@@ -58,10 +58,43 @@ def _increment_layer_stats(s: SpectrumStats) -> list[torch.Tensor]:
     ]  # fmt: skip
 
 
-def _as_layer_matrix(heads: torch.Tensor) -> torch.Tensor:
-    """(L, H, d', d_h) → (L, d', H·d_h): the layer's whole W_q (or W_k), heads side by side."""
-    n_layers, n_heads, d, d_head = heads.shape
-    return heads.permute(0, 2, 1, 3).reshape(n_layers, d, n_heads * d_head)
+def _weight_update_stats(
+    q_now: torch.Tensor,
+    q_before: torch.Tensor,
+    k_now: torch.Tensor,
+    k_before: torch.Tensor,
+    alpha: float,
+) -> list[torch.Tensor]:
+    """ΔW_q then ΔW_k stats (4 + 4 columns of (L,)), each layer's whole matrix (d', H·d_h).
+
+    Where ΔW_q and ΔW_k have the same shape (H = H_kv), both go through one batched Gram
+    eigen-solve. The difference is formed in float32, as ``update_spectrum`` does.
+    """
+    dtype = compute_dtype(q_now)
+    pairs = ((q_now, q_before), (k_now, k_before))
+    if q_now.shape != k_now.shape:  # GQA: fewer key heads
+        deltas = [_layer_delta(now, before, dtype) for now, before in pairs]
+        stats = [spectrum_stats(gram_eigvals(d), min(d.shape[-2:]), alpha) for d in deltas]
+        return _stack_stats(stats[0]) + _stack_stats(stats[1])
+    n_layers, n_heads, d, d_head = q_now.shape
+    both = q_now.new_empty(2, n_layers, d, n_heads * d_head, dtype=dtype)  # [ΔW_q, ΔW_k]
+    for out, (now, before) in zip(both, pairs, strict=True):
+        _layer_delta(now, before, dtype, out=out)
+    stats = spectrum_stats(gram_eigvals(both.flatten(0, 1)), min(d, n_heads * d_head), alpha)
+    return [s[:n_layers] for s in _stack_stats(stats)] + [s[n_layers:] for s in _stack_stats(stats)]
+
+
+def _layer_delta(
+    now: torch.Tensor, before: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(L, H, d', d_h) heads → the layers' whole ΔW (L, d', H·d_h), heads side by side, written
+    in ``dtype`` straight into that layout."""
+    n_layers, n_heads, d, d_head = now.shape
+    if out is None:
+        out = now.new_empty(n_layers, d, n_heads * d_head, dtype=dtype)
+    heads = out.view(n_layers, d, n_heads, d_head).transpose(1, 2)  # (L, H, d', d_h) view
+    torch.sub(now.to(dtype), before.to(dtype), out=heads)
+    return out
 
 
 def _group_key(spec: AttentionSpec) -> tuple[Any, ...]:
@@ -124,9 +157,7 @@ def _group_chunk(
     )  # fields (L, H)
     columns: list[torch.Tensor] = []
     if config.weight_spectra:
-        for now, before in ((q_now, q_before), (k_now, k_before)):
-            dw = update_spectrum(_as_layer_matrix(now), _as_layer_matrix(before), config.alpha)
-            columns += _stack_stats(dw)
+        columns += _weight_update_stats(q_now, q_before, k_now, k_before, config.alpha)
     columns += _increment_layer_stats(inc.d2) + _increment_layer_stats(inc.d3)
     values = torch.stack(columns, dim=1)  # (L, n_layer_metrics)
     if config.per_head:

@@ -13,7 +13,9 @@ O(d³), and no d×d matrix is ever formed. (R is taken from a Cholesky factoriza
 Gram where that is well defined, see ``r_factor``; it enters only through RᵀR.)
 
 Only two QRs per layer are needed: the first d_h columns of R_A are the R factor of ΔW_q and the
-last d_h columns of R_B that of ΔW_k, so the Δ3 core is R_A[:, :d_h] R_B[:, d_h:]ᵀ for free.
+last d_h columns of R_B that of ΔW_k, so the Δ3 core is R_A[:, :d_h] R_B[:, d_h:]ᵀ for free. R_A
+is upper triangular, so only its top d_h rows are nonzero there: the Δ3 core is d_h×2d_h and its
+eigenproblem d_h×d_h, an eighth of the 2d_h×2d_h one.
 Grouped-query attention: query head h pairs with key head h // (H / H_kv); the key factors are
 factored once per key head and shared.
 """
@@ -113,16 +115,31 @@ def qk_core_eigvals(
     if n_heads % n_kv:
         raise ValueError(f"query heads ({n_heads}) must be a multiple of key heads ({n_kv})")
     dtype = compute_dtype(q_now)
+    d_head = q_now.shape[-1]
     q_before, k_before = q_before.to(dtype), k_before.to(dtype)
-    dq = q_now.to(dtype) - q_before  # (..., H, d, d_h)
-    dk = k_now.to(dtype) - k_before  # (..., H_kv, d, d_h)
-    d_head = dq.shape[-1]
-    r_a = r_factor(torch.cat([dq, q_before], -1))  # (..., H, k, 2d_h)
-    r_b = r_factor(torch.cat([k_before, dk], -1))  # (..., H_kv, k, 2d_h)
+    # A = [ΔW_q, W_q] and B = [W_k, ΔW_k], written straight into one buffer (2, ..., H, d, 2d_h)
+    # when they have the same shape (H = H_kv): one batched factorization for both sides.
+    shared = q_now.shape == k_now.shape
+    a_and_b = q_before.new_empty(2 if shared else 1, *q_now.shape[:-1], 2 * d_head)
+    a = a_and_b[0]
+    b = a_and_b[1] if shared else k_before.new_empty(*k_now.shape[:-1], 2 * d_head)
+    torch.sub(q_now.to(dtype), q_before, out=a[..., :d_head])
+    a[..., d_head:] = q_before
+    b[..., :d_head] = k_before
+    torch.sub(k_now.to(dtype), k_before, out=b[..., d_head:])
+    if shared:
+        r_a, r_b = r_factor(a_and_b).unbind(0)  # (..., H, k, 2d_h) each
+    else:
+        r_a, r_b = r_factor(a), r_factor(b)  # (..., H, k, 2d_h), (..., H_kv, k, 2d_h)
     r_b = r_b.repeat_interleave(n_heads // n_kv, dim=-3)  # (..., H, k, 2d_h)
     core2 = r_a @ r_b.mT  # (..., H, k, k)
-    core3 = r_a[..., :d_head] @ r_b[..., d_head:].mT  # (..., H, k, k)
-    return _core_sigma_sq(core2, method), _core_sigma_sq(core3, method)
+    # R_A is upper triangular (or trapezoidal), so its first d_h columns vanish below row d_h:
+    # the Δ3 core's rows past m = min(k, d_h) are zero and dropping them changes no σ.
+    m = min(r_a.shape[-2], d_head)
+    core3 = r_a[..., :m, :d_head] @ r_b[..., d_head:].mT  # (..., H, m, k)
+    s3 = _core_sigma_sq(core3, method)  # (..., H, m)
+    pad = s3.new_zeros(*s3.shape[:-1], r_a.shape[-2] - m)  # σ = 0 beyond rank m
+    return _core_sigma_sq(core2, method), torch.cat([s3, pad], -1)
 
 
 def qk_increment_spectra(
