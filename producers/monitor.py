@@ -197,16 +197,21 @@ class Monitor:
         inside each attention layer's forward, on monitoring steps only (one line for plain
         PyTorch code: ``monitor.watch_sdpa()``). ``layers`` maps names to modules; default:
         the discovered attention layers. Removed by ``close()``."""
-        if layers is None:
-            modules = dict(self.model.named_modules())
-            layers = {
-                a.name: modules[a.name] for a in self.discovery.attention if a.name in modules
-            }
+        layers = self.attention_modules() if layers is None else layers
         watch = SdpaLogitWatch(
             layers.items(), self.observe_max_logit, lambda: self.measuring, self._fail_hook
         )
-        self._closers.append(watch.close)
+        self.on_close(watch.close)
         return watch
+
+    def attention_modules(self) -> dict[str, nn.Module]:
+        """{name: module} of the discovered (or registered) attention layers in the model."""
+        modules = dict(self.model.named_modules())
+        return {a.name: modules[a.name] for a in self.discovery.attention if a.name in modules}
+
+    def on_close(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` at ``close()``: how attached observers (hooks, wrappers) detach."""
+        self._closers.append(undo)
 
     def _hook_router(self, spec: RouterSpec) -> None:
         acc = RoutingAccumulator(spec.n_experts, spec.top_k, scoring=spec.scoring)

@@ -50,8 +50,7 @@ def record_max_logit(model: nn.Module, monitor: Monitor) -> dict[str, str]:
     Returns {layer: "registry" | "sdpa"}: how each layer is watched. Layers reached neither
     way (an attention module with its own kernel call) get no ``max_logit``.
     """
-    modules = dict(model.named_modules())
-    layers = {a.name: modules[a.name] for a in monitor.discovery.attention if a.name in modules}
+    layers = monitor.attention_modules()
     via_registry = {n: m for n, m in layers.items() if _uses_registry(m)}
     via_sdpa = {n: m for n, m in layers.items() if n not in via_registry}
     restore: list[Callable[[], None]] = []
@@ -69,7 +68,7 @@ def record_max_logit(model: nn.Module, monitor: Monitor) -> dict[str, str]:
         for undo in restore:
             undo()
 
-    monitor._closers.append(forget)
+    monitor.on_close(forget)
     return {name: "registry" if name in via_registry else "sdpa" for name in layers}
 
 
