@@ -1,41 +1,101 @@
 """Detection on recorded lab runs: calibrate on some healthy seeds, judge on the rest.
 
-Thresholds come from the healthy runs outside ``--held-out`` (by default
-``foreshock.lab.recorded.HELD_OUT_HEALTHY``: seeds 10–14, 25–39 and 60–64;
-:mod:`foreshock.detectors.calibrate`); every other run is held out. Per scenario:
+One profile (architecture and dispatch) at a time: ``--runs`` is its folder of recorded runs
+(``lab/runs`` for the lab's GPT-MoE, ``lab/runs/mixtral``, ``lab/runs/gpt-moe+capacity-1``).
+Thresholds and healthy bands come from its healthy runs outside ``--held-out`` (by default the
+profile's ``foreshock.lab.recorded.HELD_OUT_HEALTHY`` seeds;
+:func:`foreshock.detectors.calibrate.calibrate_profile`); every other run is held out. Per
+scenario:
 
 * warned: runs with a warning of the fault's own family before divergence (fa-lowprec →
-  attention-numerics, lr-high and gbs-small → router; combined: either); for healthy and
-  fa-noise runs, any mechanism warning at all — a false alarm;
-* attribution: the role of the run's first mechanism warning — cause of the right family
-  (correct), of the wrong family (wrong), or ambiguous;
+  attention-numerics, lr-high and gbs-small → router, router-collapse → router; combined:
+  either); for healthy, fa-noise and router-mild runs, any mechanism warning at all — a false
+  alarm;
+* attribution: the cause the run's first mechanism warning names — the right one (correct:
+  fa-lowprec → attention-numerics; router-* and gbs-small → router; lr-high → optimizer or
+  router), a wrong one, or ambiguous;
 * lead: divergence step − first warning step, for the mechanism families and for the symptom
   family (loss, grad norm, weight norm: the baseline foreshock must beat);
 * own family before symptom: diverged runs whose own-family warning came before any symptom
   warning (or with none) — the per-run version of the lead comparison.
+
+A second table sets, per fault scenario and family, the detectors' lead (median over diverged
+runs of divergence − the family's first warning) against the envelope lead
+(:mod:`foreshock.lab.envelope`: how early a series leaves the [min, max] of *all* healthy runs in
+``--runs`` for good; it peeks at the future, a reference ceiling and not a detector): the
+family-best median (each run's best series in the family, median over runs) and the best single
+series (largest median lead).
+A run's scenario is its ``scenario`` label (the file name before ``-s<seed>`` when it has
+none); ``--runs`` is read flat (``*.jsonl.gz`` directly in it, not in sub-folders).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
-from foreshock.detectors.config import DetectorConfig
-from foreshock.detectors.replay import RunReport, replay
-from foreshock.lab.recorded import HELD_OUT_HEALTHY, RECORDED_DIR, seed_spans
+from foreshock.detectors.calibrate import calibrate_profile
+from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, FAMILIES, DetectorConfig
+from foreshock.detectors.profiles import profile_of
+from foreshock.detectors.replay import RunReport, replay_run
+from foreshock.lab.envelope import Envelope, healthy_envelope, scenario_envelope
+from foreshock.lab.recorded import (
+    HELD_OUT_HEALTHY,
+    RECORDED_DIR,
+    RecordedRun,
+    load_run,
+    seed_spans,
+    shipped_runs,
+)
+from foreshock.producers.records import parse_series_key
 
 from ._table import emit_json, format_table
 
-# gbs-small feeds the router's stable-winner loop too (noisier margins): its family is router
+# The family a fault's own warnings come from. gbs-small feeds the router's stable-winner loop
+# (noisier margins); a learning-rate ramp collapses the router first of the mechanisms.
 OWN = {"fa-lowprec": {"attention-numerics"}, "lr-high": {"router"}, "gbs-small": {"router"},
-       "combined": {"attention-numerics", "router"}}  # fmt: skip
+       "combined": {"attention-numerics", "router"}, "router-collapse": {"router"}}  # fmt: skip
+# The causes a first mechanism warning may rightly name: lr-high is an optimizer fault.
+RIGHT_CAUSE = {**OWN, "lr-high": {"optimizer", "router"},
+               "combined": {"attention-numerics", "router", "optimizer"}}  # fmt: skip
 
 
-def _seed(path: Path) -> int:
-    return int(path.name.split("-s")[-1].split(".")[0])
+HEALTHY = "healthy"
+ENVELOPE_HEADER = [
+    "scenario (diverged)",
+    "family",
+    "envelope: family best",
+    "best series",
+    "its lead",
+    "lead: detectors",
+    "lead: symptom",
+]
+
+
+def _seed(path: Path, run: RecordedRun) -> int:
+    seed = run.labels.get("seed")
+    return int(path.name.split("-s")[-1].split(".")[0]) if seed is None else int(seed)
+
+
+def _scenario(path: Path, run: RecordedRun) -> str:
+    return run.labels.get("scenario") or path.name.rsplit("-s", 1)[0]
+
+
+def _load(directory: Path) -> tuple[dict[Path, RecordedRun], dict[Path, str]]:
+    """The runs in ``directory`` (``*.jsonl.gz`` directly in it, not in sub-folders), and
+    each one's scenario."""
+    loaded = {path: load_run(path) for path in shipped_runs(directory)}
+    return loaded, {path: _scenario(path, run) for path, run in loaded.items()}
+
+
+def _family_leads(report: RunReport) -> dict[str, int | None]:
+    """Per family, divergence − its first warning before divergence (None: no lead)."""
+    div = report.divergence_step
+    firsts = {family: report.first(family, before=div) for family in FAMILIES}
+    return {f: None if div is None or a is None else div - a.step for f, a in firsts.items()}
 
 
 def _judge(report: RunReport, scenario: str) -> dict:
@@ -48,19 +108,22 @@ def _judge(report: RunReport, scenario: str) -> dict:
     own = OWN.get(scenario, set())
     own_first = next((a for a in mechanism if a.family in own), None)
     detected = any(a.family in own for a in mechanism) if own else bool(mechanism)
+    cause = None if first is None else first.evidence.get("cause") or first.family
     if first is None:
         attribution = "none"
-    elif first.role == "ambiguous":
+    elif cause == "ambiguous":
         attribution = "ambiguous"
     else:
-        attribution = "correct" if first.family in own else "wrong"
+        attribution = "correct" if cause in RIGHT_CAUSE.get(scenario, set()) else "wrong"
     return {"run": report.run_id, "divergence": div, "detected": detected,
             "attribution": attribution,
             "first": first and (first.family, first.module, first.step),
+            "cause": cause,
             "mechanism_lead": None if div is None or first is None else div - first.step,
             "before_symptom": div is not None and own_first is not None and (
                 symptom is None or own_first.step < symptom.step),
             "symptom_lead": None if div is None or symptom is None else div - symptom.step,
+            "family_leads": _family_leads(report),
             }  # fmt: skip
 
 
@@ -75,21 +138,59 @@ def _median(values: list[int]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _family_by_rules(config: DetectorConfig) -> Callable[[str], str | None]:
+    """Series key -> the family of the rule reading its metric (None: no rule reads it)."""
+
+    def family_of(key: str) -> str | None:
+        rule = config.rule_for(parse_series_key(key).metric)
+        return None if rule is None else rule.family
+
+    return family_of
+
+
+def _envelope_figures(
+    runs: list[RecordedRun], verdicts: list[dict], envelope: Envelope, config: DetectorConfig
+) -> dict[str, dict]:
+    """Per family, the envelope summary next to the detectors' median lead."""
+    figures = scenario_envelope(runs, envelope, _family_by_rules(config))
+    for family, entry in figures.items():
+        leads = [v["family_leads"][family] for v in verdicts]
+        leads = [lead for lead in leads if lead is not None]
+        entry.update(detector_lead_median=_median(leads), detector_lead_runs=len(leads))
+    return figures
+
+
+def _with_n(value: float | None, n: int | str) -> str:
+    return f"{'-' if value is None else value} ({n})"
+
+
+def _envelope_rows(scenario: str, figures: dict) -> list[list]:
+    """One row per family: envelope (family best, best series) | detectors | symptoms."""
+    rows = []
+    for family, e in figures["envelope"].items():
+        family_best = _with_n(e["family_best_median"], f"{e['runs']}/{e['diverged']}")
+        best = _with_n(e["best_series_median"], e["best_series_n"] or 0)
+        detector = _with_n(e["detector_lead_median"], e["detector_lead_runs"])
+        symptom = figures["symptom_lead_median"]
+        rows.append([scenario, family, family_best, e["best_series"], best, detector, symptom])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
     parser.add_argument(
         "--held-out",
-        default=HELD_OUT_HEALTHY,
-        help="healthy seeds held out (FIRST-LAST[,FIRST-LAST...]); the other healthy calibrate",
-    )
-    parser.add_argument(
-        "--margin",
-        type=float,
-        help="threshold margin (default: leave-one-out on the calibration runs)",
+        help="healthy seeds held out (FIRST-LAST[,FIRST-LAST...]); the other healthy calibrate "
+        "(default: the profile's, foreshock.lab.recorded.HELD_OUT_HEALTHY)",
     )
     parser.add_argument("--quick", action="store_true", help="same runs (replay is fast)")
     parser.add_argument("--save-config", type=Path, help="write the calibrated config here")
+    parser.add_argument(
+        "--run-relative",
+        action="store_true",
+        help="the run-relative rules only (no healthy bands): what an uncalibrated profile gets",
+    )
     parser.add_argument(
         "--without",
         action="append",
@@ -98,22 +199,28 @@ def main() -> None:
         help="drop a metric's rule, e.g. max_logit: what a model that can't report it gets",
     )
     args = parser.parse_args()
-    paths = sorted(args.runs.glob("*.jsonl.gz"))
-    scenario_of = {p: p.name.rsplit("-s", 1)[0] for p in paths}
-    held_seeds = seed_spans(args.held_out)
+    loaded, scenario_of = _load(args.runs)
+    paths = list(loaded)
+    if not paths:
+        raise SystemExit(f"no recorded runs in {args.runs}")
+    profile = profile_of(next(iter(loaded.values())).labels)
+    args.held_out = args.held_out or HELD_OUT_HEALTHY.get(profile, "")
+    held_seeds = seed_spans(args.held_out) if args.held_out else set()
     calib = [p for p in paths
-             if scenario_of[p] == "healthy" and _seed(p) not in held_seeds]  # fmt: skip
+             if scenario_of[p] == HEALTHY and _seed(p, loaded[p]) not in held_seeds]  # fmt: skip
     held = [p for p in paths if p not in calib]
-    base = _without(DetectorConfig(), args.without)
-    healthy = replay(calib, uncalibrated(base))
-    margin = leave_one_out_margin(healthy, base) if args.margin is None else args.margin
-    config = calibrate(healthy, base, margin=margin)
+    base = _without(DetectorConfig(DEFAULT_RULES if args.run_relative else BAND_RULES),
+                    args.without)  # fmt: skip
+    config = calibrate_profile([loaded[p] for p in calib], base, replay_run)
+    margin = config.calibration["margin"]
     if args.save_config:
         config.save(args.save_config)
     verdicts: dict[str, list[dict]] = {}
-    for path, report in zip(held, replay(held, config), strict=True):
+    for path in held:
+        report = replay_run(loaded[path], config)
         verdicts.setdefault(scenario_of[path], []).append(_judge(report, scenario_of[path]))
-    rows, figures = [], {}
+    envelope = healthy_envelope(loaded[p] for p in paths if scenario_of[p] == HEALTHY)
+    rows, figures, envelope_rows = [], {}, []
     for scenario, runs in sorted(verdicts.items()):
         n = len(runs)
         mech = [r["mechanism_lead"] for r in runs if r["mechanism_lead"] is not None]
@@ -130,8 +237,14 @@ def main() -> None:
                              "diverged": diverged, "own_family_before_symptom": earlier,
                              "mechanism_lead_median": _median(mech),
                              "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
+        if scenario != HEALTHY:
+            fault_runs = [loaded[p] for p in held if scenario_of[p] == scenario]
+            figures[scenario]["envelope"] = _envelope_figures(fault_runs, runs, envelope, base)
+            if diverged:
+                envelope_rows += _envelope_rows(f"{scenario} ({diverged})", figures[scenario])
     dropped = f"; without {', '.join(args.without)}" if args.without else ""
-    print(f"calibrated on {len(calib)} healthy runs (held out: seeds {args.held_out}), "
+    print(f"profile {profile}: calibrated on {len(calib)} healthy runs "
+          f"(held out: seeds {args.held_out}), "
           f"margin {margin}; "
           f"false-alarm bound per run: {config.false_alarm}; config {config.version}"
           f"{dropped}")  # fmt: skip
@@ -139,7 +252,16 @@ def main() -> None:
               "ambiguous", "lead: mechanism", "lead: symptom",
               "own family before symptom"]  # fmt: skip
     print(format_table(header, rows))
-    emit_json({"config_version": config.version, "calibration_runs": len(calib),
+    n_healthy = sum(s == HEALTHY for s in scenario_of.values())
+    print(
+        f"\nenvelope lead (a ceiling: [min, max] of all {n_healthy} healthy runs, exit held "
+        "to divergence); median over diverged runs (n)"
+    )
+    print(format_table(ENVELOPE_HEADER, envelope_rows))
+    if calm := [s for s, f in figures.items() if s != HEALTHY and not f["diverged"]]:
+        print(f"no diverged run, no lead: {', '.join(calm)}")
+    emit_json({"profile": profile, "config_version": config.version,
+               "calibration_runs": len(calib),
                "without": args.without,
                "false_alarm_bound": config.false_alarm, "scenarios": figures})  # fmt: skip
 

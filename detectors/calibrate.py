@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from .config import FAMILIES, DetectorConfig, SeriesRule
 from .replay import RunReport
 
-__all__ = ["MARGINS", "calibrate", "leave_one_out_margin"]
+__all__ = ["MARGINS", "calibrate", "calibrate_profile", "leave_one_out_margin"]
 
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 LEVEL_FLOOR = 0.01
@@ -73,6 +74,21 @@ def leave_one_out_margin(healthy: Sequence[RunReport], config: DetectorConfig, k
                 break
         chosen[rule.metric] = margin
     return chosen
+
+
+def calibrate_profile(healthy: Sequence[Any], base: DetectorConfig, replay: Any,
+                      band_margin: float = 0.5) -> DetectorConfig:  # fmt: skip
+    """Thresholds for one profile from its healthy runs (objects with ``records``): the
+    conformal max-statistic with leave-one-out margins for run-relative rules, healthy bands
+    with leave-one-out thresholds for band rules (:mod:`foreshock.detectors.bands`).
+    ``replay(run, config)`` gives a report with ``peaks``."""
+    from .bands import band_thresholds
+
+    reports = [replay(run, uncalibrated(base)) for run in healthy]
+    config = calibrate(reports, base, margin=leave_one_out_margin(reports, base))
+    if any(rule.kind == "band" for rule in base.rules):
+        config = band_thresholds(healthy, config, band_margin, replay)
+    return config
 
 
 def _floor(rule: SeriesRule, config: DetectorConfig) -> float:

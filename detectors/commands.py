@@ -6,28 +6,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from importlib.resources import files
 from pathlib import Path
 
 from foreshock.services import stop_on_signals
 from foreshock.table import format_table
 
 from .config import DetectorConfig
+from .profiles import ProfileConfigs, shipped_profiles
 
 __all__ = ["add_detector_commands", "default_config"]
 
 
-def default_config() -> DetectorConfig:
-    """The config calibrated on the shipped healthy lab runs (``detectors/calibrated.json``)."""
-    path = files("foreshock.detectors").joinpath("calibrated.json")
-    return DetectorConfig.load(str(path)) if path.is_file() else DetectorConfig()
+def default_config() -> ProfileConfigs:
+    """The configs calibrated on the shipped healthy lab runs, one per profile (architecture
+    and dispatch, ``detectors/calibrated/<profile>.json``): each run gets the one that fits."""
+    return shipped_profiles()
 
 
-def _load_config(path: str | None) -> DetectorConfig:
+def _load_config(path: str | None) -> DetectorConfig | ProfileConfigs:
     return DetectorConfig.load(path) if path else default_config()
 
 
-def _detect_config(args: argparse.Namespace) -> DetectorConfig:
+def _detect_config(args: argparse.Namespace) -> DetectorConfig | ProfileConfigs:
     """``--detector-config``, else the store's live config (``--store``), else the shipped one."""
     if args.store is None:
         return _load_config(args.detector_config)

@@ -23,13 +23,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_RULES", "FAMILIES", "KINDS", "DetectorConfig", "SeriesRule"]
+__all__ = [
+    "BAND_RULES",
+    "DEFAULT_RULES",
+    "FAMILIES",
+    "KINDS",
+    "DetectorConfig",
+    "SeriesRule",
+]
 
 FAMILIES = ("attention-numerics", "router", "symptom")
 MECHANISMS = ("attention-numerics", "router")
 
 
-KINDS = ("cusum", "level")
+KINDS = ("cusum", "level", "band")
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,9 @@ class SeriesRule:
 
     ``kind`` says what fails: ``cusum``, a change in rate (a one-sided CUSUM on the residual
     from the run's own trend); ``level``, a slide too far (the log ratio to the run's own
-    warm-up level, held beyond h for ``confirm`` records).
+    warm-up level, held beyond h for ``confirm`` records); ``band``, leaving what healthy runs
+    of the same profile do at the same step (:mod:`foreshock.detectors.bands`), held beyond h
+    band widths for ``confirm`` records.
     """
 
     metric: str
@@ -68,6 +77,17 @@ DEFAULT_RULES: tuple[SeriesRule, ...] = (
 )
 
 
+# Compared with the healthy runs of the run's profile at the same step where a profile's
+# calibration has them (``foreshock.detectors.bands``): the series whose slow faults a
+# run-relative rule sees late. Capacity-limited routers add their dropped fraction.
+BAND_METRICS = ("attn.d2.entropy_mean", "attn.dwq.entropy", "attn.dwk.entropy", "max_logit",
+                "router.token_entropy_norm", "router.load_entropy")  # fmt: skip
+BAND_RULES: tuple[SeriesRule, ...] = (
+    *(replace(r, kind="band") if r.metric in BAND_METRICS else r for r in DEFAULT_RULES),
+    SeriesRule("router.dropped_fraction", "router", "up", "band"),
+)
+
+
 @dataclass(frozen=True)
 class DetectorConfig:
     rules: tuple[SeriesRule, ...] = DEFAULT_RULES
@@ -78,15 +98,21 @@ class DetectorConfig:
     trend_beta: float = 0.2  # EMA weight per record of the trend baseline
     confirm: int = 2  # consecutive records in alarm before a warning opens
     calm_ratio: float = 1.0  # the other mechanism family counts as calm below this × h
+    inflation_h: float | None = None  # weights above their healthy band by this: optimizer
     thresholds: dict[str, float] = field(default_factory=dict)  # metric -> h; none = never fire
     false_alarm: dict[str, float] = field(default_factory=dict)  # family -> calibrated rate
     calibration: dict[str, Any] = field(default_factory=dict)  # how the thresholds were set
+    bands: dict[str, dict[str, list]] = field(default_factory=dict)  # key -> healthy band
 
     @property
     def version(self) -> str:
         """sha1 of the content (12 hex digits)."""
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def for_labels(self, labels: dict[str, Any]) -> DetectorConfig:
+        """The config for a run with these labels: this one (see ``profiles.ProfileConfigs``)."""
+        return self
 
     def rule_for(self, metric: str) -> SeriesRule | None:
         return next((r for r in self.rules if r.metric == metric), None)

@@ -54,7 +54,7 @@ KINDS = ("webhook", "slack", "alertmanager")
 # Alertmanager ``severity`` by role: a symptom (loss, gradient norm) means the run is already
 # going; a cause is the early, attributed warning; a secondary one follows a cause already sent.
 SEVERITY = {"symptom": "critical", "cause": "warning", "ambiguous": "warning",
-            "secondary": "info"}  # fmt: skip
+            "optimizer": "warning", "secondary": "info"}  # fmt: skip
 
 _AM_PATH = "/api/v2/alerts"
 _MAX_DELAY = 60.0

@@ -35,17 +35,34 @@ from typing import Any
 
 from foreshock.producers.records import parse_series_key
 
+from .bands import INFLATION_METRIC, BandStandardizer
 from .config import MECHANISMS, DetectorConfig, SeriesRule
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
 from .level import SustainedLevel
+from .profiles import ProfileConfigs
 from .standardize import LogRatioStandardizer, TrendStandardizer, WarmupStandardizer
 
 __all__ = ["ALERT_SCHEMA", "Alert", "RunDetector"]
 
 ALERT_SCHEMA = "foreshock.warning/1"
+# What a user should check, by the cause a warning names (or the family of a symptom).
+CHECK = {
+    "attention-numerics": "attention numerics: a low-precision FlashAttention backward (O in "
+    "D = rowsum(dO∘O) rounded to bf16/fp16) and growing attention logits; compute D from an "
+    "fp32 O, add QK-norm or logit soft-capping",
+    "router": "the router: its learning rate, the load-balancing loss and its weight, the "
+    "global batch size, expert capacity",
+    "optimizer": "the optimizer: every weight grew beyond healthy runs before any mechanism "
+    "moved; check the learning-rate schedule (peak, warm-up), weight decay, batch size",
+    "ambiguous": "both mechanism families moved on the same record: check the optimizer's "
+    "hyperparameters (learning rate, batch size) first",
+    "symptom": "a global symptom (loss, gradient or weight norm): look for the mechanism "
+    "warning before it",
+}
 
-Standardizer = WarmupStandardizer | TrendStandardizer  # LogRatioStandardizer is a Warmup one
+# LogRatioStandardizer is a Warmup one
+Standardizer = WarmupStandardizer | TrendStandardizer | BandStandardizer
 
 
 @dataclass
@@ -57,7 +74,7 @@ class Alert:
     series: str
     direction: str
     step: int
-    role: str  # cause | secondary | ambiguous | symptom
+    role: str  # cause | secondary | ambiguous | optimizer | symptom
     statistic: float
     threshold: float
     false_alarm_rate: float | None
@@ -92,8 +109,9 @@ class _Series:
 class RunDetector:
     """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``."""
 
-    def __init__(self, run_id: str, config: DetectorConfig) -> None:
-        self.run_id, self.config = run_id, config
+    def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs) -> None:
+        self.run_id, self._configs = run_id, config
+        self.config = config.for_labels({})  # until the run's start labels say otherwise
         self._series: dict[str, _Series] = {}
         self._ignored: set[str] = set()  # series keys no rule reads
         self._open: dict[tuple[str, str | None], Alert] = {}
@@ -103,6 +121,7 @@ class RunDetector:
         self.divergence = LossDivergence()
         self.divergence_step: int | None = None
         self.last_step = -1
+        self._inflation: tuple[BandStandardizer, SustainedLevel] | None = None
 
     def update(self, message: dict[str, Any]) -> list[Alert]:
         kind = message.get("kind", "metrics")
@@ -116,12 +135,16 @@ class RunDetector:
                 self.divergence.update(step, values["loss"])
             if self.divergence.divergence_step is not None:
                 events += self._diverged(self.divergence.divergence_step)
+        elif kind == "start" and not self._series:
+            self.config = self._configs.for_labels(message.get("labels") or {})
+            self._inflation = None
         elif kind == "end" and message.get("divergence_step") is not None:
             events += self._diverged(int(message["divergence_step"]), exact=True)
         return events
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
         """Update every series first, then open warnings: attribution sees the whole record."""
+        self._track_inflation(step, values.get(INFLATION_METRIC))
         fired = []
         for key, value in values.items():
             if key in self._ignored:
@@ -145,6 +168,22 @@ class RunDetector:
                 events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)
 
+    def _track_inflation(self, step: int, value: Any) -> None:
+        """The total weight norm against its healthy band (where calibrated): see above."""
+        c = self.config
+        if c.inflation_h is None or INFLATION_METRIC not in c.bands:
+            return
+        if self._inflation is None:
+            self._inflation = (BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start),
+                               SustainedLevel("up", c.inflation_h, c.confirm))  # fmt: skip
+        band, level = self._inflation
+        z = band.update(step, value)
+        if z is not None:
+            level.update(z)
+
+    def _weights_inflated(self) -> bool:
+        return self._inflation is not None and self._inflation[1].sustained > self._inflation[1].h
+
     def _new_series(self, key: str) -> _Series | None:
         try:
             metric, module, head = parse_series_key(key)
@@ -153,19 +192,23 @@ class RunDetector:
         rule = self.config.rule_for(metric)
         if rule is None or head is not None:
             return None
+        if rule.kind == "band" and key not in self.config.bands:
+            return None  # no healthy reference for this series: nothing to compare with
         h = self.config.thresholds.get(rule.metric, math.inf)
-        series = _Series(key, metric, rule.family, module, self._standardizer(rule),
+        series = _Series(key, metric, rule.family, module, self._standardizer(rule, key),
                          {d: self._detector(rule, d, h) for d in rule.directions()})  # fmt: skip
         self._series[key] = series
         return series
 
     def _detector(self, rule: SeriesRule, direction: str, h: float) -> OneSidedCUSUM:
-        if rule.kind == "level":
+        if rule.kind in ("level", "band"):
             return SustainedLevel(direction, h, self.config.confirm)
         return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm)
 
-    def _standardizer(self, rule: SeriesRule) -> Standardizer:
+    def _standardizer(self, rule: SeriesRule, key: str) -> Standardizer:
         c = self.config
+        if rule.kind == "band":
+            return BandStandardizer(c.bands[key], c.warmup_start)
         if rule.kind == "level":
             return LogRatioStandardizer(c.warmup_start, c.warmup_records)
         if c.baseline == "trend":
@@ -177,10 +220,8 @@ class RunDetector:
         family = series.family
         if family in MECHANISMS:
             if self.cause is None:
-                others = [f for f in MECHANISMS if f != family]
-                calm = all(self._pressure(f) < self.config.calm_ratio for f in others)
-                self.cause = family if calm else "ambiguous"
-            role = ("ambiguous" if self.cause == "ambiguous"
+                self.cause = self._attribute(family)
+            role = (self.cause if self.cause in ("ambiguous", "optimizer")
                     else "cause" if self.cause == family else "secondary")  # fmt: skip
         else:
             role = "symptom"
@@ -190,16 +231,26 @@ class RunDetector:
             direction=direction, step=step, role=role, statistic=round(cusum.statistic, 3),
             threshold=cusum.h, false_alarm_rate=self.config.false_alarm.get(family),
             config_version=self.config.version,
-            evidence={"detector": "level" if isinstance(cusum, SustainedLevel) else "cusum",
+            evidence={"detector": self.config.rule_for(series.metric).kind,
                       "warmup_mean": series.standardizer.mean,
                       "warmup_scale": series.standardizer.scale,
-                      "recent": [list(r) for r in series.recent]},
+                      "recent": [list(r) for r in series.recent],
+                      "cause": self.cause if family in MECHANISMS else None,
+                      "check": CHECK.get(self.cause if family in MECHANISMS else family)},
             divergence_step=self.divergence_step,
             lead_time=None if self.divergence_step is None else self.divergence_step - step,
         )  # fmt: skip
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
         return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
+
+    def _attribute(self, family: str) -> str:
+        """The cause a first mechanism warning of ``family`` names (see the module docstring)."""
+        if self._weights_inflated():
+            return "optimizer"
+        others = [f for f in MECHANISMS if f != family]
+        calm = all(self._pressure(f) < self.config.calm_ratio for f in others)
+        return family if calm else "ambiguous"
 
     def _pressure(self, family: str) -> float:
         """How close ``family`` is to firing: its largest sustained statistic / threshold."""

@@ -10,6 +10,7 @@ from foreshock.lab.recorded import RecordedRun, load_run
 
 from .config import DetectorConfig
 from .engine import Alert, RunDetector
+from .profiles import ProfileConfigs
 
 __all__ = ["RunReport", "replay", "replay_run"]
 
@@ -30,10 +31,10 @@ class RunReport:
         return min(hits, key=lambda a: a.step, default=None)
 
 
-def replay_run(run: RecordedRun, config: DetectorConfig) -> RunReport:
+def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> RunReport:
     run_id = run.start.get("run_id") or run.path.name.split(".")[0]
     detector = RunDetector(run_id, config)
-    events = []
+    events = detector.update({**run.start, "kind": "start"})
     for record in run.records:
         events += detector.update({**record, "kind": "metrics"})
     if run.end is not None:
@@ -43,5 +44,5 @@ def replay_run(run: RecordedRun, config: DetectorConfig) -> RunReport:
                      detector.peaks, events)  # fmt: skip
 
 
-def replay(paths: list[str | Path], config: DetectorConfig) -> list[RunReport]:
+def replay(paths: list[str | Path], config: DetectorConfig | ProfileConfigs) -> list[RunReport]:
     return [replay_run(load_run(p), config) for p in paths]

@@ -54,17 +54,22 @@ def _smoke(args: argparse.Namespace) -> int:
 
 @_needs_torch
 def _lab_run(args: argparse.Namespace) -> int:
-    from foreshock.lab.faults import Fault
+    from foreshock.lab.faults import Fault, default_capacity
+    from foreshock.lab.model import GPTConfig
     from foreshock.lab.run import RunConfig, run_lab
 
+    capacity = args.capacity
+    if capacity is None:
+        capacity = default_capacity(args.scenario, args.arch)
+    model = GPTConfig(capacity_factor=capacity, n_kv_head=2 if args.arch == "mixtral" else 0)
     layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
     fault = Fault.default(
         args.scenario, args.onset, args.magnitude,
         ramp=args.ramp, bits=args.bits, layers=layers, lr_target=args.lr_target,
     )  # fmt: skip
     config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every,
-                       after_divergence=None if args.to_horizon else 250,
-                       name=args.run_id, project=args.project)  # fmt: skip
+                       after_divergence=None if args.to_horizon else 250, model=model,
+                       name=args.run_id, project=args.project, arch=args.arch)  # fmt: skip
     sink = None
     if args.kafka is not None:
         from foreshock.producers.kafka_sink import KafkaSink
@@ -92,6 +97,15 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
     run = lab_sub.add_parser("run", help="train one labelled run with a fault scenario")
     run.add_argument("--scenario", choices=SCENARIOS, default="healthy")
+    run.add_argument(
+        "--arch", choices=("gpt-moe", "mixtral"), default="gpt-moe",
+        help="the lab's own GPT-MoE, or a tiny transformers Mixtral (GQA, 2 key/value heads)",
+    )  # fmt: skip
+    run.add_argument(
+        "--capacity", type=float, metavar="FACTOR",
+        help="expert capacity factor c (gpt-moe): each expert takes ceil(c*tokens*top_k/E) "
+        "assignments, the rest are dropped; 0 = dropless (default: 1.0 for router-*, else 0)",
+    )  # fmt: skip
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=1600, help="training steps (default 1600)")
     run.add_argument("--onset", type=int, help="fault onset step (scenario default)")

@@ -13,11 +13,21 @@ lr-high    whole-model learning rate ramps geometrically ×1 → ×magnitude   f
            ``lr_target="router"`` raises only the routers' learning rate
 gbs-small  global batch size divided by magnitude                          divisor
 combined   fa-lowprec (``bits``) and lr-high (magnitude) together          LR factor
+router-    the routers' learning rate alone ramps ×1 → ×magnitude over     final factor
+collapse   ``ramp`` steps; everything else trains normally. A fault that
+           starts in the router: the stable-winner loop collapses routing
+router-    the same at a magnitude that leaves routing healthy (control)   final factor
+mild
 ========== ============================================================== ===================
+
+On the lab's own architecture the router scenarios default to capacity-limited dispatch
+(capacity factor 1.0, :class:`~foreshock.lab.model.MoE`): drops are what a collapsing router
+costs. ``default_capacity`` says which dispatch a scenario runs with unless told.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +35,7 @@ from torch import nn
 
 from .attention import LowPrecision
 
-__all__ = ["DEFAULTS", "SCENARIOS", "Fault"]
+__all__ = ["DEFAULTS", "ROUTER_SCENARIOS", "SCENARIOS", "Fault", "default_capacity"]
 
 from .scenarios import SCENARIOS
 
@@ -37,7 +47,16 @@ DEFAULTS: dict[str, tuple[int, float]] = {
     "lr-high": (300, 100.0),
     "gbs-small": (300, 8.0),
     "combined": (300, 100.0),
+    "router-collapse": (300, 100.0),
+    "router-mild": (300, 2.0),
 }
+ROUTER_SCENARIOS = ("router-collapse", "router-mild")
+LR_SCENARIOS = ("lr-high", "combined", *ROUTER_SCENARIOS)
+
+
+def default_capacity(scenario: str, arch: str) -> float:
+    """The capacity factor a scenario runs with by default (0 = dropless dispatch)."""
+    return 1.0 if scenario in ROUTER_SCENARIOS and arch == "gpt-moe" else 0.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +78,7 @@ class Fault:
             raise ValueError("onset must be >= 0 and ramp >= 1")
         if self.scenario.startswith("fa-") and not 0 <= self.magnitude <= 23:
             raise ValueError(f"{self.scenario}: magnitude is mantissa bits in [0, 23]")
-        if self.scenario in ("lr-high", "combined", "gbs-small") and self.magnitude < 1:
+        if self.scenario in (*LR_SCENARIOS, "gbs-small") and self.magnitude < 1:
             raise ValueError(f"{self.scenario}: magnitude is a factor >= 1")
         if self.scenario.startswith("fa-") and self.magnitude != int(self.magnitude):
             raise ValueError(f"{self.scenario}: mantissa bits must be whole, got {self.magnitude}")
@@ -91,9 +110,14 @@ class Fault:
             return LowPrecision(self.bits, "truncate")
         return None
 
+    @property
+    def router_only(self) -> bool:
+        """True when the learning-rate fault acts on the routers alone."""
+        return self.scenario in ROUTER_SCENARIOS or self.lr_target == "router"
+
     def lr_factor(self, step: int) -> float:
-        """Multiplier on every param group's base learning rate at ``step``."""
-        if self.scenario not in ("lr-high", "combined") or step < self.onset:
+        """Multiplier on the faulted param groups' base learning rate at ``step``."""
+        if self.scenario not in LR_SCENARIOS or step < self.onset:
             return 1.0
         progress = min(1.0, (step - self.onset) / self.ramp)
         return self.magnitude**progress
@@ -103,11 +127,11 @@ class Fault:
             return base
         return max(1, round(base / self.magnitude))
 
-    def apply_attention(self, model: nn.Module, step: int) -> None:
-        """Switch the attention layers' backward rounding on from the onset (idempotent)."""
+    def apply_attention(self, layers: Sequence[nn.Module], step: int) -> None:
+        """Switch the attention layers' backward rounding on from the onset (idempotent);
+        ``layers`` in model order, each with a ``lowp`` attribute."""
         if step < self.onset or self.lowprec() is None:
             return
-        blocks = getattr(model, "h", [])
-        for i, block in enumerate(blocks):
+        for i, layer in enumerate(layers):
             if self.layers is None or i in self.layers:
-                block.attn.lowp = self.lowprec()
+                layer.lowp = self.lowprec()

@@ -10,6 +10,7 @@ a fused ``c_attn`` projection with an ``n_head`` attribute, and MoE blocks with 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,11 +29,13 @@ class GPTConfig:
     vocab_size: int = 256  # bytes
     n_layer: int = 2
     n_head: int = 4
+    n_kv_head: int = 0  # key/value heads (GQA) where the architecture has them; 0 = n_head
     n_embd: int = 128
     n_experts: int = 8  # 0 = dense MLP
     top_k: int = 2
     expert_hidden: int = 0  # 0 = 4·n_embd / top_k: top-k experts cost one dense 4d MLP
     aux_loss_weight: float = 0.01  # Switch load-balancing loss; 0 = off
+    capacity_factor: float = 0.0  # c > 0: each expert takes ⌈c·N·k/E⌉ assignments; 0 = dropless
     bias: bool = False
 
 
@@ -66,7 +69,16 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Softmax router over E experts, top-k dispatch, renormalized top-k weights."""
+    """Softmax router over E experts, top-k dispatch, renormalized top-k weights.
+
+    With ``capacity_factor`` c > 0 each expert takes at most capacity = ⌈c · N · k / E⌉ of the
+    N·k assignments of a batch of N tokens (Switch Transformer, GShard, Megatron's expert
+    capacity); an overflowing assignment is dropped: that expert adds nothing to the token,
+    whose residual stream passes the layer unchanged. Priority within an expert: every top-1
+    assignment before any top-2 one, then token order (GShard). A collapsing router piles
+    tokens onto few experts, so drops are what it costs; ``drop_observer(dropped, assigned)``
+    reports them on every forward.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -76,7 +88,9 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(
             MLP(config.n_embd, hidden, config.bias) for _ in range(config.n_experts)
         )
+        self.capacity_factor = config.capacity_factor
         self.aux_loss = torch.zeros(())
+        self.drop_observer: Callable[[torch.Tensor, int], None] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -91,16 +105,33 @@ class MoE(nn.Module):
         return out.view(B, T, C)
 
     def _dispatch(self, flat: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor):
-        """Σ_k p_k · expert_k(x): one gather sorted by expert, one matmul pair per expert, one
-        scatter back — rather than a mask, a gather and a scatter per expert."""
-        expert_of = top_i.reshape(-1)  # (N·k,) assignment → expert
-        order = expert_of.argsort(stable=True)
-        token = order // self.top_k
-        counts = torch.bincount(expert_of, minlength=self.n_experts).tolist()
-        chunks = flat[token].split(counts)
+        """Σ_k p_k · expert_k(x) over the kept assignments: one gather sorted by expert, one
+        matmul pair per expert, one scatter back — rather than a mask, a gather and a scatter
+        per expert."""
+        n, k = top_i.shape
+        expert_of = top_i.reshape(-1)  # (N·k,) assignment a = token·k + slot → expert
+        counts = torch.bincount(expert_of, minlength=self.n_experts)
+        if self.capacity_factor > 0:
+            slot_token = torch.arange(k).repeat(n) * n + torch.arange(n).repeat_interleave(k)
+            order = (expert_of * (n * k) + slot_token).argsort()  # expert, then slot, token
+            order, counts = self._within_capacity(order, counts, n * k)
+        else:
+            order = expert_of.argsort(stable=True)
+        token = order // k
+        chunks = flat[token].split(counts.tolist())
         y = torch.cat([expert(c) for expert, c in zip(self.experts, chunks, strict=True)])
         y = y * top_p.reshape(-1)[order, None]
         return torch.zeros_like(flat).index_add_(0, token, y)
+
+    def _within_capacity(self, order: torch.Tensor, counts: torch.Tensor, assigned: int):
+        """Keep each expert's first ⌈c·N·k/E⌉ assignments of ``order``; report the drops."""
+        capacity = math.ceil(self.capacity_factor * assigned / self.n_experts)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(assigned) - starts.repeat_interleave(counts)
+        kept = rank < capacity
+        if self.drop_observer is not None:
+            self.drop_observer((~kept).sum(), assigned)
+        return order[kept], counts.clamp(max=capacity)
 
 
 class Block(nn.Module):

@@ -24,9 +24,13 @@ __all__ = [
 ]
 
 RECORDED_DIR = Path(__file__).parent / "runs"
-# Healthy seeds the shipped detector config never saw: benchmarks.detection_table judges on them
-# (the other healthy seeds calibrate it). FIRST-LAST[,FIRST-LAST...].
-HELD_OUT_HEALTHY = "10-14,25-39,60-64"
+# Per profile, the healthy seeds its shipped detector config never saw: benchmarks.detection_table
+# judges on them (the other healthy seeds calibrate it). FIRST-LAST[,FIRST-LAST...].
+HELD_OUT_HEALTHY = {
+    "gpt-moe": "10-14,25-39,60-69",
+    "mixtral": "15-19",
+    "gpt-moe+capacity-1": "12-15",
+}
 
 
 @dataclass

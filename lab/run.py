@@ -1,4 +1,8 @@
-"""One labelled lab run: train the GPT-MoE with a fault scenario and the Monitor attached.
+"""One labelled lab run: train a lab architecture with a fault scenario and the Monitor attached.
+
+``arch`` is the lab's own GPT-MoE or a transformers Mixtral (:mod:`foreshock.lab.arch`); the
+labels record it, the dispatch (dropless or capacity-limited) and the detector ``profile``
+they make together, so that a replay applies the calibration that fits the run.
 
 The run is written through the file sink as JSON Lines: a ``start`` record (labels: scenario,
 seed, onset, magnitude, model and optimizer config, versions), the Monitor's metric records,
@@ -17,14 +21,16 @@ from typing import Any
 import torch
 
 from foreshock import __version__
+from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
 from foreshock.producers.records import RUN_SCHEMA, finite_or_none
 from foreshock.producers.sinks import JsonlSink, Sink
 
+from .arch import LabModel, build
 from .data import ByteBatches, stdlib_bytes
 from .divergence import DivergenceRule, divergence_step
 from .faults import Fault
-from .model import GPT, GPTConfig
+from .model import GPTConfig
 
 __all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "config_from_labels", "run_lab"]
 
@@ -41,12 +47,14 @@ class RunConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
     after_divergence: int | None = 250  # steps kept past the divergence step; None = horizon
-    name: str | None = None  # the run id; default "<scenario>-s<seed>"
+    name: str | None = None  # the run id; default "[<arch>-]<scenario>-s<seed>"
     project: str | None = None  # a label the dashboard filters on
+    arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or "mixtral" (transformers)
 
     @property
     def run_id(self) -> str:
-        return self.name or f"{self.fault.scenario}-s{self.seed}"
+        prefix = "" if self.arch == "gpt-moe" else f"{self.arch}-"
+        return self.name or f"{prefix}{self.fault.scenario}-s{self.seed}"
 
 
 @dataclass
@@ -82,8 +90,10 @@ class _Progress:
 
 def _labels(config: RunConfig) -> dict[str, Any]:
     project = {} if config.project is None else {"project": config.project}
-    return {
+    labels = {
         **project,
+        "arch": config.arch,
+        "dispatch": dispatch_of(config.model),
         "scenario": config.fault.scenario,
         "seed": config.seed,
         "onset": config.fault.onset if config.fault.scenario != "healthy" else None,
@@ -101,6 +111,13 @@ def _labels(config: RunConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # which kernels ran
     }
+    return {**labels, "profile": profile_of(labels)}
+
+
+def dispatch_of(model: GPTConfig) -> str:
+    """ "dropless", or "capacity-<c>" for capacity-limited expert dispatch."""
+    c = model.capacity_factor
+    return f"capacity-{c:g}" if c else "dropless"
 
 
 def config_from_labels(labels: dict[str, Any], steps: int | None = None) -> RunConfig:
@@ -120,19 +137,28 @@ def config_from_labels(labels: dict[str, Any], steps: int | None = None) -> RunC
         model=GPTConfig(**labels["model"]),
         divergence=DivergenceRule(**labels["divergence_rule"]),
         after_divergence=labels["after_divergence"],
+        arch=labels.get("arch", "gpt-moe"),
     )
 
 
-def _param_groups(model: GPT, fault: Fault) -> list[dict[str, Any]] | Any:
+def _param_groups(lab: LabModel, fault: Fault) -> list[dict[str, Any]] | Any:
     """One group, or — for a router-only learning-rate fault — routers apart from the rest."""
-    if fault.lr_target != "router":
-        return model.parameters()
-    routers = {id(b.mlp.gate.weight): b.mlp.gate.weight for b in model.h if hasattr(b.mlp, "gate")}
-    rest = [p for p in model.parameters() if id(p) not in routers]
+    if not fault.router_only:
+        return lab.model.parameters()
+    routers = {id(w) for w in lab.routers}
+    rest = [p for p in lab.model.parameters() if id(p) not in routers]
     return [
-        {"params": list(routers.values()), "faulted": True},
+        {"params": list(lab.routers), "faulted": True},
         {"params": rest, "faulted": False},
     ]
+
+
+def _attach(lab: LabModel, monitor: Monitor) -> None:
+    """The lab's observers: each attention layer's max logit, each capacity router's drops."""
+    for name, layer in lab.attention.items():
+        layer.logit_observer = lambda s, n=name: monitor.observe_max_logit(n, s)
+    for name, moe in lab.moe.items():
+        moe.drop_observer = lambda d, a, n=name: monitor.observe_router_drops(n, d, a)
 
 
 def _past_divergence(losses: list[float], config: RunConfig) -> bool:
@@ -155,17 +181,17 @@ def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
             raise ValueError("run_lab needs an output path or a sink")
         path.unlink(missing_ok=True)
         sink = JsonlSink(path)
-    model = GPT(config.model)
+    lab = build(config.arch, config.model)
+    model = lab.model
     optimizer = torch.optim.AdamW(
-        _param_groups(model, config.fault),
+        _param_groups(lab, config.fault),
         lr=config.lr,
         weight_decay=config.weight_decay,
         fused=True,  # one kernel for all parameters: ~8 % of a CPU step saved
     )
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
     monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
-    for i, block in enumerate(model.h):
-        block.attn.logit_observer = lambda s, n=f"h.{i}.attn": monitor.observe_max_logit(n, s)
+    _attach(lab, monitor)
     sink.write({"schema": RUN_SCHEMA, "kind": "start", "run_id": config.run_id,
                 "time": time.time(), "labels": _labels(config),
                 "monitor": monitor.describe()})  # fmt: skip
@@ -176,13 +202,13 @@ def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
     try:
         for step in range(config.steps):
             fault = config.fault
-            fault.apply_attention(model, step)
+            fault.apply_attention(list(lab.attention.values()), step)
             for group in optimizer.param_groups:
                 factor = fault.lr_factor(step) if group.get("faulted", True) else 1.0
                 group["lr"] = config.lr * factor
             batches.batch_size = fault.batch_size(config.batch_size, step)
             x, y = batches.next()
-            _, loss = model(x, y)
+            loss = lab.loss(x, y)
             loss.backward()
             optimizer.step()
             tick = time.perf_counter()

@@ -20,7 +20,13 @@ from .records import series_key
 from .router import RoutingAccumulator, conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
 from .spectra import SpectrumStats, compute_dtype, gram_eigvals, spectrum_stats
 
-__all__ = ["ATTENTION_LAYER_METRICS", "attention_chunks", "router_chunk", "symptom_chunk"]
+__all__ = [
+    "ATTENTION_LAYER_METRICS",
+    "attention_chunks",
+    "dropped_chunk",
+    "router_chunk",
+    "symptom_chunk",
+]
 
 Chunk = tuple[list[str], torch.Tensor]
 
@@ -194,6 +200,13 @@ def _total_norm(tensors: list[torch.Tensor], device: torch.device) -> torch.Tens
         for n in torch._foreach_norm(group, 2, dtype=torch.float32)
     ]
     return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def dropped_chunk(drops: dict[str, tuple[torch.Tensor, int]]) -> Chunk:
+    """``router.dropped_fraction`` per capacity-limited router: Σ dropped / Σ assigned."""
+    keys = [series_key("router.dropped_fraction", name) for name in drops]
+    values = [dropped / max(assigned, 1) for dropped, assigned in drops.values()]
+    return keys, torch.stack([v.to(torch.float32).reshape(()) for v in values])
 
 
 def symptom_chunk(

@@ -41,7 +41,7 @@ from foreshock.transport.wire import check_run_id
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .max_logit import SdpaLogitWatch
-from .measure import attention_chunks, router_chunk, symptom_chunk
+from .measure import attention_chunks, dropped_chunk, router_chunk, symptom_chunk
 from .records import METRICS_SCHEMA, parse_series_key
 from .router import RoutingAccumulator, router_output
 from .sinks import Sink
@@ -123,6 +123,7 @@ class Monitor:
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._closers: list[Callable[[], None]] = []  # attached observers' removal
         self._max_logits: dict[str, torch.Tensor] = {}
+        self._drops: dict[str, tuple[torch.Tensor, int]] = {}  # router -> (dropped, assigned)
         self._armed = True
         if self.active:
             for router in self.discovery.routers:
@@ -187,6 +188,23 @@ class Monitor:
         except Exception as exc:  # called from the model's forward: never break it
             self._fail_hook(name, exc)
 
+    def observe_router_drops(self, name: str, dropped: torch.Tensor | int, assigned: int) -> None:
+        """Report, from a capacity-limited MoE layer's forward, how many of its ``assigned``
+        token→expert assignments overflowed an expert's capacity and were dropped.
+
+        Emitted per monitoring step as ``router.dropped_fraction@<name>`` = Σ dropped / Σ
+        assigned over that step's forwards (a fraction, 0–1): what a collapsing router costs
+        when tokens pile onto few experts. ``name`` is the router's module name."""
+        if not (self.active and self._armed):
+            return
+        try:
+            dropped = torch.as_tensor(dropped).detach().float().sum()
+            old = self._drops.get(name)
+            self._drops[name] = (dropped, assigned) if old is None else (
+                old[0] + dropped, old[1] + assigned)  # fmt: skip
+        except Exception as exc:  # called from the model's forward: never break it
+            self._fail_hook(name, exc)
+
     @property
     def measuring(self) -> bool:
         """True during the forward and backward of a monitoring step (when observers report)."""
@@ -248,6 +266,7 @@ class Monitor:
                 for acc in self._accumulators.values():
                     acc.reset()
                 self._max_logits.clear()
+                self._drops.clear()
                 self._hook_errors.clear()
             self._armed = (step + 1) % self.config.every == 0
 
@@ -270,6 +289,8 @@ class Monitor:
             # A router whose hook failed in this forward keeps only its weight geometry.
             acc = None if router.name in self._hook_errors else self._accumulators.get(router.name)
             gather(router.name, lambda r=router, a=acc: router_chunk(r, a))
+        if self._drops:
+            gather("router drops", lambda: dropped_chunk(self._drops))
         gather("symptoms", lambda: symptom_chunk(self._params, loss, self._max_logits))
         keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
         values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from foreshock.lab.arch import build
 from foreshock.lab.attention import LowPrecision, flash_attention, round_mantissa
 from foreshock.lab.divergence import DivergenceRule, divergence_step
 from foreshock.lab.faults import Fault
@@ -105,9 +106,9 @@ def test_fault_schedules() -> None:
 def test_attention_fault_switches_on_at_onset_in_chosen_layers() -> None:
     model = GPT(TINY)
     fault = Fault("fa-lowprec", onset=5, magnitude=1, layers=(1,))
-    fault.apply_attention(model, 4)
+    fault.apply_attention([b.attn for b in model.h], 4)
     assert [b.attn.lowp for b in model.h] == [None, None]
-    fault.apply_attention(model, 5)
+    fault.apply_attention([b.attn for b in model.h], 5)
     assert [b.attn.lowp for b in model.h] == [None, LowPrecision(1, "truncate")]
 
 
@@ -146,9 +147,12 @@ def test_lab_run_writes_labelled_records(tmp_path) -> None:
     assert again.losses == result.losses and again.divergence_step == result.divergence_step
 
 
-def test_router_only_learning_rate_fault_targets_only_the_gates() -> None:
-    model = GPT(TINY)
-    groups = _param_groups(model, Fault("lr-high", magnitude=10, lr_target="router"))
+@pytest.mark.parametrize("fault", [Fault("lr-high", magnitude=10, lr_target="router"),
+                                   Fault("router-collapse", magnitude=10)])  # fmt: skip
+def test_router_only_learning_rate_fault_targets_only_the_gates(fault: Fault) -> None:
+    lab = build("gpt-moe", TINY)
+    model = lab.model
+    groups = _param_groups(lab, fault)
     router_ids = {id(block.mlp.gate.weight) for block in model.h}
     assert {id(p) for p in groups[0]["params"]} == router_ids and groups[0]["faulted"]
     assert not groups[1]["faulted"]

@@ -65,7 +65,9 @@ def test_runs_read_back_from_the_store_replay_like_their_files(store: Path) -> N
     runs, skipped = load_runs(store)
     assert sorted(r.run_id for r in runs) == sorted(RUNS)
     assert skipped == {"unfinished": [], "unlabelled": []}
-    config = DetectorConfig.load(Path(__file__).parents[1] / "detectors" / "calibrated.json")
+    config = DetectorConfig.load(
+        Path(__file__).parents[1] / "detectors" / "calibrated" / "gpt-moe.json"
+    )
     for run in (r for r in runs if r.run_id in ("lr-high-s0", "fa-lowprec-s1")):
         from_store = replay_messages(run.run_id, run.start, run.records, run.end, config)
         from_file = replay_run(load_run(_paths([run.run_id])[0]), config)

@@ -1,0 +1,134 @@
+"""Healthy reference bands: where a series should be at this step, learned from healthy runs.
+
+A run-relative detector (a CUSUM on the residual from the run's own trend, or a level against
+its own warm-up) cannot tell a slow fault from healthy drift: healthy training moves every
+series (logits grow, entropies settle) at rates that differ by step. Measured on the lab's runs
+(``benchmarks.detection_table``, "envelope"), fa-lowprec's attention series leave the range of
+the healthy runs ~510 steps before the loss diverges while the trend CUSUMs warned 181 steps
+ahead: the information is there, but only *against what healthy runs do at the same step*.
+
+So a ``band`` rule compares each value with the healthy runs of its profile (same
+architecture and dispatch, same schedule) at the same step. For a series key and step s, with
+lo_s, hi_s the min and max of the calibration runs at s and w_s = hi_s − lo_s,
+
+    z_s = (x − hi_s) / w_s  above the band,   (x − lo_s) / w_s  below it,   0 inside,
+
+in band widths (dimensionless); a ``SustainedLevel`` fires when z has stayed beyond h in the
+rule's direction for ``confirm`` records. A step between calibrated steps uses the last
+calibrated step before it; past the calibrated horizon, the last band.
+
+h is calibrated leave-one-out: each calibration run is replayed against the band of the
+others (its own values are inside its own band by construction), and
+
+    h_m = max(1, (1 + margin) · max_i peak_m,i)   band widths,
+
+the floor of one width being the lab's band rule (``lab.bands``: the healthy range widened by
+its width on each side). Bands are per series key (module names included): they belong to one
+profile's calibration and travel in its config.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from .config import DetectorConfig
+from .level import SustainedLevel
+
+INFLATION_METRIC = "weight_norm"  # the optimizer's signature: every weight grows
+
+__all__ = ["BAND_FLOOR", "INFLATION_METRIC", "BandStandardizer", "band_thresholds", "healthy_bands"]
+
+BAND_FLOOR = 1.0
+MIN_RUNS = 2  # a step needs values from this many healthy runs to have a band
+
+
+class Recorded(Protocol):
+    records: list[dict[str, Any]]
+
+
+def healthy_bands(runs: Sequence[Recorded], metrics: set[str]) -> dict[str, dict[str, list]]:
+    """{series key: {"steps", "lo", "hi"}} over the module-level keys of ``metrics``."""
+    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for record in run.records:
+            for key, x in record.get("values", {}).items():
+                if x is not None and "#" not in key and key.split("@")[0] in metrics:
+                    values[key][int(record["step"])].append(float(x))
+    bands = {}
+    for key, by_step in sorted(values.items()):
+        steps = sorted(s for s, xs in by_step.items() if len(xs) >= MIN_RUNS)
+        bands[key] = {"steps": steps, "lo": [min(by_step[s]) for s in steps],
+                      "hi": [max(by_step[s]) for s in steps]}  # fmt: skip
+    return bands
+
+
+class BandStandardizer:
+    """``update(step, x)`` → z in band widths beyond the healthy band (0 inside), else None.
+
+    >>> s = BandStandardizer({"steps": [100, 200], "lo": [1.0, 2.0], "hi": [2.0, 4.0]}, 100)
+    >>> s.update(50, 9.0), s.update(100, 1.5), s.update(100, 3.0), s.update(250, 1.0)
+    (None, 0.0, 1.0, -0.5)
+    """
+
+    def __init__(self, band: dict[str, list], start: int) -> None:
+        self.band, self.start = band, start
+        self.mean: float | None = None  # the band centre at the last step, for the evidence
+        self.scale: float | None = None  # its width
+
+    def update(self, step: int, x: float | None) -> float | None:
+        steps = self.band["steps"]
+        i = bisect.bisect_right(steps, step) - 1
+        if x is None or step < self.start or i < 0 or not math.isfinite(float(x)):
+            return None
+        lo, hi = self.band["lo"][i], self.band["hi"][i]
+        width = max(hi - lo, 1e-12 * max(abs(hi), 1.0))
+        self.mean, self.scale = (lo + hi) / 2, width
+        x = float(x)
+        if x > hi:
+            return (x - hi) / width
+        return (x - lo) / width if x < lo else 0.0
+
+
+def band_thresholds(runs: Sequence[Recorded], config: DetectorConfig, margin: float,
+                    replay: Any) -> DetectorConfig:  # fmt: skip
+    """``config`` with the bands of all ``runs`` and leave-one-out thresholds for its band
+    rules (see the module docstring); ``replay(run, config) -> report with .peaks``."""
+    metrics = {r.metric for r in config.rules if r.kind == "band"} | {INFLATION_METRIC}
+    thresholds = dict(config.thresholds)
+    peaks: dict[str, list[float]] = {m: [] for m in metrics}
+    for i, run in enumerate(runs):
+        others = [r for j, r in enumerate(runs) if j != i]
+        bands = healthy_bands(others, metrics)
+        bare = replace(config, bands=bands,
+                       thresholds={**thresholds, **{m: math.inf for m in metrics}})  # fmt: skip
+        report = replay(run, bare)
+        for m in metrics - {INFLATION_METRIC}:
+            peaks[m].append(report.peaks.get(m, 0.0))
+        peaks[INFLATION_METRIC].append(_sustained_peak(run, bands, config))
+    h = {m: round(max(BAND_FLOOR, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
+    thresholds |= {m: h[m] for m in metrics - {INFLATION_METRIC}}
+    calibration = {**config.calibration, "bands": {
+        "method": "leave-one-out max excursion", "margin": margin, "floor": BAND_FLOOR,
+        "runs": len(runs), "peaks": {m: round(max(p, default=0.0), 4) for m, p in peaks.items()},
+    }}  # fmt: skip
+    return replace(config, bands=healthy_bands(runs, metrics), thresholds=thresholds,
+                   calibration=calibration, inflation_h=h[INFLATION_METRIC])  # fmt: skip
+
+
+def _sustained_peak(run: Recorded, bands: dict[str, dict[str, list]],
+                    config: DetectorConfig) -> float:  # fmt: skip
+    """The largest excursion of the weight norm above its band held for ``confirm`` records."""
+    if INFLATION_METRIC not in bands:
+        return 0.0
+    band = BandStandardizer(bands[INFLATION_METRIC], config.warmup_start)
+    level = SustainedLevel("up", math.inf, config.confirm)
+    for record in run.records:
+        z = band.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
+        if z is not None:
+            level.update(z)
+    return level.peak
