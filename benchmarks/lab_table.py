@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from foreshock.lab.bands import FAMILIES, family_exits
-from foreshock.lab.recorded import RecordedRun, load_run, shipped_runs
+from foreshock.lab.recorded import RecordedRun, load_run, seed_spans, shipped_runs
 from foreshock.lab.scenarios import SCENARIOS
 
 from ._table import emit_json, format_table
@@ -133,18 +133,27 @@ def _moved_cell(fig: dict) -> str:
     return f"{fig['moved_share']:.2f} ({fig['false_exits']}) {arrows}".rstrip()
 
 
-def generate(directory: Path, seeds: int, steps: int, scenarios: list[str], jobs: int) -> None:
+def _seed_list(text: str) -> list[int]:
+    """``N`` (seeds 0…N−1) or ``FIRST-LAST[,FIRST-LAST...]`` (inclusive)."""
+    if text.isdigit():
+        return list(range(int(text)))
+    return sorted(seed_spans(text))
+
+
+def generate(directory: Path, seeds: list[int], steps: int, scenarios: list[str], jobs: int,
+             arch: str = "gpt-moe") -> None:  # fmt: skip
     """Train the runs with ``foreshock lab run`` in parallel subprocesses; gzip each file."""
     directory.mkdir(parents=True, exist_ok=True)
+    prefix = "" if arch == "gpt-moe" else f"{arch}-"
     commands = []
     for scenario in scenarios:
-        for seed in range(seeds):
-            out = directory / f"{scenario}-s{seed}.jsonl"
+        for seed in seeds:
+            out = directory / f"{prefix}{scenario}-s{seed}.jsonl"
             if (directory / f"{out.name}.gz").exists():
                 continue
             commands.append([sys.executable, "-m", "foreshock.cli", "lab", "run", "--quiet",
-                             "--scenario", scenario, "--seed", str(seed), "--steps", str(steps),
-                             "--out", str(out)])  # fmt: skip
+                             "--arch", arch, "--scenario", scenario, "--seed", str(seed),
+                             "--steps", str(steps), "--out", str(out)])  # fmt: skip
 
     def run(command: list[str]) -> None:
         subprocess.run(command, check=True)
@@ -160,7 +169,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="at most 3 runs per scenario")
     parser.add_argument("--runs", type=Path, help="directory of recorded runs")
     parser.add_argument("--generate", type=Path, help="train runs into this directory first")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", default="5", help="N (seeds 0..N-1) or FIRST-LAST[,...]")
+    parser.add_argument("--arch", default="gpt-moe", choices=("gpt-moe", "mixtral"))
     parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -170,7 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     directory = args.generate or args.runs
     if args.generate:
-        generate(args.generate, args.seeds, args.steps, args.scenarios.split(","), args.jobs)
+        generate(args.generate, _seed_list(args.seeds), args.steps, args.scenarios.split(","),
+                 args.jobs, args.arch)  # fmt: skip
     runs = [load_run(p) for p in shipped_runs(directory)]
     unfinished = [r.run_id for r in runs if r.end is None]
     if unfinished:

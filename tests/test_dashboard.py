@@ -87,8 +87,9 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     titles = [e.label for e in app.expander]
     assert any("attention-numerics" in t and "cause" in t for t in titles)
     texts = [m.value for m in app.markdown]
-    assert any("its CUSUM statistic" in t for t in texts)  # an attention (trend) warning
-    assert any("from its warm-up level" in t for t in texts)  # a router (level) warning
+    assert any("healthy runs' band at the same step" in t for t in texts)  # a band warning
+    assert any("its CUSUM statistic" in t for t in texts)  # a symptom (trend) warning
+    assert any("What to check:" in t and "FlashAttention" in t for t in texts)
     assert {m.label: m.value for m in app.metric}["divergence step"] == str(
         load_run(_path("fa-lowprec-s1")).end["divergence_step"])  # fmt: skip
     app.checkbox[0].check().run()  # per-head detail
@@ -106,7 +107,9 @@ def test_compare_and_tuning_pages(history, monkeypatch):
             {"family": "router", "runs": 3, "detected": 3, "detection_rate": 1.0,
              "false_warnings_per_run": 0.0, "lead_median": 400.0, "lead_p10": 300.0,
              "lead_p90": 500.0}]}]}  # fmt: skip
-    version = registry.publish(history, default_config(), report, note="from a test")
+    version = registry.publish(
+        history, default_config().configs["gpt-moe"], report, note="from a test"
+    )
     app = _page("tuning", history, monkeypatch)
     assert {m.label: m.value for m in app.metric}["live detector config"] == version
     assert len(app.get("plotly_chart")) == 1 and "from a test" in app.code[-1].value

@@ -35,10 +35,15 @@ def _header(summary: dict) -> None:
     st.caption(" · ".join(f"{k}: {v}" for k, v in labels.items()))
 
 
+STATISTIC_NAMES = {
+    "level": "its distance from its warm-up level (|ln ratio|, sustained)",
+    "band": "its distance beyond the healthy runs' band at the same step (band widths, sustained)",
+    "cusum": "its CUSUM statistic",
+}
+
+
 def _statistic_name(warning: dict) -> str:
-    if (warning["evidence"] or {}).get("detector") == "level":
-        return "its distance from its warm-up level (|ln ratio|, sustained)"
-    return "its CUSUM statistic"
+    return STATISTIC_NAMES.get((warning["evidence"] or {}).get("detector"), "its CUSUM statistic")
 
 
 def _warnings(warnings: list[dict]) -> None:
@@ -58,6 +63,8 @@ def _warnings(warnings: list[dict]) -> None:
                 f"A healthy run warns falsely in this family with probability ≤ "
                 f"**{w['false_alarm_rate']}** per run (config `{w['config_version']}`)."
             )
+            if check := (w["evidence"] or {}).get("check"):
+                st.markdown(f"**What to check:** {check}")
             st.json(w["evidence"] or {}, expanded=False)
 
 
