@@ -122,6 +122,8 @@ def _judge(report: RunReport, scenario: str) -> dict:
             "mechanism_lead": None if div is None or first is None else div - first.step,
             "before_symptom": div is not None and own_first is not None and (
                 symptom is None or own_first.step < symptom.step),
+            "before_any_symptom": own_first is not None and (
+                symptom is None or own_first.step < symptom.step),
             "symptom_lead": None if div is None or symptom is None else div - symptom.step,
             "family_leads": _family_leads(report),
             }  # fmt: skip
@@ -230,9 +232,11 @@ def main() -> None:
         detected = sum(r["detected"] for r in runs)
         diverged = sum(r["divergence"] is not None for r in runs)
         earlier = sum(r["before_symptom"] for r in runs)
+        if not diverged:  # a silent fault: its own warning before any symptom, over all runs
+            earlier = sum(r["before_any_symptom"] for r in runs)
         rows.append([f"{scenario} ({n})", f"{detected}/{n}", diverged, count["correct"],
                      count["wrong"], count["ambiguous"], _median(mech), _median(sym),
-                     f"{earlier}/{diverged}" if scenario in OWN and diverged else "-"])  # fmt: skip
+                     f"{earlier}/{diverged or n}" if scenario in OWN else "-"])  # fmt: skip
         figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
                              "diverged": diverged, "own_family_before_symptom": earlier,
                              "mechanism_lead_median": _median(mech),
@@ -257,7 +261,9 @@ def main() -> None:
         f"\nenvelope lead (a ceiling: [min, max] of all {n_healthy} healthy runs, exit held "
         "to divergence); median over diverged runs (n)"
     )
-    print(format_table(ENVELOPE_HEADER, envelope_rows))
+    print(
+        format_table(ENVELOPE_HEADER, envelope_rows) if envelope_rows else "(no fault run diverged)"
+    )
     if calm := [s for s, f in figures.items() if s != HEALTHY and not f["diverged"]]:
         print(f"no diverged run, no lead: {', '.join(calm)}")
     emit_json({"profile": profile, "config_version": config.version,

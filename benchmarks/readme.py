@@ -54,9 +54,10 @@ def _max_logit(r: dict) -> list[tuple[str, str]]:
 
 
 def _detection(r: dict) -> list[tuple[str, str]]:
-    rows = []
+    rows = [("profile; calibration runs; config", f"{r.get('profile', 'gpt-moe')}; "
+             f"{r['calibration_runs']} healthy; `{r['config_version']}`")]  # fmt: skip
     for scenario, s in r["scenarios"].items():
-        if scenario in ("healthy", "fa-noise"):
+        if scenario in ("healthy", "fa-noise", "router-mild"):
             rows.append((f"false warnings on held-out {scenario} runs",
                          f"{s['detected']} of {s['runs']} runs"))  # fmt: skip
             continue
@@ -71,6 +72,31 @@ def _detection(r: dict) -> list[tuple[str, str]]:
         rows.append((f"{scenario}: warned by its own family before divergence",
                      f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
                      f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}{earlier}"))  # fmt: skip
+        rows += _envelope(scenario, s.get("envelope", {}))
+    return rows
+
+
+def _envelope(scenario: str, envelope: dict) -> list[tuple[str, str]]:
+    """The own family's envelope lead (a ceiling) beside the detectors' lead."""
+    rows = []
+    for family, e in envelope.items():
+        if family == "symptom" or not e.get("family_best_median") or not e.get("diverged"):
+            continue
+        detectors = e.get("detector_lead_median")
+        share = f" ({detectors / e['family_best_median']:.0%})" if detectors else ""
+        rows.append((f"{scenario}: {family} envelope lead (family best, median)",
+                     f"{e['family_best_median']} steps; detectors {detectors}{share}"))  # fmt: skip
+    return rows
+
+
+def _router_collapse(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for profile, figures in r["profiles"].items():
+        for scenario, f in figures.items():
+            dropped = "" if f["dropped"] is None else f", dropped fraction {f['dropped']}"
+            rows.append((f"{profile}, {scenario} ({f['runs']} runs, {f['diverged']} diverged)",
+                         f"loss {f['loss']} (gap {f['loss_gap']:+}), token entropy "
+                         f"{f['token_entropy']}{dropped}"))  # fmt: skip
     return rows
 
 
@@ -208,6 +234,17 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     ),
     "max_logit": ([], _max_logit, "max_logit on transformers models: cost"),
     "detection_table": ([], _detection, "Lead time and false warnings (held-out lab runs)"),
+    "detection_table_mixtral": (
+        ["--runs", "lab/runs/mixtral"],
+        _detection,
+        "Lead time and false warnings, transformers Mixtral (held-out lab runs)",
+    ),
+    "detection_table_capacity": (
+        ["--runs", "lab/runs/gpt-moe+capacity-1"],
+        _detection,
+        "Lead time and false warnings, GPT-MoE with expert capacity 1.0 (held-out lab runs)",
+    ),
+    "router_collapse": ([], _router_collapse, "What a router collapse costs"),
     "false_alarms": (
         [],
         _false_alarms,
@@ -234,6 +271,8 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
 
 MODULE = {  # result name -> benchmark module, where they differ
     "fleet_saturation": "fleet",
+    "detection_table_mixtral": "detection_table",
+    "detection_table_capacity": "detection_table",
     "overhead_gpt2-124m": "overhead",
     "overhead_mixtral-tiny": "overhead",
 }
@@ -277,6 +316,52 @@ def render() -> str:
     return "\n".join(lines)
 
 
+DETECTION_RESULTS = ("detection_table", "detection_table_capacity", "detection_table_mixtral")
+DETECTION_MARKERS = ("<!-- detection-table -->", "<!-- /detection-table -->")
+
+
+def detection_summary() -> str:
+    """The main README's detection table: one row per (profile, held-out scenario), from the
+    stored detection_table results."""
+    lines = ["| profile | scenario (held out) | warned | cause right / wrong / ambiguous "
+             "| lead: mechanism | lead: symptom | own family before symptom "
+             "| envelope lead (best mechanism family) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in DETECTION_RESULTS:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())["result"]
+        for scenario, s in r["scenarios"].items():
+            lines.append(_detection_row(r.get("profile", "gpt-moe"), scenario, s))
+    return "\n".join(lines)
+
+
+def _detection_row(profile: str, scenario: str, s: dict) -> str:
+    a, dash = s["attribution"], "–"
+    quiet = scenario in ("healthy", "fa-noise", "router-mild")
+    warned = f"{s['detected']}/{s['runs']}" + (" false" if quiet else "")
+    cause = dash if quiet else f"{a['correct']} / {a['wrong']} / {a['ambiguous']}"
+    own = dash if quiet else f"{s['own_family_before_symptom']}/{s['diverged'] or s['runs']}"
+    envelope = [e for f, e in (s.get("envelope") or {}).items()
+                if f != "symptom" and e.get("family_best_median") is not None]  # fmt: skip
+    best = max(envelope, key=lambda e: e["family_best_median"], default=None)
+    env = dash if best is None or quiet else f"{best['family_best_median']}"
+    lead = s["mechanism_lead_median"] if s["mechanism_lead_median"] is not None else dash
+    sym = s["symptom_lead_median"] if s["symptom_lead_median"] is not None else dash
+    return (
+        f"| {profile} | {scenario} ({s['runs']}, {s['diverged']} diverged) | {warned} "
+        f"| {cause} | {lead} | {sym} | {own} | {env} |"
+    )
+
+
+def with_detection_summary(readme: str) -> str:
+    """``readme`` with the text between the detection-table markers regenerated."""
+    start, end = DETECTION_MARKERS
+    head, rest = readme.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{detection_summary()}\n{end}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", nargs="*", default=[], help="benchmarks to (re)run, or all")
@@ -291,7 +376,9 @@ def main() -> None:
         text = Path(file).read_text().strip().splitlines()[-1]
         save(name, json.loads(text), BENCHMARKS[name][0], when=Path(file).stat().st_mtime)
     (HERE / "README.md").write_text(render())
-    print(f"wrote {HERE / 'README.md'}")
+    main_readme = HERE.parent / "README.md"
+    main_readme.write_text(with_detection_summary(main_readme.read_text()))
+    print(f"wrote {HERE / 'README.md'} and the detection table in {main_readme}")
 
 
 if __name__ == "__main__":

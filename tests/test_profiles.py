@@ -65,3 +65,55 @@ def test_a_run_is_judged_by_the_config_its_start_labels_call_for():
     assert configs.for_labels({"arch": "unknown-arch"}) is a  # no calibration: the default's
     with pytest.raises(ValueError, match="default profile"):
         ProfileConfigs({"mixtral": b})
+
+
+def test_readme_detection_table_is_the_stored_results():
+    """The README's detection figures are generated from benchmarks/results, never typed."""
+    from benchmarks.readme import DETECTION_MARKERS, detection_summary
+
+    readme = (RECORDED_DIR.parents[1] / "README.md").read_text()
+    start, end = DETECTION_MARKERS
+    section = readme.split(start, 1)[1].split(end, 1)[0]
+    assert section.strip() == detection_summary().strip()
+    assert (
+        "| mixtral | fa-lowprec" in section and "| gpt-moe+capacity-1 | router-collapse" in section
+    )
+
+
+def _first_mechanism(report):
+    div = report.divergence_step
+    return next((a for a in report.alerts if a.family != "symptom"
+                 and (div is None or a.step < div)), None)  # fmt: skip
+
+
+@pytest.mark.parametrize("profile", ["mixtral", "gpt-moe+capacity-1"])
+def test_a_router_collapse_is_named_by_the_router_before_any_symptom(profile):
+    """The silent fault: the loss never diverges, the router family names it first."""
+    configs = default_config()
+    for run in _runs(profile, "router-collapse"):
+        report = replay_run(run, configs)
+        first, symptom = _first_mechanism(report), report.first("symptom")
+        assert first is not None and (first.family, first.role) == ("router", "cause"), run.run_id
+        assert symptom is None or first.step < symptom.step, run.run_id
+        assert first.config_version == configs.configs[profile].version
+
+
+@pytest.mark.parametrize("profile", ["mixtral", "gpt-moe+capacity-1"])
+def test_the_mild_control_and_held_out_healthy_runs_stay_quiet(profile):
+    held = seed_spans(HELD_OUT_HEALTHY[profile])
+    runs = _runs(profile, "router-mild") + [
+        r for r in _runs(profile, "healthy") if r.labels["seed"] in held
+    ]
+    assert runs
+    for run in runs:
+        assert _first_mechanism(replay_run(run, default_config())) is None, run.run_id
+
+
+def test_on_mixtral_numerics_name_attention_and_a_learning_rate_ramp_never_does():
+    configs = default_config()
+    for run in _runs("mixtral", "fa-lowprec"):
+        first = _first_mechanism(replay_run(run, configs))
+        assert (first.family, first.role) == ("attention-numerics", "cause"), run.run_id
+    for run in _runs("mixtral", "lr-high"):
+        first = _first_mechanism(replay_run(run, configs))
+        assert first.role == "optimizer", run.run_id
