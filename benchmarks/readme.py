@@ -323,9 +323,12 @@ DETECTION_MARKERS = ("<!-- detection-table -->", "<!-- /detection-table -->")
 def detection_summary() -> str:
     """The main README's detection table: one row per (profile, held-out scenario), from the
     stored detection_table results."""
-    lines = ["| profile | scenario (held out) | warned | cause right / wrong / ambiguous "
-             "| lead: mechanism | lead: symptom | own family before symptom "
-             "| envelope lead (best mechanism family) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    header = (
+        "| profile | scenario (held out) | warned | cause right / wrong / ambiguous "
+        "| lead: mechanism | lead: symptom | own family before symptom "
+        "| envelope lead (best mechanism family) |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for name in DETECTION_RESULTS:
         path = RESULTS / f"{name}.json"
         if not path.exists():
