@@ -34,7 +34,10 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache
 from typing import Any, Protocol
+
+from foreshock.producers.records import SeriesKey, parse_series_key
 
 from .config import DetectorConfig
 from .level import SustainedLevel
@@ -47,24 +50,44 @@ BAND_FLOOR = 1.0
 MIN_RUNS = 2  # a step needs values from this many healthy runs to have a band
 
 
+Bands = dict[str, dict[str, list]]
+
+
 class Recorded(Protocol):
     records: list[dict[str, Any]]
 
 
-def healthy_bands(runs: Sequence[Recorded], metrics: set[str]) -> dict[str, dict[str, list]]:
-    """{series key: {"steps", "lo", "hi"}} over the module-level keys of ``metrics``."""
+def healthy_bands(runs: Sequence[Recorded], metrics: set[str] | None = None) -> Bands:
+    """{series key: {"steps", "lo", "hi"}}: per step, the min and max of the runs' non-null
+    values, over the module-level keys of ``metrics`` (None: every module-level key)."""
     values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         for record in run.records:
             for key, x in record.get("values", {}).items():
-                if x is not None and "#" not in key and key.split("@")[0] in metrics:
-                    values[key][int(record["step"])].append(float(x))
+                if x is not None and _module_level(key, metrics):
+                    values[key][int(record["step"])].append(x)
     bands = {}
     for key, by_step in sorted(values.items()):
         steps = sorted(s for s, xs in by_step.items() if len(xs) >= MIN_RUNS)
         bands[key] = {"steps": steps, "lo": [min(by_step[s]) for s in steps],
                       "hi": [max(by_step[s]) for s in steps]}  # fmt: skip
     return bands
+
+
+@cache
+def _parsed(key: str) -> SeriesKey | None:
+    try:
+        return parse_series_key(key)
+    except ValueError:
+        return None
+
+
+def _module_level(key: str, metrics: set[str] | None) -> bool:
+    """A whole-module or global series (not per-head, not malformed) of ``metrics``."""
+    parsed = _parsed(key)
+    if parsed is None or parsed.head is not None:
+        return False
+    return metrics is None or parsed.metric in metrics
 
 
 class BandStandardizer:

@@ -54,14 +54,14 @@ def _smoke(args: argparse.Namespace) -> int:
 
 @_needs_torch
 def _lab_run(args: argparse.Namespace) -> int:
+    from foreshock.lab.arch import default_model
     from foreshock.lab.faults import Fault, default_capacity
-    from foreshock.lab.model import GPTConfig
     from foreshock.lab.run import RunConfig, run_lab
 
     capacity = args.capacity
     if capacity is None:
         capacity = default_capacity(args.scenario, args.arch)
-    model = GPTConfig(capacity_factor=capacity, n_kv_head=2 if args.arch == "mixtral" else 0)
+    model = default_model(args.arch, capacity)
     layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
     fault = Fault.default(
         args.scenario, args.onset, args.magnitude,

@@ -26,7 +26,7 @@ from torch import nn
 from .attention import flash_attention
 from .model import GPT, GPTConfig
 
-__all__ = ["ARCHS", "LabModel", "build"]
+__all__ = ["ARCHS", "LabModel", "build", "default_model"]
 
 ARCHS = ("gpt-moe", "mixtral")
 LAB_ATTENTION = "foreshock-lab-fa"
@@ -51,6 +51,11 @@ class LabModel:
         if self.aux_loss_weight > 0:
             loss = loss + self.aux_loss_weight * out.aux_loss
         return loss
+
+
+def default_model(arch: str, capacity_factor: float = 0.0) -> GPTConfig:
+    """The lab's dimensions for ``arch``: Mixtral's attention is GQA (2 key/value heads)."""
+    return GPTConfig(capacity_factor=capacity_factor, n_kv_head=2 if arch == "mixtral" else 0)
 
 
 def build(arch: str, config: GPTConfig) -> LabModel:

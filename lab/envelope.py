@@ -42,10 +42,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from functools import cache
 from typing import Any
 
-from foreshock.producers.records import parse_series_key
+from foreshock.detectors.bands import healthy_bands
 
 from .recorded import RecordedRun
 
@@ -60,33 +59,16 @@ __all__ = [
 ]
 
 MIN_STEP = 100  # the detectors' warm-up starts here: no exit is counted before it
-MIN_RUNS = 2  # healthy values a step needs for a band
 
 Envelope = dict[str, dict[int, tuple[float, float]]]
 
 
-@cache
-def _tracked(key: str) -> bool:
-    """A whole-module or global series (not per-head, not malformed)."""
-    try:
-        return parse_series_key(key).head is None
-    except ValueError:
-        return False
-
-
 def healthy_envelope(healthy_runs: Iterable[RecordedRun]) -> Envelope:
-    """Per series key and monitoring step, (min, max) over the healthy runs' non-null values."""
-    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for run in healthy_runs:
-        for record in run.records:
-            for key, value in record.get("values", {}).items():
-                if value is not None and _tracked(key):
-                    values[key][record["step"]].append(value)
-    envelope = {
-        key: {s: (min(v), max(v)) for s, v in by_step.items() if len(v) >= MIN_RUNS}
-        for key, by_step in values.items()
-    }
-    return {key: band for key, band in envelope.items() if band}
+    """Per series key and monitoring step, (min, max) over the healthy runs' non-null values
+    (the detectors' healthy bands of every module-level key, read as a step → band map)."""
+    bands = healthy_bands(list(healthy_runs))
+    return {key: dict(zip(b["steps"], zip(b["lo"], b["hi"], strict=True), strict=True))
+            for key, b in bands.items() if b["steps"]}  # fmt: skip
 
 
 def _outside(value: float | None, band: tuple[float, float]) -> bool:
