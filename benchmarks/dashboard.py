@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from foreshock.dashboard.data import TTL
+from foreshock.storage.store import store_exists
 from foreshock.transport.broker import free_port
 
 from ._table import emit_json, format_table, median
@@ -103,7 +104,7 @@ def main() -> None:
         args.runs, args.steps, args.repeats = 20, 5000, 3
     temp = None
     store = args.store
-    if store is None or not (store / "manifest.json").exists():
+    if store is None or not store_exists(str(store)):
         store = store or Path(tempfile.mkdtemp(prefix="foreshock-dash-")) / "history"
         temp = None if args.store else store.parent
         build_history(store, args.runs, args.steps, args.every)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.storage.store import store_exists
 from foreshock.transport.broker import free_port
 from foreshock.transport.settings import KafkaSettings
 
@@ -126,7 +127,7 @@ def _sample(urls: dict[str, list[str]], written: int, store: Path) -> dict[str, 
 def _stored_messages(store: Path) -> int:
     from foreshock.storage.reader import open_history
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return 0
     with open_history(store) as history:
         return history.sql(
@@ -173,7 +174,7 @@ def _latencies(store: Path, arrivals: dict[str, tuple[str, int, float]]) -> list
 def _stored_values(store: Path) -> int:
     from foreshock.storage.reader import open_history
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return 0
     with open_history(store) as history:
         rows = history.sql("SELECT coalesce(sum(n_values), 0)::BIGINT AS v FROM steps")

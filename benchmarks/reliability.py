@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.storage.store import store_exists
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 
@@ -171,7 +172,7 @@ def stored_counts(store: Path) -> dict[str, Any]:
     """Per run: stored step rows and distinct seqs; warning event keys and their row count."""
     from foreshock.storage.reader import open_history
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return {"steps": {}, "distinct": {}, "events": [], "event_rows": 0, "messages": 0}
     with open_history(store) as history:
         steps = history.sql("SELECT run_id, count(*) AS n, count(DISTINCT seq) AS d "

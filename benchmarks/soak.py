@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.storage.store import store_exists
 from foreshock.transport.broker import free_port
 from foreshock.transport.settings import KafkaSettings
 
@@ -186,7 +187,7 @@ def _stored(store: Path) -> tuple[int, int]:
     """(messages, metric values) in the store: steps + run events, and their values."""
     from foreshock.storage.reader import open_history
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return 0, 0
     with open_history(store) as history:
         row = history.sql(

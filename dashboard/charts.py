@@ -1,5 +1,9 @@
 """Plotly figures for the pages: loss with divergence and lead span, monitors with warning
-markers, runs overlaid, the tuning trade-off. Pure functions of plain rows (testable)."""
+markers, runs overlaid, the tuning trade-off. Pure functions of plain rows (testable).
+
+Every string from the history (run ids, module names, warning fields, tuning parameters) goes
+through :func:`~foreshock.dashboard.text.plot_text` before plotly sees it: plotly renders a
+subset of HTML (links, bold, line breaks) in names, titles, hover text and annotations."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
+
+from .text import plot_text
 
 __all__ = ["FAMILY_COLOURS", "compare_figure", "loss_figure", "monitor_figure", "tradeoff_figure"]
 
@@ -46,7 +52,7 @@ def loss_figure(loss: list[dict[str, Any]], warnings: list[dict[str, Any]],
                       annotation_text=f"divergence @ {divergence_step}")  # fmt: skip
         if first is not None:
             fig.add_vrect(x0=first["step"], x1=divergence_step, opacity=0.15, line_width=0,
-                          fillcolor=FAMILY_COLOURS[first["family"]],
+                          fillcolor=FAMILY_COLOURS.get(first["family"], "grey"),
                           annotation_text=f"lead {divergence_step - first['step']} steps",
                           annotation_position="top left")  # fmt: skip
     _warning_markers(fig, [w for w in warnings if w["family"] != "symptom"], _floor(loss, "low"))
@@ -64,9 +70,11 @@ def _warning_markers(fig: go.Figure, warnings: list[dict[str, Any]], y: float) -
         mine = [w for w in warnings if w["family"] == family]
         fig.add_trace(go.Scatter(
             x=[w["step"] for w in mine], y=[y] * len(mine), mode="markers",
-            marker={"symbol": "triangle-up", "size": 12, "color": FAMILY_COLOURS[family]},
-            name=f"⚠ {family}", hovertext=[f"{family} @ {w['module'] or 'run'}, step "
-                                           f"{w['step']} ({w['role']})" for w in mine],
+            marker={"symbol": "triangle-up", "size": 12,
+                    "color": FAMILY_COLOURS.get(family, "grey")},
+            name=plot_text(f"⚠ {family}"),
+            hovertext=[plot_text(f"{family} @ {w['module'] or 'run'}, step {w['step']} "
+                                 f"({w['role']})") for w in mine],
             hoverinfo="text"))  # fmt: skip
 
 
@@ -85,9 +93,9 @@ def monitor_figure(title: str, points: list[dict[str, Any]], warnings: list[dict
         lines[name if p["head"] is None else f"{name} head {p['head']}"].append(p)
     for name, pts in sorted(lines.items()):
         fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["value"] for p in pts],
-                                 name=name, mode="lines"))  # fmt: skip
+                                 name=plot_text(name), mode="lines"))  # fmt: skip
     _warning_markers(fig, [w for w in warnings if w["family"] == family], _floor(points))
-    fig.update_layout(title=title, xaxis_title="step", **_LAYOUT)
+    fig.update_layout(title=plot_text(title), xaxis_title="step", **_LAYOUT)
     return fig
 
 
@@ -101,11 +109,13 @@ def compare_figure(metric: str, lines: list[dict[str, Any]],
     divergence = {r["run_id"]: r["divergence_step"] for r in leads}
     for run_id, pts in sorted(by_run.items()):
         fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["value"] for p in pts],
-                                 name=run_id, mode="lines"))  # fmt: skip
+                                 name=plot_text(run_id), mode="lines"))  # fmt: skip
         if divergence.get(run_id) is not None:
             fig.add_vline(x=divergence[run_id], line={"dash": "dash", "width": 1},
-                          annotation_text=f"{run_id} diverges", annotation_font_size=9)  # fmt: skip
-    fig.update_layout(title=metric, xaxis_title="step", **{**_LAYOUT, "height": 420})
+                          annotation_text=plot_text(f"{run_id} diverges"),
+                          annotation_font_size=9)  # fmt: skip
+    fig.update_layout(title=plot_text(metric), xaxis_title="step",
+                      **{**_LAYOUT, "height": 420})  # fmt: skip
     return fig
 
 
@@ -123,7 +133,7 @@ def tradeoff_figure(points: list[dict[str, Any]], chosen: int | None) -> go.Figu
                 ys.append(f["detection_rate"])
                 sizes.append(8 + (f["lead_median"] or 0) / 25)
                 params = ", ".join(f"{k}={v}" for k, v in point["params"].items())
-                text.append(("★ chosen: " if i == chosen else "") + params)
+                text.append(plot_text(("★ chosen: " if i == chosen else "") + params))
         if xs:
             fig.add_trace(
                 go.Scatter(

@@ -21,7 +21,10 @@ def streamlit_command(host: str, port: int) -> list[str]:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    store = Path(args.store).resolve()
+    from foreshock.storage.location import load_location
+
+    location = load_location(args.store, getattr(args, "config", None))
+    store = location.uri if not location.is_local else str(Path(location.uri).resolve())
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"foreshock dashboard: listening on {args.host}: anyone who can reach this "
               "address reads the whole history (no authentication) — put a reverse proxy "
@@ -34,7 +37,8 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 def add_dashboard_commands(sub: argparse._SubParsersAction) -> None:
     dash = sub.add_parser("dashboard", help="the fleet dashboard (Streamlit) over a store")
-    dash.add_argument("--store", default="foreshock-history", help="store folder to read")
+    dash.add_argument("--store", help="folder or URI to read (default: [store] uri in --config, "
+                      "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
     dash.add_argument("--host", default="127.0.0.1",
                       help="address to bind (default 127.0.0.1: this machine only; another "
                       "address exposes the history to that network, unauthenticated)")  # fmt: skip

@@ -1,9 +1,11 @@
 """What the pages read: cached calls into :mod:`foreshock.storage.queries` and the detector
 registry. No SQL here either; nothing is opened at import time.
 
-The store comes from ``FORESHOCK_STORE`` (``foreshock dashboard --store`` sets it). Each call
-opens a fresh snapshot (one small manifest read) and caches its answer for ``TTL`` seconds, so
-a page render and its auto-refresh cost a few small queries, and many viewers share them.
+The store comes from ``FORESHOCK_STORE`` (``foreshock dashboard --store`` sets it): a folder
+or a URI. The dashboard refreshes *by version*: every ``TTL`` seconds it reads the tables'
+newest versions (one small log read each); answers are cached under those versions, so an
+auto-refresh of an idle fleet costs no query at all, a page's numbers all come from one pinned
+snapshot, and many viewers share them.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from typing import Any
 import streamlit as st
 
 from foreshock.storage import queries
+from foreshock.storage.location import DEFAULT_STORE
 from foreshock.storage.reader import open_history
+from foreshock.storage.store import store_exists as _exists
+from foreshock.storage.store import table_versions
 
 __all__ = ["MONITORS", "TTL", "compare", "fleet", "live_config", "projects", "run_ids", "run_page",
            "store_exists", "store_path", "tune_reports"]  # fmt: skip
 
-TTL = 2.0  # seconds a query's answer is reused
+TTL = 2.0  # seconds between reads of the store's versions
+KEEP = 600.0  # seconds an answer for one version stays cached
 MONITORS: dict[str, tuple[str, str]] = {  # label -> (metric, family)
     "Δ2 spectral entropy (QK increment)": ("attn.d2.entropy_mean", "attention-numerics"),
     "ΔW_q spectral entropy": ("attn.dwq.entropy", "attention-numerics"),
@@ -36,51 +42,63 @@ MONITORS: dict[str, tuple[str, str]] = {  # label -> (metric, family)
 PER_HEAD = {"attn.d2.entropy_mean": "attn.d2.entropy"}  # module metric -> its per-head metric
 
 
-def store_path() -> Path:
-    return Path(os.environ.get("FORESHOCK_STORE", "foreshock-history"))
+def store_path() -> str:
+    return os.environ.get("FORESHOCK_STORE", DEFAULT_STORE)
 
 
 def store_exists() -> bool:
-    return (store_path() / "manifest.json").exists()
+    return _exists(store_path())
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _versions(store: str) -> tuple[tuple[str, int], ...]:
+    return tuple(table_versions(store).items())
+
+
+def _pinned(store: str, versions: tuple[tuple[str, int], ...]):
+    return open_history(store, dict(versions))
 
 
 def fleet(project: str | None = None, status: str | None = None, family: str | None = None,
           window_s: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The fleet table's rows, most urgent first (see :func:`queries.fleet`)."""
-    return _fleet(str(store_path()), project, status, family, window_s)
+    store = store_path()
+    return _fleet(store, _versions(store), project, status, family, window_s)
 
 
 def run_ids() -> list[str]:
-    return [r["run_id"] for r in _fleet(str(store_path()), None, None, None, None)]
+    return [r["run_id"] for r in fleet()]
 
 
 def projects() -> list[str]:
-    rows = _fleet(str(store_path()), None, None, None, None)
+    rows = fleet()
     return sorted({r["project"] for r in rows if r["project"]})
 
 
 def run_page(run_id: str, metrics: tuple[str, ...], heads: bool = False,
              max_points: int = 1000) -> dict[str, Any]:  # fmt: skip
     """Everything the run page draws, from one snapshot."""
-    return _run_page(str(store_path()), run_id, metrics, heads, max_points)
+    store = store_path()
+    return _run_page(store, _versions(store), run_id, metrics, heads, max_points)
 
 
 def compare(run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
-    return _compare(str(store_path()), run_ids, metric)
+    store = store_path()
+    return _compare(store, _versions(store), run_ids, metric)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _fleet(store: str, project: str | None, status: str | None, family: str | None,
-           window_s: float | None) -> list[dict[str, Any]]:  # fmt: skip
-    since = None if window_s is None else time.time() - window_s
-    with open_history(store) as history:
+def _fleet(store: str, versions: tuple, project: str | None, status: str | None,
+           family: str | None, window_s: float | None) -> list[dict[str, Any]]:  # fmt: skip
+    since = None if window_s is None else time.time() - window_s  # moves: cached for TTL only
+    with _pinned(store, versions) as history:
         return queries.fleet(history, project, status, family, since)
 
 
-@st.cache_data(ttl=TTL, show_spinner=False)
-def _run_page(store: str, run_id: str, metrics: tuple[str, ...], heads: bool,
+@st.cache_data(ttl=KEEP, show_spinner=False, max_entries=256)
+def _run_page(store: str, versions: tuple, run_id: str, metrics: tuple[str, ...], heads: bool,
               max_points: int) -> dict[str, Any]:  # fmt: skip
-    with open_history(store) as history:
+    with _pinned(store, versions) as history:
         summary = queries.summary(history, run_id)
         if summary is None:
             return {"summary": None}
@@ -94,13 +112,14 @@ def _run_page(store: str, run_id: str, metrics: tuple[str, ...], heads: bool,
         series = {m: lines[n] for m, n in names.items()}
         loss = queries.series_many(history, run_id, ["loss"], max_points=max_points)["loss"]
         return {"summary": summary, "warnings": queries.run_warnings(history, run_id),
-                "loss": loss,
+                "loss": loss, "attempts": queries.run_attempts(history, run_id),
                 "series": series}  # fmt: skip
 
 
-@st.cache_data(ttl=TTL, show_spinner=False)
-def _compare(store: str, run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
-    with open_history(store) as history:
+@st.cache_data(ttl=KEEP, show_spinner=False, max_entries=64)
+def _compare(store: str, versions: tuple, run_ids: tuple[str, ...], metric: str,
+             ) -> dict[str, Any]:  # fmt: skip
+    with _pinned(store, versions) as history:
         lines = queries.series_across_runs(history, list(run_ids), metric)
         leads = [r for r in queries.lead_table(history) if r["run_id"] in run_ids]
     return {"lines": lines, "leads": leads}
@@ -119,6 +138,6 @@ def live_config() -> tuple[str | None, list[dict[str, Any]]]:
 
 def tune_reports() -> dict[str, dict[str, Any]]:
     """version -> the tune report that chose it, newest first."""
-    folder = store_path() / "detector-configs"
+    folder = Path(store_path()) / "detector-configs"
     paths = sorted(folder.glob("*.tune.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     return {p.name.removesuffix(".tune.json"): json.loads(p.read_text()) for p in paths}

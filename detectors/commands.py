@@ -45,7 +45,11 @@ def _replay(args: argparse.Namespace) -> int:
     from .replay import replay
 
     config = _detect_config(args)
-    reports = replay(args.replay, config)
+    try:
+        reports = replay(args.replay, config)
+    except (ValueError, OSError) as exc:
+        print(f"foreshock detect --replay: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         for report in reports:
             print(json.dumps({
@@ -142,7 +146,8 @@ def _tune_table(report: dict) -> str:
     split = report["split"]
     return (f"{families}\n\n{points}\n\ncalibrated on {len(split['calibration'])} healthy "
             f"runs, judged on {len(split['judged'])} (held out: {split['held_out_seeds']})\n"
-            f"rule: {report['rule']}")  # fmt: skip
+            f"rule: {report['rule']}\nstore versions read (--store-versions to reproduce): "
+            f"{json.dumps(report['store_versions'])}")  # fmt: skip
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -162,7 +167,8 @@ def _tune(args: argparse.Namespace) -> int:
                 "confirm": args.grid_confirm or DEFAULT_GRID["confirm"],
                 "trend_beta": args.grid_trend_beta or DEFAULT_GRID["trend_beta"]}  # fmt: skip
         config, report = tune(args.store, grid, args.held_out_seeds,
-                              progress=None if args.json else _progress)  # fmt: skip
+                              progress=None if args.json else _progress,
+                              versions=args.store_versions)  # fmt: skip
         published = None if args.dry_run else publish(args.store, config, report, args.note)
     except (TuneError, RegistryError) as exc:
         print(f"foreshock tune: {exc}", file=sys.stderr)
@@ -186,10 +192,13 @@ def _seed_range(text: str) -> range:
 
 
 def _add_tune(sub: argparse._SubParsersAction) -> None:
-    from foreshock.storage.commands import DEFAULT_STORE
+    from foreshock.storage.location import DEFAULT_STORE
 
     tune = sub.add_parser("tune", help="tune detectors on a store's runs; publish or roll back")
     tune.add_argument("--store", default=DEFAULT_STORE, help="store folder (runs and configs)")
+    tune.add_argument("--store-versions", type=json.loads, metavar="JSON",
+                      help='the table versions to read, e.g. {"steps": 12, ...}: an earlier '
+                      "tune's store_versions, to reproduce it exactly")  # fmt: skip
     tune.add_argument(
         "--held-out-seeds",
         type=_seed_range,

@@ -107,11 +107,35 @@ class _Series:
 
 
 class RunDetector:
-    """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``."""
+    """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``.
+
+    **A resumed run is the same run.** When a record of a new ``attempt`` (a producer restarted
+    under the same run id, see :mod:`foreshock.transport.wire`) goes back to a step already
+    seen — training resumed from a checkpoint — the state is rebuilt as it was just before
+    that step, by replaying the run's earlier records below it (``_resume``), and the new
+    attempt continues from there: what an uninterrupted run that had reached the checkpoint
+    would hold. Warnings of the abandoned steps stay in the history; those of the replay are
+    not sent again. A record of an attempt already superseded is not a resume but a second
+    job under the same run id (the sink reports the collision): it is ignored and counted.
+    The records kept for this are the last ``MAX_REPLAY`` (a resume further back starts from
+    the oldest kept).
+    """
+
+    MAX_REPLAY = 5_000
 
     def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs) -> None:
         self.run_id, self._configs = run_id, config
         self.config = config.for_labels({})  # until the run's start labels say otherwise
+        self._inputs: deque[dict[str, Any]] = deque(maxlen=self.MAX_REPLAY)
+        self._attempt: int | None = None
+        self._attempts: set[int] = set()
+        self._replaying = False
+        self.resumes: list[tuple[int, int]] = []  # (attempt, step it resumed at)
+        self.ignored = 0  # records of a superseded attempt (two jobs under one run id)
+        self._reset()
+
+    def _reset(self) -> None:
+        """Every piece of state a run's records build (not its config or kept records)."""
         self._series: dict[str, _Series] = {}
         self._ignored: set[str] = set()  # series keys no rule reads
         self._open: dict[tuple[str, str | None], Alert] = {}
@@ -128,6 +152,16 @@ class RunDetector:
         events: list[Alert] = []
         if kind == "metrics":
             step = int(message["step"])
+            attempt = int(message.get("attempt") or 0)
+            if attempt != self._attempt and self._attempt is not None and not self._replaying:
+                if attempt in self._attempts:  # an attempt superseded earlier: a collision
+                    self.ignored += 1
+                    return events
+                if step <= self.last_step:
+                    self._resume(attempt, step)
+            self._attempt = attempt
+            self._attempts.add(attempt)
+            self._inputs.append(message)
             self.last_step = max(self.last_step, step)
             values = message.get("values", {})
             events += self._metrics(step, values)
@@ -141,6 +175,17 @@ class RunDetector:
         elif kind == "end" and message.get("divergence_step") is not None:
             events += self._diverged(int(message["divergence_step"]), exact=True)
         return events
+
+    def _resume(self, attempt: int, step: int) -> None:
+        """Rebuild the state from the kept records below ``step`` (see the class docstring)."""
+        kept = [m for m in self._inputs if int(m["step"]) < step]
+        self._inputs.clear()
+        self._reset()
+        self._replaying = True
+        for message in kept:
+            self.update(message)  # its events were sent when the record first came
+        self._replaying = False
+        self.resumes.append((attempt, step))
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
         """Update every series first, then open warnings: attribution sees the whole record."""
@@ -238,7 +283,7 @@ class RunDetector:
                       "cause": self.cause if family in MECHANISMS else None,
                       "check": CHECK.get(self.cause if family in MECHANISMS else family)},
             divergence_step=self.divergence_step,
-            lead_time=None if self.divergence_step is None else self.divergence_step - step,
+            lead_time=_lead(self.divergence_step, step),
         )  # fmt: skip
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
@@ -277,6 +322,18 @@ class RunDetector:
         self.divergence_step = step
         events = []
         for alert in self.alerts:
-            alert.divergence_step, alert.lead_time = step, step - alert.step
+            alert.divergence_step, alert.lead_time = step, _lead(step, alert.step)
             events.append(Alert(**{**asdict(alert), "event": "updated"}))
         return events
+
+
+def _lead(divergence_step: int | None, step: int) -> int | None:
+    """Steps from a warning to the divergence; None unless the warning came first (a warning
+    after the divergence has no lead, and a step the producer got wrong must not make one).
+
+    >>> _lead(1178, 1050), _lead(625, 10**12), _lead(None, 5)
+    (128, None, None)
+    """
+    if divergence_step is None or step > divergence_step:
+        return None
+    return divergence_step - step

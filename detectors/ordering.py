@@ -1,8 +1,9 @@
 """Put each stream's messages back in seq order before the detectors see them.
 
 A message re-sent from a producer's spool can arrive after newer ones; detectors are
-sequential, so each (run_id, rank) stream is released in seq order. A gap that does not fill
-within ``max_held`` held messages is skipped (logged): a lost message must not stall a run.
+sequential, so each (run_id, rank, attempt) stream is released in seq order. A gap that does
+not fill within ``max_held`` held messages is skipped (logged): a lost message must not stall
+a run.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class SeqOrderer:
 
     def __init__(self, max_held: int = 200) -> None:
         self.max_held = max_held
-        self._next: dict[tuple[str, int], int] = {}
-        self._held: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        self._next: dict[tuple[str, int, int], int] = {}
+        self._held: dict[tuple[str, int, int], dict[int, dict[str, Any]]] = {}
         self.skipped = 0
 
     def push(self, message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -106,14 +106,17 @@ def replay_messages(run_id: str, start: dict[str, Any] | None, records: Sequence
 
 
 def load_runs(root: str | Path, progress: Progress | None = None,
-              ) -> tuple[list[StoredRun], dict[str, list[str]]]:  # fmt: skip
-    """Every finished, labelled run in the store; and the ids left out, by reason.
+              versions: dict[str, int] | None = None,
+              ) -> tuple[list[StoredRun], dict[str, list[str]], dict[str, int]]:  # fmt: skip
+    """Every finished, labelled run in the store (at table ``versions``, default the newest);
+    the ids left out, by reason; the table versions read (what reproduces this exactly).
     ``progress(loaded, runs)`` after each run read."""
     from foreshock.storage import queries
     from foreshock.storage.reader import open_history
 
     runs, skipped = [], {"unfinished": [], "unlabelled": []}
-    with open_history(root) as snapshot:
+    with open_history(root, versions) as snapshot:
+        read = dict(snapshot.versions)
         rows = sorted(queries.fleet(snapshot), key=lambda r: r["run_id"])
         for done, row in enumerate(rows, start=1):
             start, records, end = queries.run_records(snapshot, row["run_id"])
@@ -127,7 +130,7 @@ def load_runs(root: str | Path, progress: Progress | None = None,
                 skipped["unlabelled"].append(row["run_id"])
             else:
                 runs.append(StoredRun(row["run_id"], scenario, seed, start, records, end))
-    return runs, skipped
+    return runs, skipped, read
 
 
 def parse_seed_range(text: str) -> range:
@@ -295,27 +298,32 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 def tune(root: str | Path, grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
          held_out: range | None = None, base: DetectorConfig | None = None,
-         progress: Progress | None = None) -> TuneResult:  # fmt: skip
+         progress: Progress | None = None,
+         versions: dict[str, int] | None = None) -> TuneResult:  # fmt: skip
     """Choose detector parameters on a store's runs (the rule: :data:`RULE`).
 
     ``held_out``: the healthy seeds kept out of calibration (default: seed % 3 == 0);
     ``base``: the rules and other parameters the grid varies (default: the built-in ones);
-    ``progress(done, total)`` is called after each run loaded and each replay. TuneError
-    when the store cannot support a tune.
+    ``progress(done, total)`` is called after each run loaded and each replay; ``versions``:
+    the store's table versions to read (the report's ``store_versions`` of an earlier tune
+    reproduces it exactly, while vacuum has kept them). TuneError when the store cannot
+    support a tune.
     """
-    if not Path(root).is_dir():
+    from foreshock.storage.store import store_exists
+
+    if not store_exists(str(root)):
         raise TuneError(f"no store at {root}")
     base = base or DetectorConfig()
     points = _points(grid)
     counter = _Counter(len(points), progress)
-    runs, skipped = load_runs(root, counter.loaded)
+    runs, skipped, read = load_runs(root, counter.loaded, versions)
     calibration, judged = _split(runs, held_out)
     counter.skip(sum(map(len, skipped.values())))
     results = [_judge_point(p, base, calibration, judged, counter.tick) for p in points]
     scores = [_score(families) for _, _, families in results]
     best = max(range(len(points)), key=lambda i: (scores[i], -i))
     report = {
-        "rule": RULE, "grid": {k: list(v) for k, v in grid.items()},
+        "rule": RULE, "grid": {k: list(v) for k, v in grid.items()}, "store_versions": read,
         "split": {"held_out_seeds": _describe(held_out),
                   "calibration": [r.run_id for r in calibration],
                   "judged": [r.run_id for r in judged], **skipped},

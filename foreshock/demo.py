@@ -98,8 +98,9 @@ def _replay_plan(count: int, tag: str) -> list[tuple[str, Any]]:
 def _progress(store: Path) -> dict[str, Any]:
     from foreshock.storage import queries
     from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return {"runs": 0, "ended": 0, "records": 0, "warned": 0, "diverged": 0}
     with open_history(store) as history:
         rows = queries.fleet(history)
@@ -206,8 +207,9 @@ def _print_leads(store: Path) -> None:
     from foreshock.storage import queries
     from foreshock.storage.commands import lead_report
     from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         print("foreshock demo: nothing was stored")
         return
     with open_history(store) as history:

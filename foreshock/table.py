@@ -25,7 +25,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     grad_norm     -
     """
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
         parts = [values[0].ljust(widths[0])]

@@ -77,15 +77,20 @@ def _lines(path: Path) -> Iterator[str]:
 
 
 def load_run(path: str | Path) -> RecordedRun:
-    """Parse a run file; ValueError if it has no start record."""
+    """Parse a run file; ValueError if it has no start record or a record is malformed (a
+    step or attempt that is not an int in 0..2**63-1, values that are not an object)."""
     path = Path(path)
     start, end, records = None, None, []
-    for line in _lines(path):
+    for number, line in enumerate(_lines(path), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn line (a run cut short while writing)
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: a record must be a JSON object")
         kind = record.get("kind")
+        if kind not in ("start", "end"):
+            _check_record(record, f"{path}:{number}")
         if kind == "start":
             start = record
         elif kind == "end":
@@ -94,8 +99,20 @@ def load_run(path: str | Path) -> RecordedRun:
             records.append(record)
     if start is None:
         raise ValueError(f"{path}: no start record; not a foreshock lab run")
-    records.sort(key=lambda r: r.get("step", -1))
+    records.sort(key=lambda r: (r.get("attempt", 0), r["step"]))
     return RecordedRun(path, start, records, end)
+
+
+def _check_record(record: dict, where: str) -> None:
+    for name in ("step", "attempt"):
+        value = record.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+            raise ValueError(f"{where}: {name} must be an integer in 0..2**63-1, "
+                             f"got {value!r:.80}")  # fmt: skip
+    if "step" not in record:
+        raise ValueError(f"{where}: a monitoring record without a step")
+    if not isinstance(record.get("values", {}), dict):
+        raise ValueError(f"{where}: values must be an object")
 
 
 def shipped_runs(directory: str | Path | None = None) -> list[Path]:

@@ -1,1 +1,1 @@
-"""History: the store (Parquet segments + manifest, one writer), its readers, queries and sink."""
+"""History: the store (Delta Lake tables, any number of writers), its readers, queries, sink."""

@@ -1,5 +1,8 @@
-"""``foreshock sink``, ``foreshock store …`` (info, check, compact, prune, export, migrate) and
-``foreshock report`` (the lead-time table). No torch."""
+"""``foreshock sink``, ``foreshock store …`` (info, check, maintain, prune, export, migrate) and
+``foreshock report`` (the lead-time table). No torch.
+
+``--store`` takes a folder or a URI (``s3://…``); without it, the ``[store]`` section of the
+settings file or ``$FORESHOCK_STORE`` decides (:mod:`foreshock.storage.location`)."""
 
 from __future__ import annotations
 
@@ -12,29 +15,33 @@ from foreshock.services import stop_on_signals
 from foreshock.table import format_table
 from foreshock.telemetry import MetricsPortError, add_metrics_options
 
+from .location import RETAIN_HOURS
+
 __all__ = ["add_storage_commands", "lead_report"]
 
-DEFAULT_STORE = "foreshock-history"
+
+def _location(args: argparse.Namespace):
+    from .location import load_location
+
+    return load_location(args.store, getattr(args, "config", None))
 
 
 def _sink(args: argparse.Namespace) -> int:
     from foreshock.transport.settings import load_settings
 
-    from .segments import StoreLockedError
     from .sink import StorageSink
 
+    location = _location(args)
     try:
-        sink = StorageSink(load_settings(args.config), args.store, group_id=args.group,
-                           retention_days=args.retention_days, metrics_port=args.metrics_port,
+        sink = StorageSink(load_settings(args.config), location, group_id=args.group,
+                           retention_days=args.retention_days, retain_hours=args.retain_hours,
+                           metrics_port=args.metrics_port,
                            metrics_host=args.metrics_host)  # fmt: skip
-    except StoreLockedError as exc:
-        print(f"foreshock sink: {exc}", file=sys.stderr)
-        return 2
     except MetricsPortError as exc:
         print(f"foreshock sink: {exc}", file=sys.stderr)
         return 2
     stop = stop_on_signals()
-    print(f"foreshock sink: {args.store} (group {args.group})", flush=True)
+    print(f"foreshock sink: {location.uri} (group {args.group})", flush=True)
     if sink.telemetry is not None:
         print(f"foreshock sink: metrics at {sink.telemetry.url}", flush=True)
     sink.run(stop, idle_exit=args.idle_exit)
@@ -46,65 +53,65 @@ def _info(args: argparse.Namespace) -> int:
     from . import queries
     from .reader import open_history
 
-    with open_history(args.store) as history:
-        rows = []
-        for table, entries in history.manifest["tables"].items():
-            rows.append([table, len(entries), sum(e["rows"] for e in entries)])
+    with open_history(_location(args)) as history:
+        rows = [[table, history.versions[table], history.files[table],
+                 history.sql(f"SELECT count(*) AS n FROM {table}")["n"][0].as_py()]
+                for table in history.versions]  # fmt: skip
         runs = queries.run_count(history)
-    print(format_table(["table", "segments", "rows"], rows))
-    print(f"runs: {runs}; generation {history.generation}; "
-          f"schema version {history.manifest['schema_version']}")  # fmt: skip
+    print(format_table(["table", "version", "files", "rows"], rows))
+    print(f"runs: {runs}; snapshot {history.version}; store {history.location.uri}")
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     """Every stream complete? Exit 1 if one ended with seqs missing (see storage.reconcile)."""
+    from . import queries
     from .reader import open_history
     from .reconcile import check_streams
 
-    with open_history(args.store) as history:
+    with open_history(_location(args)) as history:
         checks = check_streams(history)
+        doubled = queries.duplicate_records(history)
+        mismatched = queries.value_count_mismatches(history)
     if args.json:
-        print(json.dumps([c.to_dict() for c in checks]))
+        print(json.dumps({"streams": [c.to_dict() for c in checks], "duplicated": doubled,
+                          "value_mismatches": mismatched}))  # fmt: skip
     else:
-        rows = [[c.run_id, c.rank, c.status, c.stored, c.expected,
+        rows = [[c.run_id, c.rank, c.attempt, c.status, c.stored, c.expected,
                  " ".join(f"{a}-{b}" if a != b else str(a) for a, b in c.missing)]
                 for c in checks if args.all or c.status != "complete"]  # fmt: skip
-        print(format_table(["run", "rank", "status", "stored", "expected", "missing seqs"], rows))
+        print(format_table(["run", "rank", "attempt", "status", "stored", "expected",
+                            "missing seqs"], rows))  # fmt: skip
         counts = {s: sum(c.status == s for c in checks) for s in ("complete", "incomplete", "open")}
         print(", ".join(f"{n} {s}" for s, n in counts.items()) + " streams")
-    return 1 if any(c.status == "incomplete" for c in checks) else 0
+        for row in doubled:
+            extra = row["extra"]
+            print(
+                f"DUPLICATED: {row['run_id']} rank {row['rank']} attempt {row['attempt']}: "
+                f"{extra} seqs stored twice"
+            )
+        for row in mismatched:
+            print(f"VALUES: {row['run_id']}: {row['stored']} stored, records say {row['expected']}")
+    bad = doubled or mismatched or any(c.status == "incomplete" for c in checks)
+    return 1 if bad else 0
 
 
-def _writer(args: argparse.Namespace):
-    from .segments import SegmentStore, StoreLockedError
+def _maintain(args: argparse.Namespace) -> int:
+    from .store import DeltaStore
 
-    try:
-        return SegmentStore(args.store, grace=0.0)
-    except StoreLockedError as exc:
-        print(f"foreshock store: {exc}", file=sys.stderr)
-        return None
-
-
-def _compact(args: argparse.Namespace) -> int:
-    store = _writer(args)
-    if store is None:
-        return 2
-    with store:
-        print(f"{store.compact()} merges")
+    report = DeltaStore(_location(args)).maintain(args.retain_hours, vacuum=not args.no_vacuum)
+    rows = [[t, r["files_removed"], r["files_added"], r["vacuumed"]] for t, r in report.items()]
+    print(format_table(["table", "files compacted", "into", "files vacuumed"], rows))
     return 0
 
 
 def _prune(args: argparse.Namespace) -> int:
     from .retention import prune
+    from .store import DeltaStore
 
-    store = _writer(args)
-    if store is None:
-        return 2
-    with store:
-        runs = prune(store, args.older_than_days)
-        store.delete_retired()
-    print(f"pruned {len(runs)} runs" + (f": {', '.join(runs)}" if runs else ""))
+    runs = prune(DeltaStore(_location(args)), args.older_than_days)
+    print(f"pruned {len(runs)} runs" + (f": {', '.join(runs)}" if runs else "")
+          + " (their files go at the next vacuum: `foreshock store maintain`)")  # fmt: skip
     return 0
 
 
@@ -113,22 +120,31 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.run:
         try:
-            counts = export_run(args.store, args.run, args.out)
+            counts = export_run(_location(args), args.run, args.out)
         except ValueError as exc:
             print(f"foreshock store export: {exc}", file=sys.stderr)
             return 2
         print(f"{args.run} -> {args.out}: {counts}")
     else:
-        print(f"{export_query(args.store, args.query, args.out)} rows -> {args.out}")
+        print(f"{export_query(_location(args), args.query, args.out)} rows -> {args.out}")
     return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from .migrations import migrate
+    from pathlib import Path
+
+    from .migrations import SEGMENT_MANIFEST, migrate, migrate_segments
     from .schema import SCHEMA_VERSION
 
-    before = migrate(args.store)
-    print(f"store {args.store}: schema version {before} -> {SCHEMA_VERSION}")
+    location = _location(args)
+    if location.is_local and (Path(location.uri) / SEGMENT_MANIFEST).exists():
+        counts = migrate_segments(location.uri)
+        print(
+            f"store {location.uri}: segment store -> Delta tables, rows {counts} (checked); "
+            f"the old segments are in {Path(location.uri) / 'data'}: delete them when done"
+        )
+    before = migrate(location)
+    print(f"store {location.uri}: schema version {before} -> {SCHEMA_VERSION}")
     return 0
 
 
@@ -165,7 +181,7 @@ def _report(args: argparse.Namespace) -> int:
     from . import queries
     from .reader import open_history
 
-    with open_history(args.store) as history:
+    with open_history(_location(args)) as history:
         runs = queries.lead_table(history)
     summary = lead_report(runs)
     if args.json:
@@ -183,40 +199,65 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="folder or URI (default: [store] uri in --config, "
+                        "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
+
+
 def add_storage_commands(sub: argparse._SubParsersAction) -> None:
     sink = sub.add_parser("sink", help="store the metrics, warnings and dead letters (Kafka)")
-    sink.add_argument("--store", default=DEFAULT_STORE, help="store folder (created)")
+    sink.add_argument("--store", help="folder or URI (default: [store] uri in --config, "
+                      "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
     sink.add_argument("--group", default="foreshock-sink", help="consumer group")
     sink.add_argument("--retention-days", type=float, help="prune runs idle this long")
+    sink.add_argument(
+        "--retain-hours",
+        type=float,
+        default=RETAIN_HOURS,
+        help="vacuum keeps versions this young readable (default: a week)",
+    )
     sink.add_argument("--idle-exit", type=float, help="stop after this many idle seconds")
     add_metrics_options(sink)  # --metrics-port, --metrics-host
     sink.set_defaults(func=_sink)
     store = sub.add_parser("store", help="inspect and maintain a store")
     store_sub = store.add_subparsers(dest="store_command", required=True)
-    for name, func, text in (("info", _info, "tables, segments and rows"),
-                             ("compact", _compact, "merge small segments now"),
-                             ("migrate", _migrate, "bring the schema up to date")):  # fmt: skip
+    commands = [
+        ("info", _info, "tables, versions, files and rows"),
+        ("migrate", _migrate, "segment store -> Delta tables; schema up to date"),
+    ]
+    for name, func, text in commands:
         cmd = store_sub.add_parser(name, help=text)
-        cmd.add_argument("--store", default=DEFAULT_STORE)
+        _store_option(cmd)
         cmd.set_defaults(func=func)
-    check = store_sub.add_parser("check", help="is every run's stream complete? (exit 1 if not)")
-    check.add_argument("--store", default=DEFAULT_STORE)
+    maintain = store_sub.add_parser("maintain", help="compact small files, vacuum old ones")
+    _store_option(maintain)
+    maintain.add_argument(
+        "--retain-hours",
+        type=float,
+        default=RETAIN_HOURS,
+        help="keep versions this young readable (default: a week)",
+    )
+    maintain.add_argument("--no-vacuum", action="store_true", help="compact only")
+    maintain.set_defaults(func=_maintain)
+    check = store_sub.add_parser("check", help="every stream complete, nothing stored twice? "
+                                 "(exit 1 if not)")  # fmt: skip
+    _store_option(check)
     check.add_argument("--json", action="store_true")
     check.add_argument("--all", action="store_true", help="list complete streams too")
     check.set_defaults(func=_check)
     prune = store_sub.add_parser("prune", help="remove runs with no data for N days")
-    prune.add_argument("--store", default=DEFAULT_STORE)
+    _store_option(prune)
     prune.add_argument("--older-than-days", type=float, required=True)
     prune.set_defaults(func=_prune)
     export = store_sub.add_parser("export", help="a run, or a query's result, to Parquet")
-    export.add_argument("--store", default=DEFAULT_STORE)
+    _store_option(export)
     what = export.add_mutually_exclusive_group(required=True)
     what.add_argument("--run", help="run id: one Parquet file per table in --out (a folder)")
     what.add_argument("--query", help="SQL over the views (runs, steps, metric_values, ...)")
     export.add_argument("--out", required=True)
     export.set_defaults(func=_export)
     report = sub.add_parser("report", help="lead-time table: first warnings vs divergence")
-    report.add_argument("--store", default=DEFAULT_STORE)
+    _store_option(report)
     form = report.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true")
     form.add_argument("--markdown", action="store_true")

@@ -21,9 +21,12 @@ from .reader import History
 
 __all__ = [
     "dead_letters",
+    "duplicate_records",
     "fleet",
     "idle_runs",
     "lead_table",
+    "orphan_values",
+    "run_attempts",
     "run_count",
     "run_records",
     "run_rows",
@@ -36,6 +39,7 @@ __all__ = [
     "stored_streams",
     "stream_seqs",
     "summary",
+    "value_count_mismatches",
 ]  # fmt: skip
 
 MECHANISM_FAMILIES = ("attention-numerics", "router")
@@ -118,13 +122,18 @@ def run_series_index(history: History, run_id: str) -> list[dict[str, Any]]:
         [run_id]).to_pylist()  # fmt: skip
 
 
+# A resumed run has a step once per attempt that reached it: a line shows the latest attempt's
+# (what training continued from). Bucket widths are computed in DOUBLE: a step near 2**63
+# must not overflow BIGINT.
 _SERIES = """
 WITH s AS (
     SELECT metric, step, module, head, value FROM metric_values
     WHERE run_id = ? AND metric IN (SELECT unnest(?::VARCHAR[]))
       AND (?::VARCHAR IS NULL OR module = ?)
-      AND ((?::BOOLEAN AND head IS NULL) OR (NOT ?::BOOLEAN AND head IS NOT NULL))),
-b AS (SELECT greatest(1, ceil((max(step) - min(step) + 1) / ?::DOUBLE))::BIGINT AS width FROM s)
+      AND ((?::BOOLEAN AND head IS NULL) OR (NOT ?::BOOLEAN AND head IS NOT NULL))
+    QUALIFY attempt = max(attempt) OVER (PARTITION BY metric, module, head, step)),
+b AS (SELECT greatest(1, least(ceil((max(step)::DOUBLE - min(step)::DOUBLE + 1) / ?::DOUBLE),
+      2^62))::BIGINT AS width FROM s)
 SELECT metric, module, head, min(step) AS step, avg(value) AS value, min(value) AS low,
        max(value) AS high, count(*) AS points
 FROM s, b GROUP BY metric, module, head, step // width ORDER BY metric, module, head, step
@@ -160,8 +169,10 @@ _ACROSS = """
 WITH s AS (
     SELECT run_id, step, value FROM metric_values
     WHERE run_id IN (SELECT unnest(?::VARCHAR[])) AND metric = ? AND head IS NULL
-      AND (?::VARCHAR IS NULL OR module = ?)),
-b AS (SELECT greatest(1, ceil((max(step) - min(step) + 1) / ?::DOUBLE))::BIGINT AS width FROM s)
+      AND (?::VARCHAR IS NULL OR module = ?)
+    QUALIFY attempt = max(attempt) OVER (PARTITION BY run_id, module, step)),
+b AS (SELECT greatest(1, least(ceil((max(step)::DOUBLE - min(step)::DOUBLE + 1) / ?::DOUBLE),
+      2^62))::BIGINT AS width FROM s)
 SELECT run_id, min(step) AS step, avg(value) AS value
 FROM s, b GROUP BY run_id, step // width ORDER BY run_id, step
 """
@@ -225,36 +236,59 @@ def lead_table(history: History) -> list[dict[str, Any]]:
 
 
 def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict], dict | None]:
-    """A stored run as its wire messages again (start, metrics records in step order, end):
-    what the detectors replay in ``foreshock tune``."""
-    events = history.sql("SELECT kind, body FROM run_events WHERE run_id = ? ORDER BY seq",
-                         [run_id]).to_pylist()  # fmt: skip
+    """A stored run as its wire messages again (its first start, metrics records in (attempt,
+    step) order — a resumed run's attempts one after the other, as they happened — and its
+    last end): what the detectors replay in ``foreshock tune``."""
+    events = history.sql("SELECT kind, body FROM run_events WHERE run_id = ? "
+                         "ORDER BY attempt, seq", [run_id]).to_pylist()  # fmt: skip
     start = next((json.loads(e["body"]) for e in events if e["kind"] == "start"), None)
-    end = next((json.loads(e["body"]) for e in events if e["kind"] == "end"), None)
+    end = next((json.loads(e["body"]) for e in reversed(events) if e["kind"] == "end"), None)
     columns = history.sql(
-        "SELECT step, metric, module, head, value FROM metric_values WHERE run_id = ? "
-        "ORDER BY step", [run_id]).to_pydict()  # fmt: skip
-    records: dict[int, dict[str, Any]] = {}
-    for step, metric, module, head, value in zip(*columns.values(), strict=True):
-        record = records.setdefault(step, {"kind": "metrics", "run_id": run_id, "step": step,
-                                           "values": {}})  # fmt: skip
+        "SELECT attempt, step, metric, module, head, value FROM metric_values WHERE run_id = ? "
+        "ORDER BY attempt, step", [run_id]).to_pydict()  # fmt: skip
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    for attempt, step, metric, module, head, value in zip(*columns.values(), strict=True):
+        record = records.setdefault((attempt, step), {"kind": "metrics", "run_id": run_id,
+                                                      "attempt": attempt, "step": step,
+                                                      "values": {}})  # fmt: skip
         record["values"][series_key(metric, module, head)] = value
     return start, list(records.values()), end
 
 
 def stored_streams(history: History) -> list[dict[str, Any]]:
-    """Per (run, rank) stream: how many seqs are stored and the highest (the sink's dedup)."""
+    """Per (run, rank, attempt) stream: how many seqs are stored and the highest (the sink's
+    dedup)."""
     return history.sql(
-        "SELECT run_id, rank, count(*) AS n, max(seq) AS top FROM ("
-        " SELECT run_id, rank, seq FROM steps UNION ALL"
-        " SELECT run_id, rank, seq FROM run_events) GROUP BY run_id, rank").to_pylist()  # fmt: skip
+        "SELECT run_id, rank, attempt, count(*) AS n, max(seq) AS top FROM ("
+        " SELECT run_id, rank, attempt, seq FROM steps UNION ALL"
+        " SELECT run_id, rank, attempt, seq FROM run_events) GROUP BY ALL").to_pylist()  # fmt: skip
 
 
-def stream_seqs(history: History, run_id: str, rank: int) -> list[int]:
+def stream_seqs(history: History, run_id: str, rank: int, attempt: int = 0) -> list[int]:
     return history.sql(
-        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? UNION ALL "
-        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ?",
-        [run_id, rank, run_id, rank]).column("seq").to_pylist()  # fmt: skip
+        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? UNION ALL "
+        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ? AND attempt = ?",
+        [run_id, rank, attempt] * 2).column("seq").to_pylist()  # fmt: skip
+
+
+def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Each attempt of each (run, rank) — a resumed run has several — with its first and last
+    step and producer time, whether it ended, and ``overlaps``: another attempt of the same
+    (run, rank) was sending at the same time (two jobs under one run id: a collision, never a
+    resume). Ordered by first time, so ``number`` counts restarts from 1."""
+    return history.sql(
+        "WITH a AS (SELECT run_id, rank, attempt, min(step) AS first_step, "
+        " max(step) AS last_step, min(time) AS first_time, max(time) AS last_time, "
+        " count(*) AS records FROM steps WHERE ?::VARCHAR IS NULL OR run_id = ? GROUP BY ALL), "
+        "e AS (SELECT DISTINCT run_id, rank, attempt FROM run_events WHERE kind = 'end') "
+        "SELECT a.*, e.attempt IS NOT NULL AS ended, "
+        " row_number() OVER (PARTITION BY a.run_id, a.rank ORDER BY a.first_time, a.attempt) "
+        "  AS number, "
+        " EXISTS (SELECT 1 FROM a b WHERE b.run_id = a.run_id AND b.rank = a.rank "
+        "  AND b.attempt <> a.attempt AND b.first_time < a.last_time "
+        "  AND a.first_time < b.last_time) AS overlaps "
+        "FROM a LEFT JOIN e USING (run_id, rank, attempt) ORDER BY run_id, rank, first_time",
+        [run_id, run_id]).to_pylist()  # fmt: skip
 
 
 def stored_event_keys(history: History) -> list[tuple]:
@@ -264,6 +298,37 @@ def stored_event_keys(history: History) -> list[tuple]:
                           "WHERE partition IS NOT NULL")  # fmt: skip
     return ([("w", *row.values()) for row in warnings.to_pylist()]
             + [("d", *row.values()) for row in letters.to_pylist()])  # fmt: skip
+
+
+def orphan_values(history: History) -> list[tuple[str, int, int, int]]:
+    """(run, rank, attempt, step) whose values are stored but whose ``steps`` row is not: what a
+    writer that died between its ``metric_values`` and ``steps`` commits left (the sink that
+    takes the stream over writes only the step row; see :mod:`foreshock.storage.store`)."""
+    rows = history.sql(
+        "SELECT DISTINCT run_id, rank, attempt, step FROM metric_values "
+        "ANTI JOIN steps USING (run_id, rank, attempt, step)")  # fmt: skip
+    return [tuple(r.values()) for r in rows.to_pylist()]
+
+
+def duplicate_records(history: History) -> list[dict[str, Any]]:
+    """Streams holding a seq (or a record's values) more than once: never, if exactly-once
+    holds — ``foreshock store check`` fails on any."""
+    return history.sql(
+        "SELECT run_id, rank, attempt, count(*) - count(DISTINCT seq) AS extra FROM ("
+        " SELECT run_id, rank, attempt, seq FROM steps UNION ALL"
+        " SELECT run_id, rank, attempt, seq FROM run_events) GROUP BY ALL"
+        " HAVING count(*) > count(DISTINCT seq) ORDER BY ALL").to_pylist()  # fmt: skip
+
+
+def value_count_mismatches(history: History) -> list[dict[str, Any]]:
+    """Runs whose stored values are not the sum of their records' ``n_values`` (a batch's values
+    stored twice, or lost)."""
+    return history.sql(
+        "SELECT run_id, s.expected, coalesce(v.stored, 0) AS stored FROM"
+        " (SELECT run_id, sum(n_values) AS expected FROM steps GROUP BY run_id) s"
+        " LEFT JOIN (SELECT run_id, count(*) AS stored FROM metric_values GROUP BY run_id) v"
+        " USING (run_id) WHERE s.expected <> coalesce(v.stored, 0) ORDER BY run_id"
+    ).to_pylist()
 
 
 def idle_runs(history: History, cutoff: float) -> list[str]:
@@ -293,13 +358,13 @@ def dead_letters(history: History, limit: int = 100) -> list[dict[str, Any]]:
 
 
 def stream_completeness(history: History) -> list[dict[str, Any]]:
-    """Per (run, rank): distinct seqs stored, the highest one, and ``last_seq`` if it ended."""
+    """Per (run, rank, attempt): distinct seqs stored, the highest one, and ``last_seq`` if it
+    ended."""
     return history.sql(
-        "WITH seqs AS (SELECT run_id, rank, seq FROM steps UNION ALL "
-        "SELECT run_id, rank, seq FROM run_events), "
-        "ends AS (SELECT run_id, rank, max(last_seq) AS last_seq FROM run_events "
-        "WHERE kind = 'end' GROUP BY run_id, rank) "
-        "SELECT s.run_id, s.rank, count(DISTINCT s.seq) AS stored, max(s.seq) AS top, "
-        "any_value(e.last_seq) AS last_seq FROM seqs s LEFT JOIN ends e "
-        "ON s.run_id = e.run_id AND s.rank = e.rank GROUP BY s.run_id, s.rank "
-        "ORDER BY s.run_id, s.rank").to_pylist()  # fmt: skip
+        "WITH seqs AS (SELECT run_id, rank, attempt, seq FROM steps UNION ALL "
+        "SELECT run_id, rank, attempt, seq FROM run_events), "
+        "ends AS (SELECT run_id, rank, attempt, max(last_seq) AS last_seq FROM run_events "
+        "WHERE kind = 'end' GROUP BY ALL) "
+        "SELECT s.run_id, s.rank, s.attempt, count(DISTINCT s.seq) AS stored, "
+        "max(s.seq) AS top, any_value(e.last_seq) AS last_seq FROM seqs s LEFT JOIN ends e "
+        "USING (run_id, rank, attempt) GROUP BY ALL ORDER BY ALL").to_pylist()  # fmt: skip

@@ -1,8 +1,11 @@
-"""Read a store while the sink writes it: a private in-memory DuckDB over one manifest.
+"""Read a store while sinks write it: a private in-memory DuckDB over pinned table versions.
 
-:func:`open_history` reads the published manifest once and defines, in a fresh in-memory DuckDB
-connection, one view per table over exactly the files it lists (an empty typed table where
-there are none), plus the derived views every query uses:
+:class:`History` pins one version of every Delta table — in
+:data:`~foreshock.storage.store.READ_ORDER`, the reverse of the writers' order, so every
+record's ``steps`` row comes with all its values and a run's ``end`` with all its records —
+and defines, in a fresh in-memory DuckDB connection, one view per table over exactly that
+version's Parquet files (an empty typed table where a table has none yet), plus the derived
+views every query uses:
 
 * ``runs`` — one row per run: labels from its ``start``, status and divergence from its
   ``end`` (``running`` while there is none; ``divergence_known`` when the producer watched
@@ -10,9 +13,11 @@ there are none), plus the derived views every query uses:
   estimate), progress (last step, last data, records) from ``steps``;
 * ``warnings_latest`` — each warning id's newest state (opened → updated → cleared).
 
-The snapshot never changes under a query; call :func:`open_history` again (cheap: one small
-file) to see newer batches. No reader ever takes a lock, so any number of them run beside
-the sink.
+A local table is read with DuckDB's own ``read_parquet`` over the version's file list (faster
+than through Arrow: ``benchmarks.storage``); a remote one through delta-rs's Arrow dataset,
+which carries the storage options DuckDB would need an extension for. The snapshot never
+changes under a query; ``History.versions`` names it (``foreshock tune`` records it and can
+re-open it: ``open_history(store, versions=…)``). No reader takes a lock or blocks a writer.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from pathlib import Path
 
 import duckdb
 
+from .location import StoreLocation, load_location
 from .schema import TABLES, empty
-from .segments import read_manifest
+from .store import READ_ORDER, _check_version, open_table
 
 __all__ = ["History", "open_history"]
 
@@ -65,22 +71,44 @@ SELECT * EXCLUDE (rk) FROM (
 class History:
     """A read-only snapshot of a store: ``sql(query, params)`` returns an Arrow table."""
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.manifest = read_manifest(self.root)
-        self.generation = self.manifest["generation"]
+    def __init__(self, store: str | Path | StoreLocation | None = None,
+                 versions: dict[str, int] | None = None) -> None:  # fmt: skip
+        self.location = load_location(str(store) if isinstance(store, Path) else store)
         self.connection = duckdb.connect(":memory:")
-        self._relations = []  # a view over an Arrow table needs the table kept alive
-        for table in TABLES:
-            files = [str(self.root / e["file"]) for e in self.manifest["tables"].get(table, [])]
-            if files:  # a relation, not SQL text: no path is ever spliced into a statement
-                relation = self.connection.read_parquet(files, union_by_name=True)
-            else:
-                relation = self.connection.from_arrow(empty(table))
-            relation.create_view(table)
+        self.versions: dict[str, int] = {}
+        self.files: dict[str, int] = {}
+        self._relations = []  # a view over an Arrow object needs the object kept alive
+        for name in READ_ORDER:
+            relation = self._pin(name, (versions or {}).get(name))
+            relation.create_view(name)
             self._relations.append(relation)
         self.connection.execute(_RUNS)
         self.connection.execute(_WARNINGS_LATEST)
+
+    def _pin(self, name: str, version: int | None):
+        table = None if version == -1 else open_table(self.location, name, version)
+        if table is None:
+            if version is not None and version != -1:
+                raise ValueError(f"store {self.location.uri} has no table {name}")
+            self.versions[name], self.files[name] = -1, 0
+            return self.connection.from_arrow(empty(name))
+        _check_version(name, table)
+        self.versions[name] = table.version()
+        uris = table.file_uris()
+        self.files[name] = len(uris)
+        if not uris:
+            return self.connection.from_arrow(empty(name))
+        if self.location.is_local and not (table.protocol().reader_features or []):
+            # a relation, not SQL text: no path is ever spliced into a statement
+            return self.connection.read_parquet(uris, union_by_name=True)
+        dataset = table.to_pyarrow_dataset()
+        self._relations.append(dataset)
+        return self.connection.from_arrow(dataset)
+
+    @property
+    def version(self) -> str:
+        """The snapshot's name: each table's version, in :data:`TABLES` order."""
+        return ".".join(str(self.versions[t]) for t in TABLES)
 
     def sql(self, query: str, params: list | dict | None = None):
         """Run a parameterised query; the result as an Arrow table."""
@@ -97,5 +125,6 @@ class History:
         self.close()
 
 
-def open_history(root: str | Path) -> History:
-    return History(root)
+def open_history(store: str | Path | StoreLocation | None = None,
+                 versions: dict[str, int] | None = None) -> History:  # fmt: skip
+    return History(store, versions)

@@ -1,7 +1,7 @@
 """Is every run's stream complete in the store? The producers' seqs are the ledger.
 
-Each producer numbers its messages 0, 1, 2, … per (run, rank) and its ``end`` message carries
-``last_seq``, so the store can prove a stream complete without asking anyone: it holds every
+Each producer numbers its messages 0, 1, 2, … per (run, rank, attempt) and its ``end`` message
+carries ``last_seq``, so the store can prove a stream complete without asking anyone: it holds every
 seq in 0..last_seq. A stream is
 
 * ``complete`` — ended, all of 0..last_seq stored;
@@ -28,6 +28,7 @@ __all__ = ["StreamCheck", "check_streams", "missing_ranges"]
 class StreamCheck:
     run_id: str
     rank: int
+    attempt: int  # a resumed run's incarnation (storage.schema)
     status: str  # complete | incomplete | open
     stored: int  # distinct seqs held
     expected: int  # last_seq + 1 when ended, else highest seq + 1
@@ -65,10 +66,10 @@ def check_streams(history: History) -> list[StreamCheck]:
         expected = (row["last_seq"] if ended else row["top"]) + 1
         missing = []
         if row["stored"] < expected:
-            seqs = queries.stream_seqs(history, row["run_id"], row["rank"])
+            seqs = queries.stream_seqs(history, row["run_id"], row["rank"], row["attempt"])
             missing = missing_ranges(seqs, expected)
         status = ("complete" if ended and not missing
                   else "incomplete" if ended else "open")  # fmt: skip
-        out.append(StreamCheck(row["run_id"], row["rank"], status, row["stored"], expected,
-                               missing))  # fmt: skip
+        out.append(StreamCheck(row["run_id"], row["rank"], row["attempt"], status,
+                               row["stored"], expected, missing))  # fmt: skip
     return out

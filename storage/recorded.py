@@ -14,13 +14,13 @@ from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run
 
 from .rows import BatchBuilder
-from .segments import SegmentStore
+from .store import DeltaStore
 
 __all__ = ["store_recorded_runs"]
 
 
 def store_recorded_runs(
-    store: SegmentStore,
+    store: DeltaStore,
     paths: Iterable[str | Path],
     config: DetectorConfig | None,
     received_at: float | None = None,

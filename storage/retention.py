@@ -1,9 +1,10 @@
 """Retention and export: prune old runs from a store; write a run or a query to Parquet.
 
 A run is *old* when its newest data (any step, lifecycle message or warning received) is more
-than ``days`` days old; pruning rewrites only the segments that hold old runs' rows (via
-:meth:`SegmentStore.rewrite`, so readers never see a half-pruned store) and drops dead letters
-received before the same cutoff.
+than ``days`` days old; pruning is one Delta ``delete`` per table (a commit: a reader sees the
+table with the run or without it) and drops dead letters received before the same cutoff. The
+deleted rows' files stay readable by older versions until ``vacuum`` (the sink's maintenance,
+``foreshock store maintain``) removes them after the retention period.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import re
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from foreshock.transport.wire import RUN_ID_PATTERN
@@ -21,7 +20,7 @@ from foreshock.transport.wire import RUN_ID_PATTERN
 from . import queries
 from .reader import open_history
 from .schema import TABLES
-from .segments import SegmentStore
+from .store import DeltaStore
 
 __all__ = ["export_query", "export_run", "old_runs", "prune"]
 
@@ -32,32 +31,21 @@ def old_runs(root: str | Path, days: float, now: float | None = None) -> list[st
         return queries.idle_runs(history, cutoff)
 
 
-def prune(store: SegmentStore, days: float, now: float | None = None) -> list[str]:
+def prune(store: DeltaStore, days: float, now: float | None = None) -> list[str]:
     """Remove runs with no data for ``days`` days (and older dead letters); returns their ids."""
     now = time.time() if now is None else now
-    runs = old_runs(store.root, days, now)
+    runs = old_runs(store.location, days, now)
     cutoff = now - days * 86400
-    doomed = pa.array(runs, pa.string())
-    for table in TABLES:
-        if table == "dead_letters":
-            keep = lambda rows: rows.filter(pc.greater_equal(rows["received_at"], cutoff))  # noqa: E731
-        elif runs:
-            keep = lambda rows: rows.filter(pc.invert(pc.is_in(rows["run_id"], doomed)))  # noqa: E731
-        else:
-            continue
-        entries = [e for e in store.manifest["tables"][table]
-                   if _touches(store.root / e["file"], table, doomed, cutoff)]  # fmt: skip
-        if entries:
-            store.rewrite(table, entries, keep)
+    store.delete("dead_letters", f"received_at < {float(cutoff)!r}")
+    for i in range(0, len(runs), 500):
+        ids = runs[i : i + 500]
+        if any(re.fullmatch(RUN_ID_PATTERN, r) is None for r in ids):
+            raise ValueError("prune: a stored run id breaks the wire's rule")  # never quoted
+        listed = ", ".join(f"'{r}'" for r in ids)
+        for table in TABLES:
+            if table != "dead_letters":
+                store.delete(table, f"run_id IN ({listed})")
     return runs
-
-
-def _touches(path: Path, table: str, doomed: pa.Array, cutoff: float) -> bool:
-    if table == "dead_letters":
-        column = pq.read_table(path, columns=["received_at"])["received_at"]
-        return len(column) > 0 and pc.min(column).as_py() < cutoff
-    column = pq.read_table(path, columns=["run_id"])["run_id"]
-    return pc.any(pc.is_in(column, doomed)).as_py() or False
 
 
 def export_run(root: str | Path, run_id: str, out_dir: str | Path) -> dict[str, int]:

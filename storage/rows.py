@@ -87,9 +87,12 @@ class BatchBuilder:
     def __len__(self) -> int:
         return sum(len(next(iter(c.values()))) for c in self._columns.values())
 
-    def add_metrics(self, message: dict[str, Any], received_at: float) -> None:
-        """One monitoring record: a ``steps`` row and one ``metric_values`` row per value."""
+    def add_metrics(self, message: dict[str, Any], received_at: float,
+                    values_stored: bool = False) -> None:  # fmt: skip
+        """One monitoring record: a ``steps`` row and one ``metric_values`` row per value
+        (none if ``values_stored``: a crashed writer committed them but not the step row)."""
         run_id, rank = _run_id(message), _int64(message, "rank", 0)
+        attempt = _int64(message, "attempt", 0)
         step, seq = _int64(message, "step"), _int64(message, "seq")
         values = message.get("values") or {}
         if not isinstance(values, dict):
@@ -101,16 +104,20 @@ class BatchBuilder:
         flags = message.get("flags")
         flags = _json(flags, "flags") if flags else None
         n = len(values)
+        self._append("steps", run_id=run_id, rank=rank, attempt=attempt, step=step, seq=seq,
+                     time=time,
+                     received_at=received_at, n_values=n, flags=flags)  # fmt: skip
+        if values_stored:
+            return
         mv = self._columns["metric_values"]
         mv["run_id"].extend([run_id] * n)
         mv["rank"].extend([rank] * n)
+        mv["attempt"].extend([attempt] * n)
         mv["step"].extend([step] * n)
         mv["metric"].extend(k[0] for k in keys)
         mv["module"].extend(k[1] for k in keys)
         mv["head"].extend(k[2] for k in keys)
         mv["value"].extend(numbers)
-        self._append("steps", run_id=run_id, rank=rank, step=step, seq=seq, time=time,
-                     received_at=received_at, n_values=n, flags=flags)  # fmt: skip
         self.values += n
 
     def add_lifecycle(self, message: dict[str, Any], received_at: float) -> None:
@@ -123,7 +130,8 @@ class BatchBuilder:
             raise RecordError("start: labels must be an object")
         fault = labels.get("fault")
         fault = fault.get("scenario") if isinstance(fault, dict) else fault
-        row = dict(run_id=_run_id(message), rank=_int64(message, "rank", 0), kind=kind,
+        row = dict(run_id=_run_id(message), rank=_int64(message, "rank", 0),
+                   attempt=_int64(message, "attempt", 0), kind=kind,
                    seq=_int64(message, "seq"), time=_time(message), received_at=received_at,
                    project=_text(labels.get("project")), scenario=_text(labels.get("scenario")),
                    fault=_text(fault), onset=_int(labels.get("onset")),

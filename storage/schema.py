@@ -1,7 +1,7 @@
-"""The history's tables (schema version 1): what each column means and why the layout.
+"""The history's tables (schema version 2): what each column means and why the layout.
 
-Five tables, each an Arrow schema; every segment file carries the schema version in its
-Parquet metadata and the manifest carries the store's.
+Five tables, each an Arrow schema and a Delta table of the store (:mod:`.store`), whose
+description records the schema version.
 
 * ``run_events`` — one row per lifecycle message (``start`` / ``end``) as it came: labels and
   the producer's version on start, status and divergence step on end. The ``runs`` view folds
@@ -13,11 +13,15 @@ Parquet metadata and the manifest carries the store's.
   into metric, module and head. Long because every query the dashboard and tuning make picks
   a *metric* across modules, layers, heads or runs (``WHERE metric = ?``), models differ in
   which series they have (layers, heads, routers), and a wide table would need a column per
-  (metric, module, head) that changes with every model. Sorted by (run, metric, step) in
-  compacted segments, so a run page reads a few row groups.
+  (metric, module, head) that changes with every model.
 * ``warnings`` — every warning event (opened / cleared / updated) as the detectors sent it;
   the ``warnings_latest`` view keeps each warning id's newest state.
 * ``dead_letters`` — what could not be stored or decoded, verbatim, with the reason and origin.
+
+``attempt`` (version 2) tells apart the incarnations of a run resumed under the same run id
+(see :mod:`foreshock.transport.wire`): each (run, rank, attempt) is a stream numbered from 0,
+and a step re-done after a checkpoint is stored once per attempt. Version-1 rows are attempt 0
+(``storage.migrations``).
 
 Values are float64 (``null`` where the producer found them non-finite). Times are Unix
 seconds (float64). Steps and seqs are int64.
@@ -29,23 +33,25 @@ import pyarrow as pa
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "empty"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES: dict[str, pa.Schema] = {
     "run_events": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("kind", pa.string()),
+        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
+        ("kind", pa.string()),
         ("seq", pa.int64()), ("time", pa.float64()), ("received_at", pa.float64()),
         ("project", pa.string()), ("scenario", pa.string()), ("fault", pa.string()),
         ("onset", pa.int64()), ("status", pa.string()), ("divergence_step", pa.int64()),
         ("last_seq", pa.int64()), ("body", pa.string()),  # the whole message, JSON
     ]),
     "steps": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("step", pa.int64()),
-        ("seq", pa.int64()), ("time", pa.float64()), ("received_at", pa.float64()),
-        ("n_values", pa.int64()), ("flags", pa.string()),
+        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
+        ("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()),
+        ("received_at", pa.float64()), ("n_values", pa.int64()), ("flags", pa.string()),
     ]),
     "metric_values": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("step", pa.int64()),
+        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
+        ("step", pa.int64()),
         ("metric", pa.string()), ("module", pa.string()), ("head", pa.int64()),
         ("value", pa.float64()),
     ]),

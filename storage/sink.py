@@ -1,9 +1,11 @@
 """``foreshock sink``: the metrics, warnings and dead-letter topics into the store, in batches.
 
-One consumer-group member reads three topics: the metrics topic (monitoring records *and* the
-run-lifecycle ``start``/``end`` messages — they share the run's key and partition, so a run's
-start is stored before its records and its end after them), the warnings topic and the
-dead-letter topic. Each loop:
+Any number of sinks run in one consumer group; each owns the partitions Kafka assigns it, and
+all append to the same Delta tables (:mod:`foreshock.storage.store`). One consumer-group member
+reads three topics: the metrics topic (monitoring records *and* the run-lifecycle
+``start``/``end`` messages — they share the run's key and partition, so a run's start is stored
+before its records and its end after them), the warnings topic and the dead-letter topic. Each
+loop:
 
 1. **Poll** up to ``batch_values`` metric values or ``max_wait`` seconds of messages.
 2. **Convert** each message to Arrow columns (:class:`~foreshock.storage.rows.BatchBuilder`).
@@ -11,16 +13,22 @@ dead-letter topic. Each loop:
    and step go together, so this is idempotence on (run, step) — and the event key for
    warnings and dead letters. A message that decodes but cannot be stored becomes a
    ``dead_letters`` row with the reason; the others of the batch are kept.
-3. **Write** the batch durably (:class:`~foreshock.storage.segments.SegmentStore`: segments,
-   fsync, rename, manifest). A failed write is retried with backoff; nothing more is polled
-   and nothing is committed until it succeeds.
+3. **Write** the batch (:meth:`DeltaStore.write`: one Delta commit per table). A failed write
+   is retried with backoff under the same batch number, so a commit that landed is never
+   repeated; nothing more is polled and nothing is committed until it succeeds.
 4. **Commit** the consumed offsets — only now, so a crash before this point means the batch is
    delivered again and step 2 drops what was already written.
-5. Every ``compact_every`` seconds, in a background thread: compact small segments, prune
-   runs older than ``retention_days``, delete retired files.
+5. Every ``compact_every`` seconds, in a background thread: compact, prune runs older than
+   ``retention_days``, vacuum files older than ``retain_hours``.
 
-Dedup state is seeded from the store at start (this process is its only writer), so a restart
-or a replay from offset 0 (a restarted Tansu forgets offsets) stores nothing twice.
+**Exactly once across sinks and restarts.** A run's messages share one partition, and a
+partition has one owner at a time, so the owner's dedup state is the only one that matters for
+its streams. That state is *read back from the store on every assignment* (the streams' stored
+seqs, the stored warning and dead-letter keys, values whose step row a crashed writer never
+committed) — after the previous owner has written and committed what it held (on revoke it
+flushes; a member that *lost* its partitions, having missed its session, drops what it holds
+unwritten instead). So a restart, a rebalance, a SIGKILL between two tables' commits, or a
+replay from offset 0 (a restarted Tansu forgets offsets) stores nothing twice.
 """
 
 from __future__ import annotations
@@ -32,16 +40,18 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.memory import MemoryTrimmer
-from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.consumer import Deduplicator, MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import WireError
 
 from . import queries
+from .attempts import AttemptTracker
+from .location import RETAIN_HOURS, StoreLocation
 from .reader import open_history
 from .retention import prune
 from .rows import BatchBuilder, RecordError
-from .segments import SegmentStore
+from .store import DeltaStore
 
 __all__ = ["StorageSink"]
 
@@ -97,48 +107,83 @@ class StorageSink:
     def __init__(
         self,
         settings: KafkaSettings,
-        root: str | Path,
+        root: str | Path | StoreLocation | None,
         group_id: str = "foreshock-sink",
         batch_values: int = 500_000,
         max_wait: float = 1.0,
         compact_every: float = 30.0,
         retention_days: float | None = None,
+        retain_hours: float = RETAIN_HOURS,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
     ) -> None:
-        self.settings, self.root = settings, Path(root)
+        self.settings = settings
         self.batch_values, self.max_wait = batch_values, max_wait
         self.compact_every, self.retention_days = compact_every, retention_days
-        self.store = SegmentStore(self.root)
+        self.retain_hours = retain_hours
+        self.store = DeltaStore(str(root) if isinstance(root, Path) else root)
+        self.location = self.store.location
         self.telemetry = None
         if metrics_port is not None:
             from foreshock.telemetry import ServiceTelemetry
 
             try:
                 self.telemetry = ServiceTelemetry("sink", metrics_port, metrics_host)
-            except BaseException:  # the port is in use: let go of the store's lock
+            except BaseException:  # the port is in use
                 self.store.close()
                 raise
         ensure_topics(settings)
         self.consumer = MetricsConsumer(settings, group_id, decoders={
             settings.warnings_topic: _decode_warning,
-            settings.deadletter_topic: _decode_dead_letter})  # fmt: skip
+            settings.deadletter_topic: _decode_dead_letter},
+            on_assign=self._assigned, on_revoke=self._revoked)  # fmt: skip
         self._seen_events: set[tuple] = set()
-        self._seed_from_store()
+        self._values_stored: set[tuple[str, int, int, int]] = set()
+        self.attempts = AttemptTracker()
         self.builder = BatchBuilder()
         self.first_message_at: float | None = None  # perf_counter of the first message polled
         self.stats = {"messages": 0, "values": 0, "batches": 0, "dead_letters": 0,
-                      "duplicates": 0, "write_retries": 0}  # fmt: skip
+                      "duplicates": 0, "write_retries": 0, "read_backs": 0,
+                      "read_back_retries": 0, "collisions": 0}  # fmt: skip
+        self._read_back()
 
-    def _seed_from_store(self) -> None:
-        with open_history(self.root) as history:
+    def _read_back(self) -> None:
+        """Rebuild the dedup state from the store (see "Exactly once" above)."""
+        dedup, seen = Deduplicator(), set()
+        with open_history(self.location) as history:
             for s in queries.stored_streams(history):
-                key = (s["run_id"], s["rank"])
+                key = (s["run_id"], s["rank"], s["attempt"])
                 if s["n"] == s["top"] + 1:
-                    self.consumer.dedup.seed_prefix(key, s["n"])
+                    dedup.seed_prefix(key, s["n"])
                 else:
-                    self.consumer.dedup.seed(key, queries.stream_seqs(history, *key))
-            self._seen_events.update(queries.stored_event_keys(history))
+                    dedup.seed(key, queries.stream_seqs(history, *key))
+            seen.update(queries.stored_event_keys(history))
+            orphans = set(queries.orphan_values(history))
+        dedup.duplicates = self.consumer.dedup.duplicates
+        self.consumer.dedup, self._seen_events, self._values_stored = dedup, seen, orphans
+        self.stats["read_backs"] += 1
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Read the store back before anything of the new partitions is polled; while the
+        store cannot be read, wait (with backoff) rather than admit with a stale state."""
+        delay = 0.5
+        while True:
+            try:
+                self._read_back()
+                return
+            except Exception as exc:  # the store is away or unreadable
+                self.stats["read_back_retries"] += 1
+                log.error("foreshock sink: reading the store back failed (%s); retrying in "
+                          "%.1f s", exc, delay)  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _revoked(self, consumer: Any, partitions: list[Any], lost: bool) -> None:
+        """Hand over: write and commit what this member holds, unless it already lost it."""
+        if lost:
+            self.builder.take()
+            return
+        self._flush()
 
     def add(self, message: dict[str, Any], now: float) -> None:
         """Step 2 for one message."""
@@ -163,13 +208,38 @@ class StorageSink:
                 self.builder.add_warning(message, now)
                 self._seen_events.add(key)
             elif message["kind"] == "metrics":
-                self.builder.add_metrics(message, now)
+                self.builder.add_metrics(message, now, self._has_values(message))
+                self._check_identity(message, partition, offset, now)
             else:
                 self.builder.add_lifecycle(message, now)
+                self._check_identity(message, partition, offset, now)
         except RecordError as exc:
             self._reject(message, str(exc), f"sink:{topic or 'metrics'}", partition, offset, now)
             return
         self.stats["messages"] += 1
+
+    def _check_identity(self, message: dict[str, Any], partition: int | None,
+                        offset: int | None, now: float) -> None:  # fmt: skip
+        """Two jobs under one run id: report it (the data stay apart, one stream each)."""
+        reason = self.attempts.observe(message)
+        if reason is not None:
+            self.stats["collisions"] += 1
+            self._reject(message, reason, "sink:identity", partition, offset, now)
+
+    def _has_values(self, message: dict[str, Any]) -> bool:
+        """Are this record's values already stored (a writer died before its step row)?"""
+        if not self._values_stored:
+            return False
+        try:
+            key = (
+                message.get("run_id"),
+                message.get("rank") or 0,
+                message.get("attempt") or 0,
+                message.get("step"),
+            )
+            return key in self._values_stored
+        except TypeError:  # an unhashable field: the builder rejects the record anyway
+            return False
 
     def _reject(self, message: dict[str, Any], reason: str, source: str, partition: int | None,
                 offset: int | None, now: float) -> None:  # fmt: skip
@@ -202,17 +272,19 @@ class StorageSink:
             count += len(batch)
             if not batch and count:
                 break
+        self._flush()
+        self._report()
+        return count
+
+    def _flush(self) -> None:
+        """Steps 3–4 for what the builder holds."""
         if not len(self.builder):
-            self._report()
-            return 0
+            return
         values = self.builder.values
-        tables = self.builder.take()
-        self._write(tables)
+        self._write(self.builder.take())
         self.consumer.commit()
         self.stats["values"] += values
         self.stats["batches"] += 1
-        self._report()
-        return count
 
     def _report(self, final: bool = False) -> None:
         """The stats (and, every few seconds, the lag) to the telemetry, if served."""
@@ -228,22 +300,22 @@ class StorageSink:
                               write_retries=s["write_retries"])  # fmt: skip
 
     def _write(self, tables: dict) -> None:
-        delay = 0.5
+        delay, number = 0.5, self.store.next_batch()
         while True:
             try:
-                self.store.write(tables)
+                self.store.write(tables, number)
                 return
-            except OSError as exc:
+            except Exception as exc:  # delta-rs raises its own errors for a failed commit
                 self.stats["write_retries"] += 1
                 log.error("foreshock sink: write failed (%s); retrying in %.1f s", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
     def maintain(self) -> None:
-        """Step 5: compaction, retention, retired files."""
+        """Step 5: retention, compaction, vacuum."""
         if self.retention_days is not None:
             prune(self.store, self.retention_days)
-        self.store.compact()
+        self.store.maintain(self.retain_hours)
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         stop_maintenance = threading.Event()
@@ -271,12 +343,7 @@ class StorageSink:
             self.close()
 
     def close(self) -> None:
-        if len(self.builder):
-            values = self.builder.values
-            self._write(self.builder.take())
-            self.consumer.commit()
-            self.stats["values"] += values
-            self.stats["batches"] += 1
+        self._flush()
         self._report(final=True)
         self.consumer.close()
         self.store.close()

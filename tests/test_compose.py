@@ -151,6 +151,8 @@ def test_every_foreshock_env_var_is_one_the_loader_reads(spec) -> None:
     for name in names:
         if name.startswith("FORESHOCK_RDKAFKA_"):
             assert name != "FORESHOCK_RDKAFKA_", name
+        elif name.startswith("FORESHOCK_STORE"):  # storage.location reads these
+            assert name == "FORESHOCK_STORE" or name.startswith("FORESHOCK_STORE_OPTION_"), name
         else:
             assert name.startswith("FORESHOCK_KAFKA_"), f"{name}: the loader reads no such var"
             field = name.removeprefix("FORESHOCK_KAFKA_").lower()

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import html
+import re
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from foreshock.dashboard import charts
+from foreshock.dashboard.text import WORD_JOINER, block, html_text, md_code, md_text, plot_text
 from foreshock.detectors import registry
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.storage import queries
 from foreshock.storage.recorded import store_recorded_runs
 from foreshock.storage.rows import BatchBuilder
-from foreshock.storage.segments import SegmentStore
+from foreshock.storage.store import DeltaStore
 
 VIEWS = Path(__file__).resolve().parents[1] / "dashboard" / "views"
 RUNS = ["fa-lowprec-s1", "lr-high-s2", "healthy-s3"]
@@ -26,7 +32,7 @@ def _path(name: str) -> Path:
 
 def seed_history(root: Path) -> None:
     """Three finished runs and one still training with an open attention warning."""
-    with SegmentStore(root) as store:
+    with DeltaStore(root) as store:
         store_recorded_runs(store, [_path(n) for n in RUNS], default_config())
         run, b = load_run(_path("fa-lowprec-s2")), BatchBuilder()
         detector = RunDetector("live-fa", default_config())
@@ -57,7 +63,14 @@ def _page(name: str, store: Path, monkeypatch, **query: str) -> AppTest:
 
 
 def _html(app: AppTest) -> str:
-    return "\n".join(m.value for m in app.markdown)
+    """The page's Markdown/HTML sources, character references resolved (as a browser shows
+    them: the pages write every stored string as references, see dashboard/text.py)."""
+    return html.unescape("\n".join(m.value for m in app.markdown))
+
+
+def _shown(markdown: str) -> str:
+    """What a Markdown label written with :func:`md_text` shows: escapes resolved."""
+    return re.sub(r"\\(.)", r"\1", markdown.replace(WORD_JOINER, ""))
 
 
 def test_fleet_lists_runs_with_status_most_urgent_first(history, monkeypatch):
@@ -84,7 +97,7 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     app = _page("run", history, monkeypatch, run="fa-lowprec-s1")
     charts = app.get("plotly_chart")
     assert len(charts) == 5  # loss + the four default monitors
-    titles = [e.label for e in app.expander]
+    titles = [_shown(e.label) for e in app.expander]
     assert any("attention-numerics" in t and "cause" in t for t in titles)
     texts = [m.value for m in app.markdown]
     assert any("healthy runs' band at the same step" in t for t in texts)  # a band warning
@@ -119,3 +132,72 @@ def test_compare_and_tuning_pages(history, monkeypatch):
 def test_every_page_has_a_friendly_empty_state(page, tmp_path, monkeypatch):
     app = _page(page, tmp_path / "no-history-here", monkeypatch)
     assert app.info, "an empty history says so"
+
+
+NASTY = ("**b** _e_ [l](http://127.0.0.1:9/l) ![i](http://127.0.0.1:9/i.png) www.x.test a@b.test "
+         ':smile: :material/home: $x$ :red[r] <b>t</b> <img src="http://127.0.0.1:9/t.png"> '
+         "&amp; `c` \\\n\n# h\n- li\n    code")  # fmt: skip
+
+
+def test_text_helpers_leave_nothing_to_parse():
+    escaped = html_text(NASTY)
+    assert not set(escaped) & set("<>\"'`:\n\r$[]()*!\\")
+    assert html.unescape(escaped) == NASTY
+    assert block(escaped).startswith("<div") and "\n" not in block(escaped)
+    with pytest.raises(ValueError):
+        block("a\n\nb")
+    label = md_text(NASTY)
+    assert "\n" not in label and _shown(label) == NASTY.replace("\n", " ")
+    resolved = re.sub(r"\\(.)", r"\1", label)  # the text GFM autolinks and emoji look at
+    assert not any(s in resolved for s in ("www.", "a@b", "http:", ":smile:"))
+    assert ":material/" not in label  # Streamlit rewrites that in the raw source
+    assert md_code("a `b` c") == "`` a `b` c ``"
+    assert plot_text(NASTY).count("<") == 0 and "$" not in plot_text(NASTY)
+
+
+def test_charts_show_names_as_text():
+    warning = {"family": "attention-numerics", "module": "<a href='x'>m</a>", "step": 5,
+               "role": "<b>cause</b>"}  # fmt: skip
+    points = [{"step": 5, "value": 1.0, "module": "<b>m</b>", "head": None}]
+    fig = charts.monitor_figure("$t$", points, [warning], "attention-numerics")
+    names = [t.name for t in fig.data]
+    assert "&lt;b&gt;m&lt;/b&gt;" in names and fig.layout.title.text == "&#36;t&#36;"
+    hover = fig.data[-1].hovertext[0]
+    assert "<" not in hover and "&lt;a href='x'&gt;m&lt;/a&gt;" in hover
+    fig = charts.compare_figure("m", [{"run_id": "r<b>", "step": 1, "value": 1.0}],
+                                [{"run_id": "r<b>", "divergence_step": 1}])  # fmt: skip
+    assert fig.data[0].name == "r&lt;b&gt;"
+    assert fig.layout.annotations[0].text == "r&lt;b&gt; diverges"
+
+
+def _huge_run(root: Path) -> None:
+    """A run at steps 0 and 2**63-1, the wire's bounds."""
+    now = time.time()
+    with DeltaStore(root) as store:
+        b = BatchBuilder()
+        b.add_lifecycle({"run_id": "huge", "kind": "start", "seq": 0, "labels": {}}, now)
+        for seq, step in enumerate([0, 2**63 - 1], start=1):
+            values = {"loss": 1.0, "attn.d2.entropy_mean@h.0.attn": 0.5}
+            b.add_metrics({"run_id": "huge", "seq": seq, "step": step, "values": values}, now)
+        store.write(b.take())
+
+
+def test_a_run_at_the_largest_step_is_drawn(tmp_path, monkeypatch):
+    _huge_run(tmp_path / "history")
+    app = _page("run", tmp_path / "history", monkeypatch, run="huge")  # no exception
+    assert len(app.get("plotly_chart")) == 5 and not app.error
+    app = _page("compare", tmp_path / "history", monkeypatch)
+    assert len(app.get("plotly_chart")) == 1 and not app.error
+
+
+def test_a_failing_query_is_a_message_not_a_traceback(tmp_path, monkeypatch):
+    def overflow(*args, **kwargs):
+        raise duckdb.OutOfRangeException("Overflow in addition of INT64 (<b>x</b> + 1)!")
+
+    _huge_run(tmp_path / "history")
+    monkeypatch.setattr(queries, "series_many", overflow)
+    monkeypatch.setattr(queries, "series_across_runs", overflow)
+    for name, query in (("run", {"run": "huge"}), ("compare", {})):
+        app = _page(name, tmp_path / "history", monkeypatch, **query)  # no exception
+        assert not app.get("plotly_chart") and "query failed" in app.error[0].value
+        assert "Overflow in addition of INT64" in _shown(app.error[0].value)

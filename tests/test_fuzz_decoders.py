@@ -32,11 +32,12 @@ from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.notifier import Ledger, decode_warning
 from foreshock.detectors.ordering import SeqOrderer
 from foreshock.storage import queries
+from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history
 from foreshock.storage.retention import export_run
 from foreshock.storage.rows import BatchBuilder, RecordError
-from foreshock.storage.segments import SegmentStore
 from foreshock.storage.sink import StorageSink, _decode_dead_letter, _decode_warning
+from foreshock.storage.store import DeltaStore, store_exists
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.wire import (
     MAX_INT,
@@ -387,7 +388,8 @@ def _bare_sink() -> StorageSink:
     sink = object.__new__(StorageSink)
     sink.settings = KafkaSettings(spool_dir="unused")
     sink.builder = BatchBuilder()
-    sink._seen_events = set()
+    sink._seen_events, sink._values_stored = set(), set()
+    sink.attempts = AttemptTracker()
     sink.stats = {
         "messages": 0,
         "values": 0,
@@ -395,6 +397,7 @@ def _bare_sink() -> StorageSink:
         "dead_letters": 0,
         "duplicates": 0,
         "write_retries": 0,
+        "collisions": 0,
     }
     return sink
 
@@ -701,7 +704,7 @@ def small_store(tmp_path_factory) -> Path:
             1.0,
         )
     builder.add_warning(_valid_warning(1), 1.0)
-    with SegmentStore(root) as store:
+    with DeltaStore(root) as store:
         store.write(builder.take())
     return root
 
@@ -871,7 +874,7 @@ def test_bad_messages_through_the_broker_are_dead_letters_and_the_sink_runs_on(
     try:
         deadline, letters, steps = time.monotonic() + 30, [], []
         while time.monotonic() < deadline:
-            if (root / "manifest.json").exists():
+            if store_exists(str(root)):
                 with open_history(root) as history:
                     steps = history.sql("SELECT run_id, seq FROM steps").to_pylist()
                     letters = history.sql(

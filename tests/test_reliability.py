@@ -19,7 +19,7 @@ from foreshock.producers.spool import Spool, SpooledMessage
 from foreshock.storage.reader import open_history
 from foreshock.storage.reconcile import check_streams, missing_ranges
 from foreshock.storage.rows import BatchBuilder
-from foreshock.storage.segments import SegmentStore
+from foreshock.storage.store import DeltaStore
 
 FLEET = Plan(runs=("fa-lowprec-s0", "lr-high-s0", "healthy-s0"), rate=5.0, down=2.0, drain=60)
 
@@ -61,7 +61,7 @@ def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
     _stream(b, "whole", list(range(8)), last_seq=7)
     _stream(b, "holed", [0, 1, 2, 5, 6, 9], last_seq=9)
     _stream(b, "running", [0, 1, 3], last_seq=None)
-    with SegmentStore(tmp_path) as store:
+    with DeltaStore(tmp_path) as store:
         store.write(b.take())
     with open_history(tmp_path) as history:
         checks = {c.run_id: c for c in check_streams(history)}
@@ -78,7 +78,8 @@ def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
     assert "holed" in done.stdout and "3-4 7-8" in done.stdout and "whole" not in done.stdout
     listed = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True,
                                        timeout=60).stdout)  # fmt: skip
-    assert {c["run_id"]: c["status"] for c in listed} == {
+    assert listed["duplicated"] == [] and listed["value_mismatches"] == []
+    assert {c["run_id"]: c["status"] for c in listed["streams"]} == {
         "holed": "incomplete",
         "running": "open",
         "whole": "complete",
@@ -89,7 +90,7 @@ def test_kept_unstored_counts_what_a_producer_kept_and_the_store_lacks(tmp_path)
     """The fault test's last check: spooled copies of stored messages don't count, others do."""
     b = BatchBuilder()
     _stream(b, "run-k", [0, 1, 2, 3], last_seq=3)
-    with SegmentStore(tmp_path / "store") as store:
+    with DeltaStore(tmp_path / "store") as store:
         store.write(b.take())
     spool = Spool(tmp_path / "spool", "run-k")
     for seq in (2, 3, 4, 5):  # 2 and 3 stored (a step, the end); 4 and 5 not

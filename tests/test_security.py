@@ -17,7 +17,7 @@ import pytest
 
 from foreshock.storage.retention import export_run
 from foreshock.storage.rows import BatchBuilder, RecordError
-from foreshock.storage.segments import SegmentStore
+from foreshock.storage.store import DeltaStore
 from foreshock.transport.settings import KafkaSettings, is_secret, load_settings, redact
 from foreshock.transport.wire import RUN_ID_PATTERN, WireError, check_run_id, validate
 
@@ -135,7 +135,7 @@ def one_run_store(tmp_path, monkeypatch) -> Path:
     builder = BatchBuilder()
     builder.add_lifecycle({"kind": "start", "run_id": "r1", "seq": 0, "labels": {}}, 1.0)
     builder.add_metrics({"run_id": "r1", "seq": 1, "step": 0, "values": {"loss": 1.0}}, 1.0)
-    with SegmentStore(root) as store:
+    with DeltaStore(root) as store:
         store.write(builder.take())
     monkeypatch.setenv("FORESHOCK_STORE", str(root))
     return root

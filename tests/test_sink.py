@@ -1,6 +1,8 @@
 """The storage sink against the real broker: everything stored once — through duplicates, a
-replay from offset 0 and a SIGKILL mid-stream — bad messages kept with their reason, and the
-history readable while the sink writes."""
+replay from offset 0, a SIGKILL mid-stream, two sinks in one group with one killed and
+restarted, a writer that died between two tables' commits, and a store that could not be
+written for a while — bad messages kept with their reason, and the history readable (whole
+records only) while the sinks write."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage import queries
 from foreshock.storage.reader import open_history
+from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.sink import StorageSink
+from foreshock.storage.store import DeltaStore, store_exists
 from foreshock.transport.topics import ensure_topics
 
 RUNS = ["fa-lowprec-s0", "lr-high-s1", "healthy-s2", "gbs-small-s1"]
@@ -33,6 +37,10 @@ def _run(name: str):
 
 def _publish(settings, names: list[str]) -> None:
     publish_recorded(settings, names)
+
+
+def _stored_steps_or_none(root) -> dict[str, int]:
+    return _stored_steps(root) if store_exists(str(root)) else {}
 
 
 def _stored_steps(root) -> dict[str, int]:
@@ -80,12 +88,38 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
     assert fleet["fa-lowprec-s0"] == "diverged" and fleet["healthy-s2"] == "finished"
 
 
-def _sink_process(settings, root) -> subprocess.Popen:
+def _sink_process(settings, root, group: str = "sink-kill", idle: float = 15) -> subprocess.Popen:
     env = service_env(settings)
     return subprocess.Popen(
         [sys.executable, "-m", "foreshock.cli", "sink", "--store", str(root),
-         "--group", "sink-kill", "--idle-exit", "15"],
+         "--group", group, "--idle-exit", str(idle)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _exactly_once(root, names: list[str]) -> None:
+    """Every record and lifecycle message of ``names`` stored once, with all its values."""
+    assert _stored_steps(root) == _expected_steps(names)
+    with open_history(root) as history:
+        assert queries.duplicate_records(history) == []
+        assert queries.value_count_mismatches(history) == []
+        assert queries.orphan_values(history) == []
+        kinds = history.sql("SELECT run_id, kind FROM run_events ORDER BY ALL").to_pylist()
+    assert [(k["run_id"], k["kind"]) for k in kinds] == sorted(
+        (n, k) for n in names for k in ("end", "start"))  # fmt: skip
+
+
+_PARTIAL = ("SELECT count(*) AS n FROM steps LEFT JOIN (SELECT run_id, rank, step, count(*) AS c "
+            "FROM metric_values GROUP BY ALL) USING (run_id, rank, step) "
+            "WHERE coalesce(c, 0) <> n_values")  # fmt: skip
+
+
+def _read_whole(root) -> int:
+    """A reader's poll: how many records it sees; fails if one lacks any of its values."""
+    if not store_exists(str(root)):
+        return 0
+    with open_history(root) as history:
+        assert history.sql(_PARTIAL).to_pylist() == [{"n": 0}]
+        return history.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"]
 
 
 def test_sink_killed_mid_stream_stores_everything_once_readable_meanwhile(kafka_settings, tmp_path):
@@ -94,7 +128,7 @@ def test_sink_killed_mid_stream_stores_everything_once_readable_meanwhile(kafka_
     _publish(kafka_settings, RUNS[:2])
     first = _sink_process(kafka_settings, root)
     deadline = time.monotonic() + 60
-    while not (root / "manifest.json").exists() and time.monotonic() < deadline:
+    while not _stored_steps_or_none(root) and time.monotonic() < deadline:
         time.sleep(0.2)
     seen = _stored_steps(root)  # read while the sink holds the store
     assert seen
@@ -111,3 +145,80 @@ def test_sink_killed_mid_stream_stores_everything_once_readable_meanwhile(kafka_
     assert second.returncode == 0, err
     assert reads > 5
     assert _stored_steps(root) == _expected_steps(RUNS)
+
+
+def test_two_sinks_one_killed_and_restarted_store_everything_once(kafka_settings, tmp_path):
+    """Two sinks in one group share the partitions; one is SIGKILLed mid-stream and restarted
+    (its partitions go to the other, then back); a reader polls all along."""
+    ensure_topics(kafka_settings)
+    root = tmp_path / "store"
+    DeltaStore(root)  # the tables exist before the sinks race to create them
+    _publish(kafka_settings, RUNS[:2])
+    pair = [_sink_process(kafka_settings, root, "sink-pair", idle=12) for _ in range(2)]
+    deadline, seen = time.monotonic() + 60, 0
+    while seen == 0 and time.monotonic() < deadline:
+        seen = _read_whole(root)
+        time.sleep(0.1)
+    assert seen, "nothing stored within a minute"
+    pair[0].send_signal(signal.SIGKILL)
+    pair[0].wait(10)
+    _publish(kafka_settings, RUNS[2:])
+    pair[0] = _sink_process(kafka_settings, root, "sink-pair", idle=12)
+    reads = []
+    while any(p.poll() is None for p in pair):
+        reads.append(_read_whole(root))  # raises if a record is visible without its values
+        time.sleep(0.2)
+    for p in pair:
+        _, err = p.communicate()
+        assert p.returncode == 0, err[-3000:]
+    assert len(reads) > 5 and reads == sorted(reads)
+    _exactly_once(root, RUNS)
+    check = subprocess.run([sys.executable, "-m", "foreshock.cli", "store", "check", "--store",
+                            str(root)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{len(RUNS)} complete" in check.stdout
+
+
+def test_a_writer_that_died_between_tables_is_completed_not_repeated(kafka_settings, tmp_path):
+    """A sink killed after its ``metric_values`` commit and before its ``steps`` commit left
+    values without records; the sink that reads the stream again stores only what is missing."""
+    ensure_topics(kafka_settings)
+    root, run = tmp_path / "store", _run(RUNS[0])
+    b = BatchBuilder()
+    for seq, record in enumerate(run.records[:10], start=1):
+        b.add_metrics({**record, "run_id": RUNS[0], "seq": seq}, time.time())
+    DeltaStore(root).write({"metric_values": b.take()["metric_values"]})  # steps: never
+    with open_history(root) as history:
+        assert len(queries.orphan_values(history)) == 10
+    _publish(kafka_settings, RUNS[:1])
+    StorageSink(kafka_settings, root, group_id="sink-orphan").run(threading.Event(), idle_exit=4)
+    _exactly_once(root, RUNS[:1])
+
+
+def test_a_store_unwritable_for_a_while_loses_and_repeats_nothing(kafka_settings, tmp_path):
+    """The ``steps`` table's log cannot be written (its folder replaced by a file — root
+    ignores permissions) while a live sink holds a batch: the sink retries with backoff and,
+    once the log is back, every record is stored exactly once."""
+    ensure_topics(kafka_settings)
+    root = tmp_path / "store"
+    sink = StorageSink(kafka_settings, root, group_id="sink-full")
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), kwargs={"idle_exit": 6})
+    thread.start()
+    _publish(kafka_settings, RUNS[:1])
+    deadline = time.monotonic() + 60
+    while _read_whole(root) < len(_run(RUNS[0]).records) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log_dir, away = root / "steps" / "_delta_log", root / "steps" / "_delta_log.away"
+    log_dir.rename(away)
+    log_dir.write_text("not a folder: every commit to steps fails")
+    _publish(kafka_settings, RUNS[1:2])
+    deadline = time.monotonic() + 60
+    while sink.stats["write_retries"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sink.stats["write_retries"] >= 2, "the sink never hit the unwritable table"
+    log_dir.unlink()
+    away.rename(log_dir)
+    thread.join(120)
+    assert not thread.is_alive()
+    _exactly_once(root, RUNS[:2])

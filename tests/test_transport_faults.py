@@ -112,8 +112,9 @@ def _spool_flush(settings: KafkaSettings) -> subprocess.CompletedProcess:
 
 def _stored_seqs(store) -> list[int]:
     from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
 
-    if not (store / "manifest.json").exists():
+    if not store_exists(str(store)):
         return []
     with open_history(store) as history:
         return sorted(history.sql("SELECT seq FROM steps UNION ALL SELECT seq FROM run_events")

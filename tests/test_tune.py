@@ -23,7 +23,7 @@ from foreshock.detectors.replay import replay_run
 from foreshock.detectors.tune import TuneError, load_runs, replay_messages, tune
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage.recorded import store_recorded_runs
-from foreshock.storage.segments import SegmentStore
+from foreshock.storage.store import DeltaStore
 
 RUNS = ([f"healthy-s{s}" for s in range(10)] + [f"fa-lowprec-s{s}" for s in range(3)]
         + [f"lr-high-s{s}" for s in range(3)])  # fmt: skip
@@ -39,7 +39,7 @@ def _paths(names: list[str]) -> list[Path]:
 
 
 def _store(root: Path, names: list[str]) -> Path:
-    with SegmentStore(root) as store:
+    with DeltaStore(root) as store:
         store_recorded_runs(store, _paths(names), config=None)
     return root
 
@@ -62,7 +62,8 @@ def _mechanism(report, before: int | None = None) -> list:
 
 
 def test_runs_read_back_from_the_store_replay_like_their_files(store: Path) -> None:
-    runs, skipped = load_runs(store)
+    runs, skipped, versions = load_runs(store)
+    assert versions["steps"] >= 0
     assert sorted(r.run_id for r in runs) == sorted(RUNS)
     assert skipped == {"unfinished": [], "unlabelled": []}
     config = DetectorConfig.load(

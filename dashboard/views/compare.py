@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import duckdb
 import streamlit as st
 
 from foreshock.dashboard import charts, data
+from foreshock.dashboard.text import md_code, md_text
 from foreshock.table import format_table
 
 
@@ -12,7 +14,7 @@ def main() -> None:
     st.title("Compare")
     ids = data.run_ids() if data.store_exists() else []
     if not ids:
-        st.info(f"No runs stored yet in `{data.store_path()}`.")
+        st.info(f"No runs stored yet in {md_code(data.store_path())}.")
         return
     label = st.selectbox("monitor", list(data.MONITORS))
     chosen = st.multiselect("runs", ids, default=ids[: min(4, len(ids))])
@@ -20,7 +22,12 @@ def main() -> None:
         st.info("Pick runs to compare.")
         return
     metric = data.MONITORS[label][0]
-    result = data.compare(tuple(chosen), metric)
+    try:
+        result = data.compare(tuple(chosen), metric)
+    except duckdb.Error as exc:  # a value the queries cannot handle: say so, no traceback
+        st.error(f"These runs cannot be compared: the store's query failed "
+                 f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
+        return
     st.plotly_chart(charts.compare_figure(label, result["lines"], result["leads"]),
                     width="stretch", key="compare")  # fmt: skip
     rows = [[r["run_id"], r["scenario"], r["first_mechanism"], r["mechanism_step"],

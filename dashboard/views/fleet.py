@@ -3,13 +3,13 @@ we knew. The table refreshes itself (a fragment re-runs every few seconds, not t
 
 from __future__ import annotations
 
-import html
 import time
 from urllib.parse import quote
 
 import streamlit as st
 
 from foreshock.dashboard import data
+from foreshock.dashboard.text import html_text, md_code
 
 REFRESH_S = 5
 WINDOWS = {"all time": None, "last hour": 3600.0, "last day": 86400.0, "last week": 604800.0}
@@ -26,24 +26,25 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds:.0f} s ago"
 
 
+def _or_dash(value: object) -> str:
+    return "–" if value is None or value == "" else html_text(value)
+
+
 def _row(r: dict) -> str:
+    """One table row; every text from the history through :func:`html_text` (entities only:
+    no tag, no line break that would end the HTML block and let Markdown render the rest)."""
     colour = BADGE.get(r["status"], "#7f7f7f")
+    run = html_text(r["run_id"])
     cells = [
-        f'<a href="./run?run={quote(r["run_id"])}" target="_self">{html.escape(r["run_id"])}</a>',
-        f'<span class="fs-status" style="background:{colour}">{html.escape(r["status"])}</span>',
-        html.escape(r["scenario"] or "–"), html.escape(r["project"] or "–"),
-        str(r["last_step"] if r["last_step"] is not None else "–"),
+        f'<a href="./run?run={quote(r["run_id"], safe="")}" target="_self">{run}</a>',
+        f'<span class="fs-status" style="background:{colour}">{html_text(r["status"])}</span>',
+        _or_dash(r["scenario"]), _or_dash(r["project"]), _or_dash(r["last_step"]),
         _ago(None if r["last_received"] is None else time.time() - r["last_received"]),
-        "<br>".join(html.escape(a) for a in r["active"]) or "–",
-        str(r["first_warning_step"] if r["first_warning_step"] is not None else "–"),
-        str(r["divergence_step"] if r["divergence_step"] is not None else "–"),
-        str(r["lead_time"] if r["lead_time"] is not None else "–"),
+        "<br>".join(html_text(a) for a in r["active"]) or "–",
+        _or_dash(r["first_warning_step"]), _or_dash(r["divergence_step"]),
+        _or_dash(r["lead_time"]),
     ]  # fmt: skip
-    return (
-        f'<tr data-run="{html.escape(r["run_id"])}">'
-        + "".join(f"<td>{c}</td>" for c in cells)
-        + "</tr>"
-    )
+    return f'<tr data-run="{run}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 HEADER = ["run", "status", "scenario", "project", "last step", "last data", "active warnings",
@@ -51,6 +52,7 @@ HEADER = ["run", "status", "scenario", "project", "last step", "last data", "act
 STYLE = """<style>
 .fs-fleet {border-collapse: collapse; width: 100%; font-size: 0.9rem}
 .fs-fleet th, .fs-fleet td {border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left}
+.fs-fleet td {white-space: pre-wrap}
 .fs-status {color: white; border-radius: 4px; padding: 1px 6px; white-space: nowrap}
 </style>"""
 
@@ -81,6 +83,8 @@ def fleet_table(filters: dict) -> None:
         return
     head = "".join(f"<th>{h}</th>" for h in HEADER)
     body = "".join(_row(r) for r in rows)
+    # one HTML block: STYLE's closing line carries the whole table (html_text left no line
+    # break in it), so CommonMark parses nothing of the table as Markdown
     st.markdown(f'{STYLE}<table class="fs-fleet"><thead><tr>{head}</tr></thead>'
                 f"<tbody>{body}</tbody></table>", unsafe_allow_html=True)  # fmt: skip
     st.caption(f"updated {time.strftime('%H:%M:%S')} · refreshes every {REFRESH_S} s")
@@ -89,10 +93,10 @@ def fleet_table(filters: dict) -> None:
 def main() -> None:
     st.title("Fleet")
     if not data.store_exists():
-        st.info(
-            f"No history yet in `{data.store_path()}`. Start `foreshock sink --store "
-            f"{data.store_path()}` and stream a run (`foreshock lab run --kafka`)."
-        )
+        path = data.store_path()
+        st.info(f"No history yet in {md_code(path)}. Start "
+                f"{md_code(f'foreshock sink --store {path}')} and stream a run "
+                "(`foreshock lab run --kafka`).")  # fmt: skip
         return
     fleet_table(_filters())
 

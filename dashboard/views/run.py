@@ -3,9 +3,11 @@ time as a span, and each warning explained (family, module, false-alarm rate, ev
 
 from __future__ import annotations
 
+import duckdb
 import streamlit as st
 
 from foreshock.dashboard import charts, data
+from foreshock.dashboard.text import block, html_text, md_code, md_text
 
 DEFAULT_MONITORS = ["Δ2 spectral entropy (QK increment)", "ΔW_q spectral entropy",
                     "router token entropy (normalised)", "router ε (row conditioning)"]  # fmt: skip
@@ -22,17 +24,26 @@ def _pick_run() -> str | None:
     return run_id
 
 
+def _step(value: int | None) -> int | str:
+    return "–" if value is None else value
+
+
 def _header(summary: dict) -> None:
-    st.markdown(f"**status: {summary['status']}**" + (
-        f" · active: {', '.join(summary['active'])}" if summary["active"] else ""))  # fmt: skip
+    """Status, the open warnings, the steps, and the start message's labels — as text: every
+    string here is the producer's or the detectors' (see :mod:`foreshock.dashboard.text`)."""
+    active = ", ".join(summary["active"])
+    st.markdown(block(f"<b>status: {html_text(summary['status'])}</b>"
+                      + (f" · active: {html_text(active)}" if active else "")),
+                unsafe_allow_html=True)  # fmt: skip
     cols = st.columns(4)
-    cols[0].metric("last step", summary["last_step"])
-    cols[1].metric("divergence step", summary["divergence_step"] or "–")
-    cols[2].metric("first mechanism warning", summary["first_warning_step"] or "–")
-    cols[3].metric("lead (steps)", summary["lead_time"] if summary["lead_time"] is not None
-                   else "–")  # fmt: skip
+    cols[0].metric("last step", _step(summary["last_step"]))
+    cols[1].metric("divergence step", _step(summary["divergence_step"]))
+    cols[2].metric("first mechanism warning", _step(summary["first_warning_step"]))
+    cols[3].metric("lead (steps)", _step(summary["lead_time"]))
     labels = {k: v for k, v in summary["labels"].items() if not isinstance(v, dict)}
-    st.caption(" · ".join(f"{k}: {v}" for k, v in labels.items()))
+    if labels:
+        text = " · ".join(f"{html_text(k)}: {html_text(v)}" for k, v in labels.items())
+        st.caption(block(text), unsafe_allow_html=True)
 
 
 STATISTIC_NAMES = {
@@ -42,8 +53,12 @@ STATISTIC_NAMES = {
 }
 
 
+def _evidence(warning: dict) -> dict:
+    return warning["evidence"] if isinstance(warning["evidence"], dict) else {}
+
+
 def _statistic_name(warning: dict) -> str:
-    return STATISTIC_NAMES.get((warning["evidence"] or {}).get("detector"), "its CUSUM statistic")
+    return STATISTIC_NAMES.get(_evidence(warning).get("detector"), "its CUSUM statistic")
 
 
 def _warnings(warnings: list[dict]) -> None:
@@ -54,24 +69,27 @@ def _warnings(warnings: list[dict]) -> None:
     for w in warnings:
         lead = "" if w["lead_time"] is None else f", lead {w['lead_time']} steps"
         cleared = "" if w["cleared_step"] is None else f", cleared at {w['cleared_step']}"
-        title = (f"⚠ {w['family']} · {w['module'] or 'run'} · step {w['step']} · "
-                 f"{w['role']}{lead}{cleared}")  # fmt: skip
+        title = (f"⚠ {md_text(w['family'])} · {md_text(w['module'] or 'run')} · step {w['step']}"
+                 f" · {md_text(w['role'])}{lead}{cleared}")  # fmt: skip
+        t = {k: html_text(w[k]) for k in ("series", "direction", "statistic", "threshold",
+                                          "false_alarm_rate", "config_version")}  # fmt: skip
         with st.expander(title):
-            st.markdown(
-                f"**{w['series']}** moved **{w['direction']}**: {_statistic_name(w)} "
-                f"{w['statistic']} crossed the calibrated threshold {w['threshold']}. "
+            st.markdown(block(
+                f"<b>{t['series']}</b> moved <b>{t['direction']}</b>: {_statistic_name(w)} "
+                f"{t['statistic']} crossed the calibrated threshold {t['threshold']}. "
                 f"A healthy run warns falsely in this family with probability ≤ "
-                f"**{w['false_alarm_rate']}** per run (config `{w['config_version']}`)."
-            )
-            if check := (w["evidence"] or {}).get("check"):
-                st.markdown(f"**What to check:** {check}")
-            st.json(w["evidence"] or {}, expanded=False)
+                f"<b>{t['false_alarm_rate']}</b> per run (config "
+                f"<code>{t['config_version']}</code>)."), unsafe_allow_html=True)  # fmt: skip
+            if check := _evidence(w).get("check"):
+                st.markdown(block(f"<b>What to check:</b> {html_text(check)}"),
+                            unsafe_allow_html=True)  # fmt: skip
+            st.json(w["evidence"] or {}, expanded=False)  # a JSON viewer: its strings are text
 
 
 def main() -> None:
     st.title("Run")
     if not data.store_exists():
-        st.info(f"No history yet in `{data.store_path()}`.")
+        st.info(f"No history yet in {md_code(data.store_path())}.")
         return
     run_id = _pick_run()
     if run_id is None:
@@ -81,9 +99,14 @@ def main() -> None:
     labels = cols[0].multiselect("monitors", list(data.MONITORS), default=DEFAULT_MONITORS)
     heads = cols[1].checkbox("per-head Δ2 detail", help="Δ2 entropy per attention head")
     metrics = tuple(data.MONITORS[label][0] for label in labels)
-    page = data.run_page(run_id, metrics, heads)
+    try:
+        page = data.run_page(run_id, metrics, heads)
+    except duckdb.Error as exc:  # a value the queries cannot handle: say so, no traceback
+        st.error(f"This run's history cannot be drawn: the store's query failed "
+                 f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
+        return
     if page["summary"] is None:
-        st.warning(f"Run {run_id!r} is not in the history.")
+        st.warning(f"Run {md_text(run_id)} is not in the history.")
         return
     summary, warnings = page["summary"], page["warnings"]
     _header(summary)

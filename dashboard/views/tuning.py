@@ -6,22 +6,23 @@ from __future__ import annotations
 import streamlit as st
 
 from foreshock.dashboard import charts, data
+from foreshock.dashboard.text import md_code, md_text
 from foreshock.table import format_table
 
 
 def main() -> None:
     st.title("Tuning")
     live, history = data.live_config()
-    st.metric("live detector config", live or "shipped default (none published)")
+    st.metric("live detector config", md_text(live) if live else "shipped default (none published)")
     reports = data.tune_reports()
     if not reports:
-        st.info("No tune report yet: run `foreshock tune --store "
-                f"{data.store_path()}` to search detector parameters on past runs.")  # fmt: skip
+        st.info(f"No tune report yet: run {md_code(f'foreshock tune --store {data.store_path()}')}"
+                " to search detector parameters on past runs.")  # fmt: skip
         return
     version = st.selectbox("tune report of config", list(reports),
                            index=list(reports).index(live) if live in reports else 0)  # fmt: skip
     report = reports[version]
-    st.caption(f"rule: {report['rule']}")
+    st.caption(f"rule: {md_text(report['rule'])}")
     chosen = report["chosen"]["index"] if report.get("chosen") else None
     st.plotly_chart(charts.tradeoff_figure(report["points"], chosen),
                     width="stretch", key="tradeoff")  # fmt: skip

@@ -46,7 +46,8 @@ class _Stream:
 
 
 class Deduplicator:
-    """Remembers which (run_id, rank, seq) were seen, in O(out-of-order) memory per stream.
+    """Remembers which (run_id, rank, attempt, seq) were seen, in O(out-of-order) memory per
+    stream.
 
     >>> d = Deduplicator()
     >>> [d.admit({"run_id": "r", "seq": s}) for s in (0, 1, 1, 3, 2, 3)]
@@ -56,11 +57,11 @@ class Deduplicator:
     """
 
     def __init__(self) -> None:
-        self._streams: dict[tuple[str, int], _Stream] = {}
+        self._streams: dict[tuple[str, int, int], _Stream] = {}
         self.duplicates = 0
 
     def admit(self, message: dict[str, Any]) -> bool:
-        """True the first time a (run_id, rank, seq) is seen, False for a duplicate."""
+        """True the first time a (run_id, rank, attempt, seq) is seen, False for a duplicate."""
         stream = self._streams.setdefault(stream_of(message), _Stream())
         seq = message["seq"]
         if seq < stream.below or seq in stream.above:
@@ -72,7 +73,7 @@ class Deduplicator:
             stream.below += 1
         return True
 
-    def seed(self, stream: tuple[str, int], seqs: Iterable[int]) -> None:
+    def seed(self, stream: tuple[str, int, int], seqs: Iterable[int]) -> None:
         """Mark ``seqs`` of ``stream`` as seen (e.g. what storage already holds)."""
         entry = self._streams.setdefault(stream, _Stream())
         entry.above.update(s for s in seqs if s >= entry.below)
@@ -80,7 +81,7 @@ class Deduplicator:
             entry.above.remove(entry.below)
             entry.below += 1
 
-    def seed_prefix(self, stream: tuple[str, int], below: int) -> None:
+    def seed_prefix(self, stream: tuple[str, int, int], below: int) -> None:
         """Mark every seq < ``below`` of ``stream`` as seen, in O(1) memory."""
         entry = self._streams.setdefault(stream, _Stream())
         if below > entry.below:
@@ -88,14 +89,15 @@ class Deduplicator:
             entry.above = {s for s in entry.above if s >= below}
         self.seed(stream, ())
 
-    def has_gap(self, stream: tuple[str, int]) -> bool:
+    def has_gap(self, stream: tuple[str, int, int]) -> bool:
         """True while a seq above an unseen one has arrived in ``stream``."""
         entry = self._streams.get(stream)
         return bool(entry and entry.above)
 
-    def missing(self, run_id: str, rank: int = 0, upto: int | None = None) -> list[int]:
+    def missing(self, run_id: str, rank: int = 0, upto: int | None = None,
+                attempt: int = 0) -> list[int]:  # fmt: skip
         """Seqs not yet seen below ``upto`` (default: the highest seen)."""
-        stream = self._streams.get((run_id, rank), _Stream())
+        stream = self._streams.get((run_id, rank, attempt), _Stream())
         top = upto if upto is not None else max(stream.above, default=stream.below - 1) + 1
         return [s for s in range(stream.below, top) if s not in stream.above]
 
@@ -105,13 +107,15 @@ class MetricsConsumer:
 
     ``decoders`` maps other topics to their own decoder (raw Kafka message → dict, or
     :class:`WireError`): their messages skip the seq bookkeeping and come out with ``_topic``.
+    ``on_assign(consumer, partitions)`` runs after each assignment, ``on_revoke(consumer,
+    partitions, lost)`` before partitions go to another member (``lost``: they already have).
     ``on_rewind(found)`` is called after a rewind with the (partition, committed offset) pairs
     found: a negative offset means the broker forgot it (it restarted without its data).
     """
 
     def __init__(self, settings: KafkaSettings, group_id: str,
                  topics: Iterable[str] | None = None, on_assign: Any = None,
-                 gap_wait: float = 1.0,
+                 on_revoke: Any = None, gap_wait: float = 1.0,
                  decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
                  on_rewind: Callable[[list[tuple[int, int]]], None] | None = None,
                  **config: Any) -> None:  # fmt: skip
@@ -128,21 +132,32 @@ class MetricsConsumer:
         self.rereads = 0
         self.rewinds = 0
         self.gap_wait = gap_wait
-        self._gaps: dict[tuple[str, int], list[float]] = {}
-        self._anchor: dict[tuple[str, int], tuple[str, int, int]] = {}
+        self._gaps: dict[tuple[str, int, int], list[float]] = {}
+        self._anchor: dict[tuple[str, int, int], tuple[str, int, int]] = {}
         self._rewind = False
         self._consumer = Consumer(settings.librdkafka(
             CONSUMER_DEFAULTS, **{"group.id": group_id, "error_cb": self._on_error,
                                   "logger": RDKAFKA_LOG, **config}))  # fmt: skip
         self._dlq = Producer(settings.librdkafka({"allow.auto.create.topics": False},
                                                  logger=RDKAFKA_LOG))  # fmt: skip
-        self._on_assign = on_assign
-        self._consumer.subscribe(self.topics, on_assign=self._assigned)
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                 on_lost=self._lost)  # fmt: skip
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         self._forget_offsets()
         if self._on_assign is not None:
             self._on_assign(consumer, partitions)
+
+    def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke(consumer, partitions, lost=False)
+
+    def _lost(self, consumer: Any, partitions: list[Any]) -> None:
+        """Partitions taken away without a handover (this member missed its session): another
+        member may be reading them already, so the caller must not write what it holds."""
+        if self._on_revoke is not None:
+            self._on_revoke(consumer, partitions, lost=True)
 
     def _forget_offsets(self) -> None:
         """Drop every remembered offset: after a rewind or an assignment they may belong to a

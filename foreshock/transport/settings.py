@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RDKAFKA_LOG", "KafkaSettings", "is_secret", "load_settings", "redact"]
+__all__ = ["RDKAFKA_LOG", "KafkaSettings", "config_section", "is_secret", "load_settings",
+           "redact"]  # fmt: skip
 
 RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines, all clients
 
@@ -109,6 +110,12 @@ class KafkaSettings:
         return replace(self, bootstrap_servers=bootstrap_servers)
 
 
+def config_section(path: str | Path, name: str) -> dict[str, Any]:
+    """The ``[name]`` table of the settings file at ``path`` ({} if it has none)."""
+    with Path(path).open("rb") as file:
+        return tomllib.load(file).get(name, {})
+
+
 def load_settings(
     path: str | Path | None = None, env: dict[str, str] | None = None
 ) -> KafkaSettings:
@@ -124,8 +131,7 @@ def load_settings(
     values: dict[str, Any] = {}
     path = path or env.get("FORESHOCK_CONFIG")
     if path:
-        with Path(path).open("rb") as file:
-            section = tomllib.load(file).get("kafka", {})
+        section = config_section(path, "kafka")
         values.update({k: v for k, v in section.items() if k != "client"})
         values["client"] = {str(k): str(v) for k, v in section.get("client", {}).items()}
     known = {f.name: f.type for f in fields(KafkaSettings) if f.name != "client"}

@@ -6,7 +6,14 @@ ordered in one partition. The value is a UTF-8 JSON object: a monitoring record 
 
 * ``kind``: ``start`` | ``metrics`` | ``end``;
 * ``seq``: the message's number in its stream, 0, 1, 2, … with no gaps — a stream is one
-  producer's messages for one (run_id, rank), so a consumer sees a gap or a duplicate at once.
+  producer's messages for one (run_id, rank, attempt), so a consumer sees a gap or a
+  duplicate at once;
+* ``attempt`` (optional, 0 when absent): which incarnation of the run sent it. A run resumed
+  from a checkpoint keeps its ``run_id`` and gets a new attempt — by default the producer's
+  start time in microseconds, so later attempts number higher — and its seqs start again at
+  0 without colliding with the earlier attempt's. (An optional field with a default keeps
+  every v1 message valid: no version bump was needed on the wire; the store's schema went
+  to version 2.)
 
 ``start`` carries ``labels`` and the producer's version; ``end`` carries ``status`` and
 ``last_seq`` (its own seq: storage knows a run is complete when it holds 0..last_seq).
@@ -19,7 +26,8 @@ it ends up — a file name, a URL, a log line, a Kafka key — and no consumer h
 
 **What a consumer can rely on** once :func:`decode` accepted a message: every number in it is
 finite (``NaN``/``Infinity`` literals and overflowing numbers like ``1e999`` are rejected);
-``seq``, ``rank``, ``step``, ``last_seq`` and ``divergence_step`` are ints in ``0..2**63-1`` (the
+``seq``, ``rank``, ``attempt``, ``step``, ``last_seq`` and ``divergence_step`` are ints in
+``0..2**63-1`` (the
 store's int64); every string is valid Unicode (no lone surrogate escapes); the message is at
 most :data:`MAX_MESSAGE_BYTES`. Anything else raises :class:`WireError`, never another
 exception: its text is the dead-letter reason.
@@ -132,8 +140,9 @@ def validate(message: Any) -> None:
         raise WireError(f"{kind}: schema must be {_SCHEMAS[kind]!r}, got {_short(schema)}")
     check_run_id(message.get("run_id"))
     _check_int(message, "seq")
-    if "rank" in message:
-        _check_int(message, "rank")
+    for name in ("rank", "attempt"):
+        if name in message:
+            _check_int(message, name)
     if "world_size" in message:
         _check_int(message, "world_size", 1)
     time = message.get("time")
@@ -231,6 +240,6 @@ def _check_values(values: Any) -> None:
 _FLOAT_MAX = int(1.7976931348623157e308)
 
 
-def stream_of(message: dict[str, Any]) -> tuple[str, int]:
-    """The stream a message's seq counts in: (run_id, rank)."""
-    return message["run_id"], int(message.get("rank", 0))
+def stream_of(message: dict[str, Any]) -> tuple[str, int, int]:
+    """The stream a message's seq counts in: (run_id, rank, attempt)."""
+    return message["run_id"], int(message.get("rank", 0)), int(message.get("attempt", 0))

@@ -1,0 +1,199 @@
+"""The store: five Delta Lake tables under one URI, written by any number of sinks at once.
+
+Each table of :mod:`foreshock.storage.schema` is a Delta table ``<uri>/<name>`` (Parquet files
+plus an atomic commit log, delta-rs): appends from many processes commit optimistically and
+never conflict, every commit is a table *version* a reader can pin, and the same code runs on
+a local folder or object storage. What this module adds is the project's own rules:
+
+1. **Write order.** A batch is appended table by table in :data:`WRITE_ORDER` —
+   ``metric_values`` before ``steps`` before ``run_events`` — and a reader pins the versions
+   in the reverse order (:mod:`foreshock.storage.reader`). So a reader that sees a record's
+   ``steps`` row sees all its values, and a run's ``end`` only after its records: it never
+   sees half a record, and each table shows whole batches only (a Delta commit is atomic).
+2. **Retries are idempotent.** Every commit carries a Delta *application transaction*
+   (``txn``: this writer's ``app_id``, the batch number). Before retrying a table, the writer
+   reads back the table's transaction version for its ``app_id``: a commit that landed but
+   reported an error (a disk that filled after the log entry was written, a network reply
+   lost) is not appended again. Delta also refuses a commit whose ``app_id`` a concurrent
+   commit used (``ConcurrentTransaction``), so two handles with one ``app_id`` cannot both
+   land the same batch.
+3. **A crash between tables** leaves the batch's rows in the tables before the crash point
+   only. The sink that takes the partition over reads them back (``queries.orphan_values``:
+   values with no ``steps`` row) and writes only the missing rows — see
+   :mod:`foreshock.storage.sink`.
+
+Maintenance (:meth:`DeltaStore.maintain`): ``optimize`` bin-packs a table's small files (one per
+batch) into large ones, ``vacuum`` deletes files no version newer than ``retain_hours`` needs —
+a reader pinned to a version younger than that keeps every file it was promised, and
+``foreshock tune`` can re-read the exact version it was trained on (time travel) for as long.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from .location import RETAIN_HOURS, StoreLocation, load_location
+from .schema import SCHEMA_VERSION, TABLES
+
+__all__ = ["READ_ORDER", "WRITE_ORDER", "DeltaStore", "SchemaVersionError", "open_table",
+           "schema_version", "store_exists", "table_versions"]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+WRITE_ORDER = ("metric_values", "steps", "run_events", "warnings", "dead_letters")
+READ_ORDER = tuple(reversed(WRITE_ORDER))
+VERSION_PREFIX = "foreshock schema version "  # each table's Delta description: "… 1"
+_WRITER = WriterProperties(compression="ZSTD")
+
+
+class SchemaVersionError(RuntimeError):
+    """A table's schema version is not the one this foreshock reads."""
+
+
+def open_table(
+    location: StoreLocation, table: str, version: int | None = None
+) -> DeltaTable | None:
+    """The Delta table ``table`` of the store (at ``version``), or None if never written."""
+    try:
+        return DeltaTable(location.table_uri(table), version=version,
+                          storage_options=location.options or None)  # fmt: skip
+    except TableNotFoundError:
+        return None
+
+
+def store_exists(location: StoreLocation | str | None) -> bool:
+    """Has anything created the store's tables yet?"""
+    location = load_location(location)
+    uri = location.table_uri("steps")
+    return DeltaTable.is_deltatable(uri, storage_options=location.options or None)
+
+
+def table_versions(location: StoreLocation | str | None) -> dict[str, int]:
+    """Each table's newest version (-1: not created), read in :data:`READ_ORDER` — what a
+    reader pins (``open_history(store, versions)``), so a cache can key on it."""
+    location = load_location(location)
+    out = {}
+    for name in READ_ORDER:
+        table = open_table(location, name)
+        out[name] = -1 if table is None else table.version()
+    return out
+
+
+def schema_version(table: DeltaTable) -> int:
+    """From the table's description (delta-rs refuses custom configuration keys)."""
+    text = table.metadata().description or ""
+    return int(text.removeprefix(VERSION_PREFIX)) if text.startswith(VERSION_PREFIX) else 1
+
+
+def _check_version(name: str, table: DeltaTable) -> None:
+    found = schema_version(table)
+    if found != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"table {name} has schema version {found}; this foreshock reads {SCHEMA_VERSION}: "
+            + ("run `foreshock store migrate`" if found < SCHEMA_VERSION else "upgrade foreshock")
+        )
+
+
+class DeltaStore:
+    """A writer of the store (tables created if missing). Any number may write at once.
+
+    ``app_id`` names this writer in the tables' transaction log (a fresh one per process by
+    default); :meth:`write` numbers its batches 1, 2, … under it.
+    """
+
+    def __init__(self, location: StoreLocation | str | None = None,
+                 app_id: str | None = None) -> None:  # fmt: skip
+        self.location = load_location(location)
+        self.app_id = app_id or f"foreshock-{uuid.uuid4().hex[:16]}"
+        self.batches = 0
+        if self.location.is_local:
+            from pathlib import Path
+
+            Path(self.location.table_uri("")).mkdir(parents=True, exist_ok=True)
+        self.tables = {name: self._ensure(name) for name in TABLES}
+
+    def _ensure(self, name: str) -> DeltaTable:
+        table = open_table(self.location, name)
+        if table is None:
+            try:
+                table = DeltaTable.create(
+                    self.location.table_uri(name), schema=TABLES[name], mode="ignore",
+                    name=name, description=f"{VERSION_PREFIX}{SCHEMA_VERSION}",
+                    storage_options=self.location.options or None)  # fmt: skip
+            except Exception:  # another writer created it first: read theirs
+                table = open_table(self.location, name)
+                if table is None:
+                    raise
+        _check_version(name, table)
+        return table
+
+    def close(self) -> None:
+        """Nothing to release (no lock, no open file); kept so a store reads as a resource."""
+
+    def __enter__(self) -> DeltaStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_batch(self) -> int:
+        self.batches += 1
+        return self.batches
+
+    def write(self, batch: dict[str, pa.Table], number: int | None = None) -> dict[str, int]:
+        """Append one batch in :data:`WRITE_ORDER`; returns {table: version written}.
+
+        Retry a failed call with the same ``number`` (:meth:`next_batch`): tables whose commit
+        already landed under it are skipped (step 2 of the module docstring).
+        """
+        number = self.next_batch() if number is None else number
+        written = {}
+        for name in WRITE_ORDER:
+            rows = batch.get(name)
+            if rows is None or not rows.num_rows:
+                continue
+            table = self.tables[name]
+            table.update_incremental()
+            if (table.transaction_version(self.app_id) or 0) >= number:
+                continue  # landed on an earlier try
+            write_deltalake(table, rows.select(TABLES[name].names).cast(TABLES[name]),
+                            mode="append", writer_properties=_WRITER,
+                            commit_properties=CommitProperties(
+                                app_transactions=[Transaction(self.app_id, number)]))  # fmt: skip
+            written[name] = table.version()
+        return written
+
+    def versions(self) -> dict[str, int]:
+        out = {}
+        for name, table in self.tables.items():
+            table.update_incremental()
+            out[name] = table.version()
+        return out
+
+    def delete(self, name: str, predicate: str) -> int:
+        """Delete ``name``'s rows matching a SQL ``predicate``; returns how many."""
+        table = self.tables[name]
+        table.update_incremental()
+        return int(table.delete(predicate).get("num_deleted_rows", 0))
+
+    def maintain(self, retain_hours: float = RETAIN_HOURS, target_size: int | None = None,
+                 vacuum: bool = True) -> dict[str, Any]:  # fmt: skip
+        """Compact every table's small files, then vacuum what no recent version needs."""
+        report: dict[str, Any] = {}
+        for name, table in self.tables.items():
+            table.update_incremental()
+            metrics = table.optimize.compact(target_size=target_size, writer_properties=_WRITER)
+            removed = []
+            if vacuum:
+                removed = table.vacuum(retention_hours=int(retain_hours),
+                                       enforce_retention_duration=False, dry_run=False)  # fmt: skip
+            report[name] = {"files_added": metrics.get("numFilesAdded", 0),
+                            "files_removed": metrics.get("numFilesRemoved", 0),
+                            "vacuumed": len(removed)}  # fmt: skip
+        return report
