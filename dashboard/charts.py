@@ -27,10 +27,24 @@ def _first_mechanism(warnings: list[dict[str, Any]], before: int | None) -> dict
     return min(hits, key=lambda w: w["step"], default=None)
 
 
+def restart_steps(attempts: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(restart number, step it resumed at) for each attempt after the first (rank 0's).
+
+    >>> restart_steps([{"rank": 0, "number": 1, "first_step": 0},
+    ...                {"rank": 0, "number": 2, "first_step": 30}])
+    [(1, 30)]
+    """
+    return [(a["number"] - 1, a["first_step"]) for a in attempts
+            if a["rank"] == 0 and a["number"] > 1]  # fmt: skip
+
+
 def loss_figure(loss: list[dict[str, Any]], warnings: list[dict[str, Any]],
-                divergence_step: int | None) -> go.Figure:  # fmt: skip
-    """The loss (bucket mean, with its min–max band), the divergence step as a line, and the
-    lead time as a shaded span from the first mechanism warning to the divergence."""
+                divergence_step: int | None,
+                attempts: list[dict[str, Any]] | None = None) -> go.Figure:  # fmt: skip
+    """The loss (bucket mean, with its min–max band), the divergence step as a line, the lead
+    time as a shaded span from the first mechanism warning to the divergence, and each
+    restart (a run resumed from a checkpoint) as a dotted line where it resumed: the line
+    shows the latest attempt's values for the steps it re-did."""
     fig = go.Figure()
     steps = [p["step"] for p in loss]
     fig.add_trace(
@@ -55,6 +69,9 @@ def loss_figure(loss: list[dict[str, Any]], warnings: list[dict[str, Any]],
                           fillcolor=FAMILY_COLOURS.get(first["family"], "grey"),
                           annotation_text=f"lead {divergence_step - first['step']} steps",
                           annotation_position="top left")  # fmt: skip
+    for number, step in restart_steps(attempts or []):
+        fig.add_vline(x=step, line={"color": "grey", "dash": "dot"},
+                      annotation_text=f"restart {number} @ {step}")  # fmt: skip
     _warning_markers(fig, [w for w in warnings if w["family"] != "symptom"], _floor(loss, "low"))
     fig.update_layout(title="loss", xaxis_title="step", **_LAYOUT)
     return fig

@@ -18,14 +18,39 @@ waits up to ``confirm_timeout`` s for the storage sink's consumer group (``confi
 ``foreshock sink``'s default) to commit past its messages — the sink commits only what it
 stored durably — and keeps what is still unconfirmed in its spool, to be re-sent later.
 
-Wire fields added here (see :mod:`foreshock.transport.wire`): ``kind``, a gap-free ``seq`` per
-(run_id, rank); a ``start`` message (synthesised if the caller sent none) with the producer's
-version; an ``end`` message with ``last_seq`` (synthesised by ``close`` if none was sent).
+Nothing it is given, and no disk, can kill it: ``write`` and ``close`` never raise, and the
+sending thread catches every failure of ``produce()``, the spool and the broker. A record that
+can't be sent is *refused*: kept whole in a local rejects file (``<spool_dir>/<name>.rejects``,
+JSON Lines, with the reason), counted in ``rejected`` and ``reasons``, logged, and flagged on the
+run. A record the wire format refuses gives its seq back (the stream stays gap-free); a valid
+record too large to carry (over the client's real limit: ``message.max.bytes`` less the key and
+the record framing, or the wire's :data:`MAX_MESSAGE_BYTES`) is replaced by a *stand-in* with
+its seq: ``values`` empty, flag ``producer_rejected``, ``error`` saying why — the same shape as
+the monitor's own error records, so the store shows the step and why its values are missing.
+Splitting such a record by series was not done: one step would become several messages with
+one seq each, and every consumer (storage's one row per step, the detectors' step order) would
+have to learn to merge them. A stand-in is also what a spooled message the broker refuses
+becomes, so that it can't block the spool behind it. The ``end`` of a stream with refused
+records carries ``rejected`` (count, reasons, the rejects file).
+
+A spool that can't be written (an unwritable folder, a full disk) falls back to a bounded
+in-memory buffer (``memory_bytes``), loudly; beyond it messages are *dropped* and counted
+(``dropped``, ``reasons``), except a run's ``start`` and ``end``. What is still in memory at
+``close`` goes to the spool if it can be written again, and is otherwise counted as dropped.
+
+Wire fields added here (see :mod:`foreshock.transport.wire`): ``kind``; ``attempt``, this
+producer's incarnation (its start time in µs unless given: a job restarted from a checkpoint
+under the same run id is a new attempt, and its seqs start again at 0 without colliding); a
+gap-free ``seq`` per (run_id, rank, attempt); a ``start`` message (synthesised if the caller
+sent none) with the producer's version; an ``end`` message with ``last_seq`` (synthesised by
+``close`` if none was sent).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import logging
 import os
 import queue
@@ -33,19 +58,27 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from foreshock import __version__
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings, load_settings
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.wire import WireError, encode
+from foreshock.transport.wire import MAX_MESSAGE_BYTES, WireError, encode, validate
 
 from .records import METRICS_SCHEMA, RUN_SCHEMA
-from .spool import Spool, SpooledMessage, orphaned_spools
+from .spool import MemorySpool, Spool, SpooledMessage, is_lifecycle, orphaned_spools, write_all
 
-__all__ = ["PRODUCER_DEFAULTS", "KafkaSink"]
+__all__ = ["PRODUCER_DEFAULTS", "RECORD_OVERHEAD", "KafkaSink"]
 
 log = logging.getLogger(__name__)
+
+# librdkafka refuses a message when key + value + headers + this exceed ``message.max.bytes``
+# (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: a record's length, attributes, timestamp and offset
+# deltas, key and value lengths and header count, each varint at its widest). Measured: with
+# the default 1,000,000 it takes a value of at most 999,959 bytes under the 5-byte key "run-x".
+RECORD_OVERHEAD = 36
+_MAX_KEY_BYTES = 200  # the key is the run id: at most 200 ASCII characters
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "acks": "all",
@@ -56,8 +89,16 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "allow.auto.create.topics": False,  # Tansu would create it with one partition
     "reconnect.backoff.max.ms": 2_000,
     "socket.connection.setup.timeout.ms": 5_000,
+    # every message the wire format allows fits (librdkafka's default refused the last 41+
+    # bytes below the wire's 1,000,000); brokers take record batches of up to 1 MiB by default
+    "message.max.bytes": MAX_MESSAGE_BYTES + RECORD_OVERHEAD + _MAX_KEY_BYTES,
 }
 _DOWN = {"_ALL_BROKERS_DOWN", "_TRANSPORT", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART"}
+# delivery errors about the message itself: sending it again fails again
+_REFUSED = {"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD"}
+_REJECTS_MAX_BYTES = 256 << 20  # past this a rejects file keeps the reason, not the record
+_STAND_IN_FLAG = "producer_rejected"
+_STAND_IN_FIELD_BYTES = 4096  # a stand-in keeps every field of the refused message up to this
 
 
 class _RecentWindow:
@@ -79,28 +120,47 @@ class _RecentWindow:
 
 
 class KafkaSink:
-    """Send monitoring records to Kafka; see the module docstring for the guarantees."""
+    """Send monitoring records to Kafka; see the module docstring for the guarantees.
+
+    Counters: ``delivered``, ``spooled``, ``replayed``; ``rejected`` (records refused, see
+    ``rejects_path``), ``dropped`` (valid messages no spool could hold), ``reasons`` (both, by
+    reason), ``errors`` (unexpected exceptions caught); ``spool_error`` (why the spool file is
+    not being written, or None).
+    """
 
     def __init__(self, settings: KafkaSettings | None = None, *, queue_size: int = 10_000,
                  probe_interval: float = 2.0, max_probe_interval: float = 30.0,
                  close_timeout: float = 10.0,
                  replay_bytes: int = 64 << 20, name: str | None = None,
                  confirm_group: str | None = "foreshock-sink",
-                 confirm_timeout: float = 5.0) -> None:  # fmt: skip
+                 confirm_timeout: float = 5.0, memory_bytes: int = 64 << 20,
+                 attempt: int | None = None) -> None:  # fmt: skip
         self.settings = settings or load_settings()
+        # which incarnation of its runs this producer is (foreshock.transport.wire): a run
+        # resumed under the same run id by a new process gets a new, higher one
+        self.attempt = time.time_ns() // 1000 if attempt is None else int(attempt)
         self.confirm_group, self.confirm_timeout = confirm_group, confirm_timeout
         self.unconfirmed = 0  # messages spooled at close: not confirmed stored
         self._broker_restarted = False
         self.probe_interval, self.close_timeout = probe_interval, close_timeout
         self.max_probe_interval = max_probe_interval
-        self.delivered = self.spooled = self.rejected = 0
+        self.delivered = self.spooled = self.rejected = self.dropped = self.errors = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
+        self._refused_in: dict[tuple[Any, Any], collections.Counter[str]] = {}
+        self._quarantined: set[int] = set()
+        self._max_message_bytes = _client_max_bytes(self.settings)
         self._queue: queue.Queue[SpooledMessage] = queue.Queue(maxsize=queue_size)
         self._seq: dict[tuple[str, int], int] = {}
         self._ended: set[tuple[str, int]] = set()
         self._spool_lock = threading.Lock()
+        self._rejects_lock = threading.Lock()
         name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._spool = Spool(self.settings.spool_dir, name)
-        self._others = list(orphaned_spools(self.settings.spool_dir))  # earlier runs' leftovers
+        self.rejects_path = Path(self.settings.spool_dir) / f"{name}.rejects"
+        self._rejects_failed = False
+        self.spool_error: str | None = None
+        self._memory = MemorySpool(memory_bytes)
+        self._spool = self._open_spool(name)
+        self._others = self._adopt_orphans()  # earlier runs' leftovers
         self._online = self._lost_brokers = False
         self._recent = _RecentWindow(replay_bytes)
         self._replay: list[SpooledMessage] = []
@@ -110,24 +170,111 @@ class KafkaSink:
         self._thread = threading.Thread(target=self._loop, name="foreshock-kafka", daemon=True)
         self._thread.start()
 
+    def _open_spool(self, name: str) -> Spool | None:
+        """This producer's spool file, or None (and memory instead) if it can't be written."""
+        try:
+            return Spool(self.settings.spool_dir, name)
+        except OSError as exc:
+            self.spool_error = str(exc)
+            log.error("foreshock: cannot write the spool folder %s (%s): messages the broker "
+                      "has not taken are kept in memory (up to %s) and lost if this process "
+                      "ends before the broker takes them; set FORESHOCK_KAFKA_SPOOL_DIR to a "
+                      "writable folder", self.settings.spool_dir, exc,
+                      _size(self._memory.max_bytes))  # fmt: skip
+            return None
+
+    def _adopt_orphans(self) -> list[Spool]:
+        try:
+            return list(orphaned_spools(self.settings.spool_dir))
+        except OSError as exc:
+            log.warning("foreshock: cannot read the spool folder %s (%s); earlier runs' spools "
+                        "there are not re-sent", self.settings.spool_dir, exc)  # fmt: skip
+            return []
+
     # ---- the training thread ------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
-        """Number, encode and enqueue one record. Never blocks, never raises on transport."""
-        if self._closing.is_set():
-            raise RuntimeError("KafkaSink is closed")
-        for message in self._to_wire(record):
+        """Number, encode and enqueue one record. Never blocks, never raises: a record that
+        can't be sent is refused (counted, logged, kept in the rejects file)."""
+        try:
+            if self._closing.is_set():
+                self._reject("closed", "written after close()", message=record)
+                return
             try:
-                item = SpooledMessage(self.settings.metrics_topic, message["run_id"].encode(),
-                                      encode(message))  # fmt: skip
-            except WireError as exc:
-                self.rejected += 1
+                messages = self._to_wire(record)
+            except Exception as exc:  # not a dict, a rank that is no int, ...
+                self._reject("invalid", f"{type(exc).__name__}: {exc}", message=record)
+                return
+            for message in messages:
+                item = self._encode(message)
+                if item is None:
+                    continue
+                try:
+                    self._queue.put_nowait(item)
+                except queue.Full:
+                    self._to_spool([item])
+        except Exception as exc:
+            self._count_error("write()", exc)
+
+    def _encode(self, message: dict[str, Any]) -> SpooledMessage | None:
+        """The message as it goes on the wire; a stand-in if it is valid but too large to
+        carry; None (its seq given back) if the wire format refuses it."""
+        try:
+            value = encode(message)  # first: it checks the run id the key is made of
+        except WireError as exc:
+            try:
+                validate(message)
+            except WireError:
                 self._unnumber(message)
-                log.warning("foreshock: record rejected by the wire format: %s", exc)
-                continue
-            try:
-                self._queue.put_nowait(item)
-            except queue.Full:
-                self._to_spool(item)
+                self._reject("invalid", str(exc), message=message)
+                return None
+            text = _dumps(message)
+            kind = "too large" if len(text.encode()) > MAX_MESSAGE_BYTES else "not serialisable"
+            return self._stand_in(message, kind, str(exc), text)
+        item = SpooledMessage(self.settings.metrics_topic, message["run_id"].encode(), value)
+        if not self.fits(item):
+            return self._stand_in(message, "too large", self._size_detail(item),
+                                  item.value.decode())  # fmt: skip
+        return item
+
+    def _stand_in(self, message: dict[str, Any], kind: str, detail: str,
+                  text: str) -> SpooledMessage | None:  # fmt: skip
+        self._reject(kind, detail, message=message, text=text)
+        item = self._stand_in_item(message, kind, self.settings.metrics_topic)
+        if item is None:
+            self._unnumber(message)
+        return item
+
+    def _stand_in_item(self, message: dict[str, Any], kind: str,
+                       topic: str) -> SpooledMessage | None:  # fmt: skip
+        """A valid message with the refused one's seq: values emptied, flagged, the reason.
+        Its other small fields stay (run, rank, step, time, labels, any the wire adds later)."""
+        stand_in = {k: v for k, v in message.items() if k not in ("values", "flags", "error")
+                    and len(_dumps(v)) <= _STAND_IN_FIELD_BYTES}  # fmt: skip
+        if message.get("kind") == "metrics":
+            stand_in["values"] = {}
+        stand_in["flags"] = [_STAND_IN_FLAG]
+        kept = "not kept" if self._rejects_failed else f"kept in {self.rejects_path}"
+        stand_in["error"] = f"refused by the producer ({kind}); the record is {kept}"
+        try:
+            item = SpooledMessage(topic, str(message["run_id"]).encode(), encode(stand_in))
+        except (WireError, KeyError, UnicodeError):
+            return None
+        return item if self.fits(item) else None
+
+    def fits(self, item: SpooledMessage) -> bool:
+        """Whether the client and the wire format both take ``item``."""
+        return len(item.value) <= self.max_value_bytes(item.key)
+
+    def max_value_bytes(self, key: bytes = b"") -> int:
+        """The largest value this producer can send under ``key``: the wire's limit, or the
+        client's real one (``message.max.bytes`` less the key and the record framing)."""
+        return min(MAX_MESSAGE_BYTES, self._max_message_bytes - RECORD_OVERHEAD - len(key))
+
+    def _size_detail(self, item: SpooledMessage) -> str:
+        return (f"message of {len(item.value):,} bytes; at most {self.max_value_bytes(item.key):,}"
+                f" fit under key {item.key[:40]!r} (message.max.bytes "
+                f"{self._max_message_bytes:,} less {RECORD_OVERHEAD} bytes of framing and the "
+                f"key; the wire format's limit is {MAX_MESSAGE_BYTES:,})")  # fmt: skip
 
     def _to_wire(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         kind = record.get("kind") or ("metrics" if record.get("schema") == METRICS_SCHEMA else "")
@@ -145,6 +292,7 @@ class KafkaSink:
         seq = self._seq.get(stream, -1) + 1
         self._seq[stream] = seq
         message["seq"] = seq
+        message["attempt"] = self.attempt  # one producer is one incarnation of its runs
         if message["kind"] == "start":
             message["producer"] = {"foreshock": __version__, "host": socket.gethostname(),
                                    "pid": os.getpid()}  # fmt: skip
@@ -152,6 +300,10 @@ class KafkaSink:
             message["last_seq"] = seq
             message.setdefault("status", "closed")
             self._ended.add(stream)
+            refused = self._refused_in.get(stream)
+            if refused:  # the run's flag: this producer refused some of its records
+                message["rejected"] = {"count": sum(refused.values()), "reasons": dict(refused),
+                                       "file": str(self.rejects_path)}  # fmt: skip
         return message
 
     def _unnumber(self, message: dict[str, Any]) -> None:
@@ -162,7 +314,8 @@ class KafkaSink:
             self._ended.discard(stream)
 
     def close(self, timeout: float | None = None) -> None:
-        """End open streams, deliver what the broker takes within ``timeout``, spool the rest."""
+        """End open streams, deliver what the broker takes within ``timeout``, spool the rest.
+        Never raises."""
         if self._closing.is_set():
             return
         for run_id, rank in [s for s in self._seq if s not in self._ended]:
@@ -170,14 +323,37 @@ class KafkaSink:
                         "time": time.time(), "status": "closed"})  # fmt: skip
         self.close_timeout = self.close_timeout if timeout is None else timeout
         self._closing.set()
-        self._thread.join()
+        limit = self.close_timeout + self.confirm_timeout + 60.0
+        self._thread.join(limit)
+        if self._thread.is_alive():
+            log.error("foreshock: the Kafka sink's sending thread did not stop within %.0f s; "
+                      "what it still holds may be lost", limit)  # fmt: skip
+            return
+        try:
+            self._close_spools()
+        except Exception as exc:
+            self._count_error("close()", exc)
+
+    def _close_spools(self) -> None:
+        """Move what only memory holds to the spool file if it can be written now (else it is
+        dropped, and counted); fsync and release the spool."""
         with self._spool_lock:
-            left = self._spool.pending_bytes()
-            self._spool.close()
-        if left:
+            left = self._memory.take()
+            if left and not (self._spool is not None and self._spool_append(left)):
+                for item in left:
+                    self._drop(item, "unsent at close, spool unwritable")
+            left_bytes = 0
+            if self._spool is not None:
+                left_bytes = self._spool.pending_bytes()
+                self._spool.close()
+        if left_bytes:
             log.warning("foreshock: %d bytes of undelivered messages are kept in %s; they are "
-                        "re-sent by the next run or `foreshock spool flush`", left,
-                        self._spool.path)  # fmt: skip
+                        "re-sent by the next run or `foreshock spool flush`", left_bytes,
+                        self.spool_path)  # fmt: skip
+        if self.rejected or self.dropped:
+            log.warning("foreshock: Kafka sink closed with %d records refused and %d messages "
+                        "dropped (%s); rejects file: %s", self.rejected, self.dropped,
+                        dict(self.reasons), self.rejects_path)  # fmt: skip
 
     def wait_delivered(self, timeout: float) -> bool:
         """Block until the queue, the producer and every spool are empty, or ``timeout``."""
@@ -190,40 +366,174 @@ class KafkaSink:
         return False
 
     def pending(self) -> int:
-        """Bytes waiting in this sink's spool and the orphaned ones it is re-sending."""
+        """Bytes waiting in this sink's spool (and memory) and the orphaned ones it re-sends."""
         with self._spool_lock:
-            return sum(s.pending_bytes() for s in [*self._others, self._spool])
+            return sum(s.pending_bytes() for s in [*self._others, *self._own_spools()])
 
     @property
     def spool_path(self) -> str:
-        return str(self._spool.path)
+        return str(self._spool.path) if self._spool is not None else "memory (no spool file)"
+
+    # ---- failures: refused, dropped, unexpected ------------------------------------------
+    def _reject(self, kind: str, detail: str, *, message: Any = None,
+                item: SpooledMessage | None = None, text: str | None = None) -> None:  # fmt: skip
+        """Count, log and keep one refused record (whole, while the rejects file is small)."""
+        info = _identify(message, item)
+        with self._rejects_lock:
+            self.rejected += 1
+            self.reasons[kind] += 1
+            stream = (info.get("run_id"), info.get("rank", 0))
+            if isinstance(message, dict) and "seq" in message:
+                self._refused_in.setdefault(stream, collections.Counter())[kind] += 1
+            count = self.reasons[kind]
+            if text is None:
+                text = item.value.decode("utf-8", "replace") if item else _dumps(message)
+            self._keep_rejected({"time": time.time(), "reason": kind, "detail": detail, **info,
+                                 "bytes": len(text)}, text)  # fmt: skip
+        if _often(count):
+            kept = "not kept" if self._rejects_failed else f"kept in {self.rejects_path}"
+            log.warning("foreshock: record refused (%s, %d so far): %s %s; %s; %s", kind, count,
+                        info.get("run_id"), {k: info[k] for k in ("kind", "seq", "step")
+                                             if k in info}, detail, kept)  # fmt: skip
+
+    def _keep_rejected(self, line: dict[str, Any], text: str) -> None:
+        """Append one JSON line to the rejects file, fsynced; a failure is logged once."""
+        try:
+            fd = os.open(self.rejects_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            return self._rejects_unwritable(exc)
+        try:
+            size = os.fstat(fd).st_size
+            if size + len(text) < _REJECTS_MAX_BYTES:
+                line["value"] = text
+            else:
+                line["value_dropped"] = f"the rejects file is over {_REJECTS_MAX_BYTES >> 20} MB"
+            try:
+                write_all(fd, json.dumps(line, default=repr).encode() + b"\n")
+                os.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)  # no torn line for the next one to glue onto
+                self._rejects_unwritable(exc)
+        finally:
+            os.close(fd)
+
+    def _rejects_unwritable(self, exc: OSError) -> None:
+        if not self._rejects_failed:
+            self._rejects_failed = True
+            log.error("foreshock: cannot write the rejects file %s (%s); refused records are "
+                      "only counted and logged", self.rejects_path, exc)  # fmt: skip
+
+    def _drop(self, item: SpooledMessage, reason: str) -> None:
+        """A valid message no spool can hold: counted, logged (the caller holds the spool lock)."""
+        with self._rejects_lock:  # the counters' lock
+            self.dropped += 1
+            self.reasons[reason] += 1
+            count = self.reasons[reason]
+        if _often(count):
+            log.error("foreshock: message of run %s dropped (%s; %d so far): the spool can't be "
+                      "written and the memory buffer (%s) is full", item.key[:200].decode(
+                          "utf-8", "replace"), reason, count,
+                      _size(self._memory.max_bytes))  # fmt: skip
+
+    def _count_error(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        if _often(self.errors):
+            log.error("foreshock: unexpected error in the Kafka sink's %s (%d so far); it carries "
+                      "on", where, self.errors, exc_info=exc)  # fmt: skip
+
+    def _quarantine(self, item: SpooledMessage, kind: str, detail: str) -> SpooledMessage | None:
+        """The sending thread's refusal of an already numbered message: keep it in the rejects
+        file (once, however often it is retried) and return its stand-in, if it can have one."""
+        message = _loads(item.value)
+        digest = hash(item)
+        if digest not in self._quarantined:
+            if len(self._quarantined) > 10_000:
+                self._quarantined.clear()
+            self._quarantined.add(digest)
+            self._reject(kind, detail, message=message, item=item)
+        return None if message is None else self._stand_in_item(message, kind, item.topic)
+
+    # ---- the spool: a file, or memory when the file can't be written --------------------
+    def _own_spools(self) -> list[Spool | MemorySpool]:
+        """This sink's spools in the order they are drained: the file holds older messages."""
+        return [self._spool, self._memory] if self._spool is not None else [self._memory]
+
+    def _to_spool(self, items: list[SpooledMessage]) -> None:
+        """Spool ``items`` in order: to the file while it takes them and memory is empty, else to
+        memory; a message neither can hold is dropped. Never raises."""
+        with self._spool_lock:
+            if not self._memory.items and self._spool is not None and self._spool_append(items):
+                return
+            for item in items:
+                if self._memory.append(item, force=is_lifecycle(item)):
+                    self.spooled += 1
+                else:
+                    self._drop(item, "spool unwritable, memory buffer full")
+
+    def _spool_append(self, items: list[SpooledMessage]) -> bool:
+        assert self._spool is not None
+        try:
+            self._spool.append_many(items)
+        except Exception as exc:  # ENOSPC, EIO, EACCES; a value that is no UTF-8
+            if self.spool_error is None:
+                log.error("foreshock: cannot write the spool %s (%s): messages the broker has "
+                          "not taken are kept in memory (up to %s) and lost if this process "
+                          "ends before the broker takes them; free space there or set "
+                          "FORESHOCK_KAFKA_SPOOL_DIR", self._spool.path, exc,
+                          _size(self._memory.max_bytes))  # fmt: skip
+            self.spool_error = str(exc)
+            return False
+        if self.spool_error is not None:
+            log.warning("foreshock: the spool %s is written again", self._spool.path)
+            self.spool_error = None
+        self.spooled += len(items)
+        return True
+
+    def _sync_spool(self) -> None:
+        with self._spool_lock:
+            if self._spool is not None:
+                try:
+                    self._spool.sync()
+                except OSError as exc:
+                    self._count_error(f"spool fsync ({exc})", exc)
 
     # ---- the background thread ----------------------------------------------------------
-    def _to_spool(self, item: SpooledMessage) -> None:
-        with self._spool_lock:
-            self._spool.append(item)
-            self.spooled += 1
-
     def _loop(self) -> None:
-        next_probe, delay = 0.0, self.probe_interval
+        """Send, spool, probe — until closing and the queue is empty. An exception in one turn
+        is counted and logged, and the next turn goes on: nothing the thread meets kills it."""
+        state = {"next_probe": 0.0, "delay": self.probe_interval}
+        failures = 0
         while True:
             closing = self._closing.is_set()
-            if not self._online and time.monotonic() >= next_probe:
-                self._online = self._connect()
-                delay = (
-                    self.probe_interval
-                    if self._online
-                    else min(2 * delay, max(self.probe_interval, self.max_probe_interval))
-                )
-                next_probe = time.monotonic() + delay
-            if self._online:
-                self._drain_spools(time_budget=0.5)
-            self._move_queue(block=not closing)
-            if self._producer is not None:
-                self._producer.poll(0)
+            try:
+                self._turn(state, closing)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                self._count_error("sending thread", exc)
+                time.sleep(min(0.05 * failures, 1.0))
+                if closing and failures >= 20:
+                    break  # _finish spools what is left in the queue
             if closing and self._queue.empty():
                 break
         self._finish()
+
+    def _turn(self, state: dict[str, float], closing: bool) -> None:
+        if not self._online and time.monotonic() >= state["next_probe"]:
+            self._online = self._connect()
+            state["delay"] = (
+                self.probe_interval
+                if self._online
+                else min(2 * state["delay"], max(self.probe_interval, self.max_probe_interval))
+            )
+            state["next_probe"] = time.monotonic() + state["delay"]
+        if self._online:
+            self._drain_spools(time_budget=0.5)
+        self._move_queue(block=not closing)
+        if self._producer is not None:
+            self._producer.poll(0)
+        self._sync_spool()
 
     def _move_queue(self, block: bool) -> None:
         try:
@@ -235,27 +545,61 @@ class KafkaSink:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        direct = self._online and self._spool.pending_bytes() == 0
+        direct = self._online and self._producer is not None and self._own_pending() == 0
+        spill = []
         for item in items:
-            if not (direct and self._produce(item)):
-                self._to_spool(item)
+            direct = direct and self._send(item, self._on_delivery, wait=False)
+            if not direct:
+                spill.append(item)
+        if spill:
+            self._to_spool(spill)
 
-    def _produce(self, item: SpooledMessage) -> bool:
-        try:
-            self._producer.produce(item.topic, key=item.key, value=item.value,
-                                   on_delivery=self._on_delivery)  # fmt: skip
-            return True
-        except BufferError:
-            return False
+    def _own_pending(self) -> int:
+        with self._spool_lock:
+            return sum(s.pending_bytes() for s in self._own_spools())
+
+    def _send(self, item: SpooledMessage, callback: Any, wait: bool) -> bool:
+        """Produce ``item``; False only on a full client queue with ``wait`` False (the caller
+        spools it). Anything else ``produce()`` raises refuses the message (the rejects file)
+        and sends its stand-in instead: one message never stops the ones behind it."""
+        stand_in = False
+        if not self.fits(item):
+            item, stand_in = self._quarantine(item, "too large", self._size_detail(item)), True
+        while item is not None:
+            try:
+                self._producer.produce(item.topic, key=item.key, value=item.value,
+                                       on_delivery=callback)  # fmt: skip
+                return True
+            except BufferError:
+                if not wait:
+                    return False
+                self._producer.poll(0.1)
+            except Exception as exc:  # KafkaException (MSG_SIZE_TOO_LARGE, ...), TypeError
+                if stand_in:
+                    self._count_error("produce() of a stand-in", exc)
+                    return True
+                detail = f"produce() raised {exc}"
+                item, stand_in = self._quarantine(item, "refused by the client", detail), True
+        return True
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
-        item = SpooledMessage(msg.topic(), msg.key(), msg.value())
-        if err is None:
-            self.delivered += 1
-            self._recent.add(item, msg.partition(), msg.offset())
-            return
-        self._online = False
-        self._to_spool(item)
+        try:
+            item = SpooledMessage(msg.topic(), msg.key(), msg.value())
+            if err is None:
+                self.delivered += 1
+                self._recent.add(item, msg.partition(), msg.offset())
+            elif err.name() in _REFUSED:
+                self._refused_by_broker(item, err)
+            else:
+                self._online = False
+                self._to_spool([item])
+        except Exception as exc:  # an exception here would come out of poll() and flush()
+            self._count_error("delivery report", exc)
+
+    def _refused_by_broker(self, item: SpooledMessage, err: Any) -> None:
+        stand_in = self._quarantine(item, "refused by the broker", f"{err.name()}: {err.str()}")
+        if stand_in is not None:
+            self._to_spool([stand_in])
 
     def _on_error(self, err: Any) -> None:
         if err.name() in _DOWN:
@@ -294,7 +638,7 @@ class KafkaSink:
                 self._replay = batch + self._replay
                 self._online = False
                 return
-        for spool in [*self._others, self._spool]:
+        for spool in [*self._others, *self._own_spools()]:
             while self._online and time.monotonic() < deadline:
                 with self._spool_lock:
                     batch, end = spool.read_batch(500)
@@ -311,26 +655,26 @@ class KafkaSink:
             self._others.remove(spool)
 
     def _send_batch(self, batch: list[SpooledMessage]) -> bool:
-        """Send and wait for the broker to acknowledge all of ``batch``."""
-        failed: list[Any] = []
+        """Send and wait for the broker to acknowledge all of ``batch``. A message the client
+        or the broker refuses for what it is (too large, invalid) is quarantined, not retried:
+        it would block the spool behind it for good."""
+        failed: list[tuple[Any, SpooledMessage]] = []
 
         def acked(err: Any, msg: Any) -> None:
+            item = SpooledMessage(msg.topic(), msg.key(), msg.value())
             if err is not None:
-                failed.append(err)
+                failed.append((err, item))
             else:
-                item = SpooledMessage(msg.topic(), msg.key(), msg.value())
                 self._recent.add(item, msg.partition(), msg.offset())
 
         for item in batch:
-            while True:
-                try:
-                    self._producer.produce(item.topic, key=item.key, value=item.value,
-                                           on_delivery=acked)  # fmt: skip
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
+            self._send(item, acked, wait=True)
         left = self._producer.flush(PRODUCER_DEFAULTS["message.timeout.ms"] / 1000 + 1)
-        return left == 0 and not failed
+        if left or any(err.name() not in _REFUSED for err, _ in failed):
+            return False
+        for err, item in failed:
+            self._refused_by_broker(item, err)
+        return True
 
     def _finish(self) -> None:
         """Closing: deliver within ``close_timeout``; spool whatever is still unacknowledged.
@@ -338,6 +682,24 @@ class KafkaSink:
         process, must be able to take them. A sink still waiting out its probe back-off tries
         the broker once more first: a run that ends seconds after the broker came back must not
         leave its records in the spool."""
+        try:
+            self._deliver_at_close()
+        except Exception as exc:
+            self._count_error("closing", exc)
+        finally:
+            left = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    left.append(self._queue.get_nowait())
+            if left:
+                self._to_spool(left)
+            for spool in self._others:
+                with contextlib.suppress(Exception):
+                    spool.close()
+            self._others = []
+            self._producer = None  # its threads and sockets go now, not at interpreter exit
+
+    def _deliver_at_close(self) -> None:
         if not self._online and self.close_timeout > 0:
             self._online = self._connect(self.close_timeout)
         if self._producer is not None:
@@ -349,10 +711,6 @@ class KafkaSink:
                 self._producer.flush(1.0)  # purged messages come back through _on_delivery
             elif self._online:
                 self._keep_unconfirmed()
-        for spool in self._others:
-            spool.close()
-        self._others = []
-        self._producer = None  # its threads and sockets go now, not at interpreter exit
 
     def _keep_unconfirmed(self) -> None:
         """Closing: wait (``confirm_timeout``) until the storage sink's consumer group has
@@ -372,8 +730,8 @@ class KafkaSink:
                 time.sleep(0.25)
         finally:
             consumer.close()
-        for item in left or []:
-            self._to_spool(item)
+        if left:
+            self._to_spool(left)
         self.unconfirmed = len(left or [])
         if left:
             log.warning("foreshock: %d messages not yet confirmed stored by consumer group %r; "
@@ -393,3 +751,55 @@ class KafkaSink:
         if all(o < 0 for o in committed.values()) and not self._broker_restarted:
             return None
         return [i for i, p, o in self._recent.items if o >= committed.get((i.topic, p), -1)]
+
+
+def _client_max_bytes(settings: KafkaSettings) -> int:
+    """The producer's ``message.max.bytes``, pass-through settings included."""
+    value = settings.librdkafka(PRODUCER_DEFAULTS).get("message.max.bytes")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 1_000_000  # librdkafka's default
+
+
+def _dumps(value: Any) -> str:
+    """JSON text of anything, for the rejects file (what JSON can't hold is ``repr``'d)."""
+    try:
+        return json.dumps(value, default=repr, separators=(",", ":"))
+    except (ValueError, TypeError, RecursionError):
+        return repr(value)
+
+
+def _loads(value: bytes) -> dict[str, Any] | None:
+    """A spooled message's value as a wire message, or None if it is not one."""
+    try:
+        message = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return message if isinstance(message, dict) and "run_id" in message else None
+
+
+def _identify(message: Any, item: SpooledMessage | None) -> dict[str, Any]:
+    """The fields that say which record it was, for the rejects file and the log."""
+    info: dict[str, Any] = {}
+    if isinstance(message, dict):
+        info = {k: message[k] for k in ("run_id", "rank", "kind", "seq", "step") if k in message}
+    if "run_id" not in info and item is not None:
+        info["run_id"] = item.key.decode("utf-8", "replace")
+    return {k: v if isinstance(v, int | float | str | None) else repr(v)[:200]
+            for k, v in info.items()}  # fmt: skip
+
+
+def _size(n: int) -> str:
+    """Bytes for a log line.
+
+    >>> _size(64 << 20), _size(200_000)
+    ('64 MiB', '195 KiB')
+    """
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
+def _often(count: int) -> bool:
+    """Log the first ten of a kind, then every hundredth: a failure on every step of a long run
+    must not flood the training log."""
+    return count <= 10 or count % 100 == 0

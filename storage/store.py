@@ -30,7 +30,9 @@ a reader pinned to a version younger than that keeps every file it was promised,
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -71,7 +73,10 @@ def store_exists(location: StoreLocation | str | None) -> bool:
     """Has anything created the store's tables yet?"""
     location = load_location(location)
     uri = location.table_uri("steps")
-    return DeltaTable.is_deltatable(uri, storage_options=location.options or None)
+    try:
+        return DeltaTable.is_deltatable(uri, storage_options=location.options or None)
+    except OSError:  # e.g. a bucket that does not exist (404)
+        return False
 
 
 def table_versions(location: StoreLocation | str | None) -> dict[str, int]:
@@ -116,7 +121,24 @@ class DeltaStore:
             from pathlib import Path
 
             Path(self.location.table_uri("")).mkdir(parents=True, exist_ok=True)
-        self.tables = {name: self._ensure(name) for name in TABLES}
+        with self._creating():
+            self.tables = {name: self._ensure(name) for name in TABLES}
+
+    @contextlib.contextmanager
+    def _creating(self):
+        """One creator at a time on a local store: delta-rs retries a racing CREATE TABLE at
+        the next version instead of failing it, which would leave two table ids in the log.
+        (Object storage has no lock: there, create the tables before starting several sinks
+        at once: one sink, or ``foreshock store maintain``, does.)"""
+        if not self.location.is_local:
+            yield
+            return
+        import fcntl
+        from pathlib import Path
+
+        with (Path(self.location.table_uri("")) / ".create.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def _ensure(self, name: str) -> DeltaTable:
         table = open_table(self.location, name)
@@ -191,7 +213,7 @@ class DeltaStore:
             metrics = table.optimize.compact(target_size=target_size, writer_properties=_WRITER)
             removed = []
             if vacuum:
-                removed = table.vacuum(retention_hours=int(retain_hours),
+                removed = table.vacuum(retention_hours=math.ceil(retain_hours),
                                        enforce_retention_duration=False, dry_run=False)  # fmt: skip
             report[name] = {"files_added": metrics.get("numFilesAdded", 0),
                             "files_removed": metrics.get("numFilesRemoved", 0),

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
+from _kafka import service_env
 
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
@@ -17,8 +21,11 @@ from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage import queries
 from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history
+from foreshock.storage.reconcile import check_streams
 from foreshock.storage.rows import BatchBuilder
+from foreshock.storage.sink import StorageSink
 from foreshock.storage.store import DeltaStore
+from foreshock.transport.topics import ensure_topics
 
 
 def _records(name: str = "fa-lowprec-s1"):
@@ -102,3 +109,82 @@ def test_a_warning_after_the_divergence_has_no_lead_time():
     late = {**records[-1], "step": 10**12}  # a producer's wrong step, far past divergence
     _feed(detector, [late])
     assert all(a.lead_time is None or a.lead_time >= 0 for a in detector.alerts)
+
+
+def _trainer(kafka_settings, tmp_path, steps: int = 60) -> tuple[list[str], dict]:
+    env = {**service_env(kafka_settings), "FORESHOCK_KAFKA_SPOOL_DIR": str(tmp_path / "spool")}
+    script = Path(__file__).parent / "_resumable_trainer.py"
+    return [sys.executable, str(script), "resumed", str(tmp_path / "ckpt.pt"), str(steps)], env
+
+
+def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whole(
+    kafka_settings, tmp_path
+):
+    """SIGKILL a real trainer after step 35, restart it (it resumes from its step-29
+    checkpoint under the same run id): the store holds both attempts, each record once, the
+    re-done steps once per attempt, and the run page's data show one run with one restart."""
+    ensure_topics(kafka_settings)
+    command, env = _trainer(kafka_settings, tmp_path)
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    delivered = -1
+    for line in first.stdout:
+        delivered = int(line.split()[1])
+        if delivered >= 35:
+            break
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    store = tmp_path / "store"
+    StorageSink(kafka_settings, store, group_id="sink-resume").run(threading.Event(),
+                                                                  idle_exit=4)  # fmt: skip
+    with open_history(store) as history:
+        attempts = queries.run_attempts(history, "resumed")
+        assert queries.duplicate_records(history) == []
+        assert queries.value_count_mismatches(history) == []
+        checks = {c.attempt: c for c in check_streams(history)}
+        steps = history.sql("SELECT attempt, step FROM steps WHERE run_id = 'resumed' "
+                            "ORDER BY ALL").to_pylist()  # fmt: skip
+        fleet = [r["run_id"] for r in queries.fleet(history)]
+    assert fleet == ["resumed"]  # one run
+    one, two = attempts
+    assert (one["number"], one["first_step"], one["ended"]) == (1, 0, False)
+    assert one["last_step"] >= delivered >= 35
+    assert (two["number"], two["first_step"], two["last_step"], two["ended"]) == (2, 30, 59, True)
+    assert not one["overlaps"] and not two["overlaps"]
+    mine = {a: [s["step"] for s in steps if s["attempt"] == a] for a in (one["attempt"],
+                                                                       two["attempt"])}  # fmt: skip
+    assert mine[one["attempt"]] == list(range(one["last_step"] + 1))  # everything sent, once
+    assert mine[two["attempt"]] == list(range(30, 60))
+    assert checks[two["attempt"]].status == "complete"
+    assert checks[one["attempt"]].status == "open" and checks[one["attempt"]].missing == []
+    from foreshock.dashboard.charts import restart_steps
+
+    assert restart_steps(attempts) == [(1, 30)]
+
+
+def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, tmp_path):
+    """Two producers claim run id ``twin`` at once (two jobs, one name): both jobs' records
+    are stored, apart (one stream per attempt); the collision is a dead letter with its reason
+    and a flag on the run."""
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ensure_topics(kafka_settings)
+    _, records = _records()
+    jobs = [KafkaSink(kafka_settings, name=f"job-{i}") for i in range(2)]
+    assert jobs[0].attempt != jobs[1].attempt
+    for record in records[:30]:
+        for job in jobs:
+            job.write({**record, "run_id": "twin"})
+    for job in jobs:
+        job.close()
+        assert job.pending() == 0
+    store = tmp_path / "store"
+    StorageSink(kafka_settings, store, group_id="sink-twin").run(threading.Event(), idle_exit=4)
+    with open_history(store) as history:
+        attempts = queries.run_attempts(history, "twin")
+        letters = [d["reason"] for d in queries.dead_letters(history)]
+        assert queries.duplicate_records(history) == []
+    assert sorted(a["attempt"] for a in attempts) == sorted(j.attempt for j in jobs)
+    assert all(a["records"] == 30 and a["overlaps"] for a in attempts)
+    assert [r for r in letters if "run id collision" in r] == [letters[0]] and len(letters) == 1

@@ -13,6 +13,7 @@ import time
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from _delta import commit_lands_then_fails_once, records_batch
 
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
@@ -115,12 +116,7 @@ def test_an_empty_store_answers_every_query(tmp_path):
         assert queries.summary(history, "r") is None
 
 
-def _records(run: str, seqs, values: int = 2) -> dict:
-    b = BatchBuilder()
-    for seq in seqs:
-        b.add_metrics({"run_id": run, "seq": seq, "step": seq,
-                       "values": {f"v{i}": float(seq) for i in range(values)}}, 0.0)  # fmt: skip
-    return b.take()
+_records = records_batch
 
 
 def _count(root, table: str = "steps", versions=None) -> int:
@@ -131,17 +127,7 @@ def _count(root, table: str = "steps", versions=None) -> int:
 def test_a_retried_batch_is_stored_once_even_when_its_commit_landed(tmp_path, monkeypatch):
     """A failure after some tables committed (the disk filled, a reply was lost): the retry
     under the same batch number appends only the tables that had not committed."""
-    import foreshock.storage.store as store_module
-
-    real, calls = store_module.write_deltalake, []
-
-    def steps_fails_once(table, rows, **kw):
-        real(table, rows, **kw)  # the commit lands ...
-        calls.append(rows.num_rows)
-        if len(calls) == 2:  # ... but steps (the second table) reports an error once
-            raise OSError("No space left on device")
-
-    monkeypatch.setattr(store_module, "write_deltalake", steps_fails_once)
+    calls = commit_lands_then_fails_once(monkeypatch, OSError("No space left on device"))
     store = DeltaStore(tmp_path / "s")
     number = store.next_batch()
     with pytest.raises(OSError):

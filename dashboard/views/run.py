@@ -86,6 +86,19 @@ def _warnings(warnings: list[dict]) -> None:
             st.json(w["evidence"] or {}, expanded=False)  # a JSON viewer: its strings are text
 
 
+def _attempts(attempts: list[dict]) -> None:
+    """A resumed run's restarts, and a collision (two jobs under one run id) as an error."""
+    restarts = charts.restart_steps(attempts)
+    if restarts:
+        where = ", ".join(f"step {step}" for _, step in restarts)
+        st.caption(f"Resumed {len(restarts)} time(s) from a checkpoint, at {where}.")
+    if any(a["overlaps"] for a in attempts):
+        st.error(
+            "Two jobs sent under this run id at the same time (attempts overlap); their "
+            "data are kept apart, and the sink stored a dead letter for the collision."
+        )
+
+
 def main() -> None:
     st.title("Run")
     if not data.store_exists():
@@ -110,8 +123,9 @@ def main() -> None:
         return
     summary, warnings = page["summary"], page["warnings"]
     _header(summary)
-    st.plotly_chart(charts.loss_figure(page["loss"], warnings, summary["divergence_step"]),
-                    width="stretch", key="loss")  # fmt: skip
+    _attempts(page["attempts"])
+    st.plotly_chart(charts.loss_figure(page["loss"], warnings, summary["divergence_step"],
+                                       page["attempts"]), width="stretch", key="loss")  # fmt: skip
     grid = st.columns(2)
     for i, label in enumerate(labels):
         metric, family = data.MONITORS[label]

@@ -52,6 +52,32 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f".{_LAZY[name]}", __name__), name)
 
 
+def trainer_run_id(*candidates: Any, env: Mapping[str, str] | None = None) -> str | None:
+    """A run id that survives a restart: ``$FORESHOCK_RUN_ID``, else ``$TORCHELASTIC_RUN_ID``
+    (torchrun's job id, the same for every rank and every restart of the job), else the first
+    of the trainer's own names given (HF ``args.run_name``, Lightning's logger name/version),
+    made to fit the wire's rule; None leaves the choice to ``Monitor`` (a random id, which
+    a resumed run cannot keep — pass ``run_id=`` then).
+
+    >>> trainer_run_id("runs/llama 7b: lr=3e-4", env={})
+    'runs-llama-7b:-lr=3e-4'
+    >>> trainer_run_id("x", env={"TORCHELASTIC_RUN_ID": "job-42"})
+    'job-42'
+    >>> trainer_run_id(None, "", env={}) is None
+    True
+    """
+    import re
+
+    env = os.environ if env is None else env
+    for value in (env.get("FORESHOCK_RUN_ID"), env.get("TORCHELASTIC_RUN_ID"), *candidates):
+        if value is None or str(value).strip() in ("", "none"):
+            continue
+        text = re.sub(r"[^A-Za-z0-9._:@+=-]+", "-", str(value)).strip("-.")[:200]
+        if text:
+            return text
+    return None
+
+
 def missing_extra(module: str, package: str, extra: str) -> ImportError:
     """The ImportError a framework module raises when its framework is not installed."""
     return ImportError(
@@ -118,8 +144,11 @@ class MonitoredRun:
     def running(self) -> bool:
         return self.state == "running" and self.monitor is not None
 
-    def begin(self, model: nn.Module, labels: Mapping[str, Any] | None = None) -> None:
-        """Build the Monitor on ``model`` and write the ``start`` record."""
+    def begin(self, model: nn.Module, labels: Mapping[str, Any] | None = None,
+              *run_names: Any) -> None:  # fmt: skip
+        """Build the Monitor on ``model`` and write the ``start`` record. Without a ``run_id``,
+        the run is named by :func:`trainer_run_id` (from ``run_names``, the trainer's own),
+        so that a run resumed from a checkpoint keeps its id."""
         if self.state != "new":
             if self.state == "finished":
                 log.warning("foreshock: this callback already monitored a run and closed its "
@@ -131,6 +160,7 @@ class MonitoredRun:
 
             spec = self.sink_spec
             sink = JsonlSink(spec) if isinstance(spec, str | os.PathLike) else spec
+            self.run_id = self.run_id or trainer_run_id(*run_names)
             self.monitor = Monitor(model, sink, run_id=self.run_id, config=self.config)
             self.run_id = self.monitor.run_id
             self.state = "running"

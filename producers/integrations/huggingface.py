@@ -113,7 +113,7 @@ class ForeshockCallback(RunAccess, TrainerCallback):
             labels = _labels(args, model)
         except Exception:
             labels = {}
-        self.run.begin(model, labels)
+        self.run.begin(model, labels, getattr(args, "run_name", None))
         if self.run.running and self._max_logit:
             try:
                 from .hf_attention import record_max_logit

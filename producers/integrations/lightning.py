@@ -103,7 +103,7 @@ class _ForeshockHooks(RunAccess):
             labels = _labels(trainer)
         except Exception:
             labels = {}
-        self.run.begin(pl_module, labels)
+        self.run.begin(pl_module, labels, _logger_run_name(trainer))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip
@@ -187,3 +187,14 @@ class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc
 
     One callback per fit: after ``on_fit_end`` its sink is closed.
     """
+
+
+def _logger_run_name(trainer: Any) -> str | None:
+    """``<logger name>-version_<version>``: what Lightning names a run's log folder, and what
+    a run resumed with ``ckpt_path`` under the same logger version keeps."""
+    logger = getattr(trainer, "logger", None)
+    version = getattr(logger, "version", None) if logger is not None else None
+    if version is None:
+        return None
+    version = version if isinstance(version, str) else f"version_{version}"
+    return f"{getattr(logger, 'name', None) or 'lightning'}-{version}"

@@ -1,0 +1,59 @@
+"""A tiny trainer that checkpoints and resumes, for the run-identity test: ``python
+tests/_resumable_trainer.py RUN_ID CHECKPOINT STEPS``. It trains the lab's smallest GPT-MoE
+with a Monitor on a KafkaSink (settings from the environment), saves model, optimizer and step
+to CHECKPOINT every 10 steps, and on start resumes from CHECKPOINT if there is one — under the
+same run id, as a real job restarted by its scheduler. After each step it waits until the
+broker has the step's record and prints ``delivered <step>``, so the test knows what a SIGKILL
+can no longer take away."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from foreshock.lab.data import ByteBatches, stdlib_bytes
+from foreshock.lab.model import GPT, GPTConfig
+from foreshock.producers.kafka_sink import KafkaSink
+from foreshock.producers.monitor import Monitor, MonitorConfig
+
+
+def main(run_id: str, checkpoint: Path, steps: int) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, n_experts=4)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    first = 0
+    if checkpoint.exists():
+        state = torch.load(checkpoint)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first = state["step"] + 1
+    batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=first)
+    sink = KafkaSink()
+    monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=1))
+    sink.write({"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
+                "labels": {"test": "resume", "resumed_at": first}})  # fmt: skip
+    for step in range(first, steps):
+        x, y = batches.next()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        monitor.step(step, loss=loss)
+        optimizer.zero_grad()
+        if step % 10 == 9:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step}, checkpoint)  # fmt: skip
+        sink.wait_delivered(10)
+        print(f"delivered {step}", flush=True)
+        time.sleep(0.02)
+    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
+                "status": "finished"})  # fmt: skip
+    sink.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
