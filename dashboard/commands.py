@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -10,14 +11,21 @@ from pathlib import Path
 __all__ = ["add_dashboard_commands", "streamlit_command"]
 
 APP = Path(__file__).parent / "app.py"
+# Streamlit's own log lines as foreshock's: time, level, logger (Streamlit's default is the time
+# and the message only).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
-    """The ``streamlit run`` line: headless, no usage statistics, no file watcher."""
+    """The ``streamlit run`` line: headless, no usage statistics, no file watcher; the toolbar
+    in viewer mode (no developer menu: no "Deploy", no rerun or settings for the app's
+    source); Streamlit's own log at the level ``foreshock --log-level`` set, in its format."""
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
     return [sys.executable, "-m", "streamlit", "run", str(APP),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--global.developmentMode", "false"]  # fmt: skip
+            "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+            "--logger.level", level, "--logger.messageFormat", LOG_FORMAT]  # fmt: skip
 
 
 def _dashboard(args: argparse.Namespace) -> int:

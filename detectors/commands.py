@@ -229,15 +229,17 @@ def _notify(args: argparse.Namespace) -> int:
     from foreshock.transport.settings import load_settings
 
     from .notifier import Notifier
+    from .targets import notify_targets
 
-    targets = args.webhook + args.slack + args.alertmanager
+    targets = notify_targets(args.webhook + args.slack + args.alertmanager, args.config)
     if not targets:
         print("foreshock notify: no target; give at least one --webhook, --slack or "
-              "--alertmanager URL (each may be repeated)", file=sys.stderr)  # fmt: skip
+              "--alertmanager URL (each may be repeated), or [[notify.receivers]] in the "
+              "settings file", file=sys.stderr)  # fmt: skip
         return 2
     notifier = Notifier(load_settings(args.config), targets, args.dashboard_url,
                         group_id=args.group, updates=args.updates, retries=args.retries,
-                        refresh=args.am_refresh)  # fmt: skip
+                        patience=args.patience, refresh=args.am_refresh)  # fmt: skip
     stop = stop_on_signals()
     print(f"foreshock notify: group {args.group} -> "
           f"{', '.join(t.where for t in targets)}", flush=True)  # fmt: skip
@@ -272,8 +274,20 @@ def _add_notify(sub: argparse._SubParsersAction) -> None:
     notify.add_argument("--group", default="foreshock-notify", help="consumer group")
     notify.add_argument("--updates", action="store_true",
                         help="also send the lead time once the loss diverged")  # fmt: skip
-    notify.add_argument("--retries", type=int, default=4, metavar="N",
-                        help="retries (with backoff) of a failed delivery")  # fmt: skip
+    notify.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="retries of a failed delivery (default: until --patience)",
+    )
+    notify.add_argument(
+        "--patience",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="keep retrying a receiver that is down for S s (default 900)",
+    )
     notify.add_argument("--am-refresh", type=float, default=60.0, metavar="S",
                         help="re-post open warnings to Alertmanager every S s")  # fmt: skip
     notify.add_argument("--idle-exit", type=float, metavar="S", help="stop after S idle s")

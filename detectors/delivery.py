@@ -1,22 +1,26 @@
-"""What a warning event looks like to the outside, and how it gets there: standard library only.
+"""What a warning event looks like to the outside, and one HTTP try to get it there: standard
+library only.
 
-Three target kinds, one pure payload builder each, so the shapes are testable without a network:
+Three target kinds (:class:`~foreshock.detectors.targets.Target`), one pure payload builder
+each, so the shapes are testable without a network:
 
-* ``webhook`` — the whole ``foreshock.warning/1`` event, plus ``dashboard_url`` (the run's page)
-  and a one-line ``summary``: receivers that know the schema need nothing else.
+* ``webhook`` — the whole ``foreshock.warning/1`` event, plus its ``state`` (open, resolved,
+  acknowledged, silenced: :mod:`foreshock.detectors.alerts`), ``resolved_by``,
+  ``dashboard_url`` (the run's page) and a one-line ``summary``: receivers that know the schema
+  need nothing else. Signed when the target has a secret (:mod:`foreshock.detectors.signing`).
 * ``slack`` — a Slack incoming-webhook body (``text`` + ``blocks``, mrkdwn); Mattermost and
-  Rocket.Chat accept the same ``text``.
+  Rocket.Chat accept the same ``text``. One message per transition: opened, resolved (and
+  why), acknowledged by whom, silenced until when.
 * ``alertmanager`` — Prometheus Alertmanager's v2 API (``POST <am>/api/v2/alerts``, a list).
   An alert is identified by its labels, so these are the stable facts of a warning (family,
-  module, run); ``endsAt`` is set only when the warning cleared, at the clear time, which makes
-  Alertmanager resolve it. Alertmanager also resolves an alert nobody re-posts within its
-  ``resolve_timeout``, so the notifier re-posts open warnings (see
-  :mod:`foreshock.detectors.notifier`).
+  module, run); ``endsAt`` is set when the warning resolved, at that time, which makes
+  Alertmanager resolve it. An acknowledgement or a silence is an Alertmanager *silence*
+  matching the alert's labels (:func:`alertmanager_silence`), made by whoever acted.
 
-:func:`send` POSTs one payload with exponential backoff on what may pass (connection errors,
-5xx, 429) and none on what will not (any other 4xx: the payload or the URL is wrong). It never
-raises: a notifier's loop must survive a receiver that is down or misconfigured. URLs are
-logged by scheme and host only — a Slack webhook URL's path is its secret.
+:func:`request` makes one try and says whether another may pass (connection errors, timeouts,
+5xx, 429 — with its ``Retry-After``) or not (any other 4xx: the payload or the URL is wrong);
+retrying, with backoff and jitter, is the courier's (:mod:`foreshock.detectors.courier`). It
+never raises, and logs say where by kind, scheme and host only (``Target.where``).
 """
 
 from __future__ import annotations
@@ -25,23 +29,31 @@ import http.client
 import json
 import logging
 import math
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
+
+from .alerts import ACTIONS, EVENTS, resolved_by
+from .signing import signature_headers
+from .targets import KINDS, Target
 
 __all__ = [
     "KINDS",
     "SEVERITY",
+    "STATE",
+    "Outcome",
     "Target",
     "alertmanager_alert",
+    "alertmanager_silence",
+    "backoff_delay",
     "check_event",
     "dashboard_link",
-    "send",
+    "encode",
+    "request",
     "slack_payload",
     "summary",
     "webhook_payload",
@@ -49,54 +61,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KINDS = ("webhook", "slack", "alertmanager")
-
 # Alertmanager ``severity`` by role: a symptom (loss, gradient norm) means the run is already
 # going; a cause is the early, attributed warning; a secondary one follows a cause already sent.
-SEVERITY = {"symptom": "critical", "cause": "warning", "ambiguous": "warning",
-            "optimizer": "warning", "secondary": "info"}  # fmt: skip
-
-_AM_PATH = "/api/v2/alerts"
-_MAX_DELAY = 60.0
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where warnings go: ``kind`` (one of :data:`KINDS`) and its URL.
-
-    >>> Target("alertmanager", "http://am:9093/").endpoint
-    'http://am:9093/api/v2/alerts'
-    >>> Target("slack", "https://hooks.slack.com/services/T0/B0/secret").where
-    'slack https://hooks.slack.com'
-    >>> Target("webhook", "file:///etc/passwd")
-    Traceback (most recent call last):
-    ...
-    ValueError: webhook target must be an http(s) URL, got 'file:///etc/passwd'
-    """
-
-    kind: str
-    url: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown target kind {self.kind!r} (one of {', '.join(KINDS)})")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{self.kind} target must be an http(s) URL, got {self.url!r}")
-
-    @property
-    def endpoint(self) -> str:
-        """The URL POSTed to: Alertmanager's alerts API under its base URL."""
-        if self.kind != "alertmanager" or self.url.rstrip("/").endswith(_AM_PATH):
-            return self.url
-        return self.url.rstrip("/") + _AM_PATH
-
-    @property
-    def where(self) -> str:
-        """For logs: kind, scheme and host — never the path (a webhook's secret)."""
-        parts = urlsplit(self.url)
-        return f"{self.kind} {parts.scheme}://{parts.netloc}"
-
+SEVERITY = {
+    "symptom": "critical",
+    "cause": "warning",
+    "ambiguous": "warning",
+    "optimizer": "warning",
+    "secondary": "info",
+}
+# the state a warning is in once an event of each kind went out
+STATE = {
+    "opened": "open",
+    "updated": "open",
+    "cleared": "resolved",
+    "acknowledged": "acknowledged",
+    "silenced": "silenced",
+}
 
 _TEXT = ("id", "event", "run_id", "family")  # required strings
 _OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")
@@ -112,6 +93,9 @@ def check_event(event: Any) -> str | None:
     >>> check_event({"schema": "foreshock.warning/1", "id": ["a"], "event": "opened",
     ...              "run_id": "r1", "family": "router", "step": 5})
     "warning event whose 'id' is not a string"
+    >>> check_event({"schema": "foreshock.warning/1", "id": "a", "event": "acknowledged",
+    ...              "run_id": "r1", "family": "router", "step": 5, "evidence": {"by": 7}})
+    'acknowledged event without who (evidence.by) and when (evidence.at)'
     """
     if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
         return "not a foreshock.warning/1 event"
@@ -121,7 +105,7 @@ def check_event(event: Any) -> str | None:
     for name in _TEXT:
         if not isinstance(event[name], str):
             return f"warning event whose {name!r} is not a string"
-    if event["event"] not in ("opened", "cleared", "updated"):
+    if event["event"] not in EVENTS:
         return f"unknown warning event {event['event'][:40]!r}"
     for name in _OPTIONAL_TEXT:
         if not isinstance(event.get(name), str | None):
@@ -132,18 +116,41 @@ def check_event(event: Any) -> str | None:
             return f"warning event whose {name!r} is not an integer"
     for name in _OPTIONAL_NUMBER:
         value = event.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        if value is not None and not _finite(value):
             return f"warning event whose {name!r} is not a finite number"
+    return _check_action(event) if event["event"] in ACTIONS else None
+
+
+def _check_action(event: dict[str, Any]) -> str | None:
+    """A person's event: who (text), when and until (numbers), note (text), a unique id."""
+    kind, evidence = event["event"], event.get("evidence")
+    if not isinstance(evidence, dict):
+        return f"{kind} event without evidence"
+    if not isinstance(evidence.get("by"), str) or not _time(evidence.get("at")):
+        return f"{kind} event without who (evidence.by) and when (evidence.at)"
+    if not isinstance(evidence.get("action_id"), str):
+        return f"{kind} event without evidence.action_id"
+    if not isinstance(evidence.get("note"), str | None):
+        return f"{kind} event whose note is not text"
+    until = evidence.get("until")
+    if (kind == "silenced" or until is not None) and not _time(until):
+        return f"{kind} event whose evidence.until is not a time"
     return None
 
 
-def _finite(value: float) -> bool:
+def _finite(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
     try:
         return math.isfinite(value)
     except OverflowError:  # an int beyond float
         return False
+
+
+def _time(value: Any) -> bool:
+    """Unix seconds a date can show (1970 to the year 9999)."""
+    return _finite(value) and 0 <= value < 253_402_300_800
 
 
 def dashboard_link(dashboard_url: str, run_id: str) -> str:
@@ -159,6 +166,23 @@ def _rate(value: float | None) -> str:
     return "not calibrated" if value is None else f"≤ {value:.3g} per healthy run"
 
 
+def _evidence(event: dict[str, Any]) -> dict[str, Any]:
+    evidence = event.get("evidence")
+    return evidence if isinstance(evidence, dict) else {}
+
+
+def _when(seconds: Any) -> str:
+    """A time for people: UTC, to the minute.
+
+    >>> _when(90.0)
+    '1970-01-01 00:01 UTC'
+    """
+    return datetime.fromtimestamp(float(seconds), UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+_WHY = {"statistic": "back under its threshold", "run ended": "the run ended"}
+
+
 def summary(event: dict[str, Any]) -> str:
     """One line for a human: what, where, when, how trustworthy, and the lead time if known.
 
@@ -168,42 +192,73 @@ def summary(event: dict[str, Any]) -> str:
     >>> summary(e)
     'router warning opened on run r1 (blocks.1.moe) at step 450, cause; false-alarm rate ≤ 0.143 per healthy run'
     >>> summary({**e, "event": "cleared", "cleared_step": 600, "lead_time": 300})
-    'router warning cleared on run r1 (blocks.1.moe) at step 600, opened at step 450; lead time 300 steps'
+    'router warning resolved on run r1 (blocks.1.moe) at step 600 (back under its threshold), opened at step 450; lead time 300 steps'
+    >>> summary({**e, "event": "acknowledged", "evidence": {"by": "ana", "at": 0, "note": "mine"}})
+    'router warning on run r1 (blocks.1.moe), opened at step 450, acknowledged by ana: mine'
     """  # noqa: E501
     where = f"run {event['run_id']}" + (f" ({event['module']})" if event.get("module") else "")
-    kind = event["event"]
+    kind, family = event["event"], event["family"]
     if kind == "cleared":
-        cleared = event.get("cleared_step")
-        text = (f"{event['family']} warning cleared on {where} at step {cleared}, "
-                f"opened at step {event['step']}")  # fmt: skip
+        why = _WHY[resolved_by(event) or "statistic"]
+        text = (
+            f"{family} warning resolved on {where} at step {event.get('cleared_step')} "
+            f"({why}), opened at step {event['step']}"
+        )
     elif kind == "updated":
-        text = (f"{event['family']} warning on {where} (opened at step {event['step']}): the "
-                f"loss diverged at step {event.get('divergence_step')}")  # fmt: skip
+        text = (
+            f"{family} warning on {where} (opened at step {event['step']}): the "
+            f"loss diverged at step {event.get('divergence_step')}"
+        )
+    elif kind in ACTIONS:
+        action = _evidence(event)
+        text = f"{family} warning on {where}, opened at step {event['step']}, {kind} by "
+        text += str(action.get("by"))
+        if kind == "silenced":
+            text += f" until {_when(action['until'])}"
+        if action.get("note"):
+            text += f": {action['note']}"
+        return text
     else:
         rate = _rate(event.get("false_alarm_rate"))
-        text = (f"{event['family']} warning opened on {where} at step {event['step']}, "
-                f"{event.get('role')}; false-alarm rate {rate}")  # fmt: skip
+        text = (
+            f"{family} warning opened on {where} at step {event['step']}, "
+            f"{event.get('role')}; false-alarm rate {rate}"
+        )
     if event.get("lead_time") is not None:
         text += f"; lead time {event['lead_time']} steps"
     return text
 
 
 def webhook_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
-    """The whole event, plus the run's dashboard link and :func:`summary`.
+    """The whole event, plus its state, the run's dashboard link and :func:`summary`.
 
     >>> p = webhook_payload({"schema": "foreshock.warning/1", "id": "a1", "run_id": "r1",
     ...     "family": "router", "module": None, "step": 5, "role": "cause",
     ...     "false_alarm_rate": None, "event": "opened", "lead_time": None}, "http://d")
-    >>> p["id"], p["dashboard_url"], p["summary"]
-    ('a1', 'http://d/run?run=r1', 'router warning opened on run r1 at step 5, cause; false-alarm rate not calibrated')
+    >>> p["id"], p["state"], p["dashboard_url"], p["summary"]
+    ('a1', 'open', 'http://d/run?run=r1', 'router warning opened on run r1 at step 5, cause; false-alarm rate not calibrated')
     """  # noqa: E501
-    return {**event, "dashboard_url": dashboard_link(dashboard_url, event["run_id"]),
-            "summary": summary(event)}  # fmt: skip
+    return {
+        **event,
+        "state": STATE[event["event"]],
+        "resolved_by": resolved_by(event),
+        "dashboard_url": dashboard_link(dashboard_url, event["run_id"]),
+        "summary": summary(event),
+    }
 
 
 def _mrkdwn(text: Any) -> str:
     """Slack's three control characters escaped (a run id may hold them)."""
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+_ICON = {
+    "opened": ":rotating_light:",
+    "cleared": ":white_check_mark:",
+    "updated": ":warning:",
+    "acknowledged": ":eyes:",
+    "silenced": ":mute:",
+}
 
 
 def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
@@ -218,31 +273,51 @@ def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
     <http://d/run?run=r%3C1%3E|open run r&lt;1&gt; in the dashboard>
     >>> [b["type"] for b in p["blocks"]]
     ['section', 'context']
-    """
+    >>> print(slack_payload({"id": "a1", "run_id": "r1", "family": "router", "step": 5,
+    ...     "role": "cause", "event": "cleared", "cleared_step": 9,
+    ...     "evidence": {"resolved_by": "run ended"}}, "http://d")["text"].splitlines()[0])
+    :white_check_mark: *router* warning resolved · run `r1` · opened at step 5 (cause), resolved at step 9: the run ended
+    """  # noqa: E501
     kind = event["event"]
-    icon = {"opened": ":rotating_light:", "cleared": ":white_check_mark:"}.get(kind, ":warning:")
     run = _mrkdwn(event["run_id"])
-    head = f"{icon} *{_mrkdwn(event['family'])}* warning {kind} · run `{run}`"
+    label = "resolved" if kind == "cleared" else kind
+    head = f"{_ICON[kind]} *{_mrkdwn(event['family'])}* warning {label} · run `{run}`"
     if event.get("module"):
         head += f" · module `{_mrkdwn(event['module'])}`"
     role = _mrkdwn(event.get("role", "?"))
+    action = _evidence(event)
     if kind == "cleared":
-        cleared = event.get("cleared_step")
-        head += f" · opened at step {event['step']} ({role}), cleared at {cleared}"
+        why = _WHY[resolved_by(event) or "statistic"]
+        head += (
+            f" · opened at step {event['step']} ({role}), resolved at step "
+            f"{event.get('cleared_step')}: {why}"
+        )
+    elif kind in ACTIONS:
+        head += f" · opened at step {event['step']} ({role}) · by *{_mrkdwn(action.get('by'))}*"
+        if kind == "silenced":
+            head += f" until {_when(action['until'])}"
     else:
         head += f" · step {event['step']} ({role})"
     facts = [f"calibrated false-alarm rate: {_rate(event.get('false_alarm_rate'))}"]
+    if kind in ACTIONS and action.get("note"):
+        facts = [f"note: {_mrkdwn(action['note'])}"]
     if event.get("divergence_step") is not None and kind == "updated":
         facts.append(f"loss diverged at step {event['divergence_step']}")
     if event.get("lead_time") is not None:
         facts.append(f"lead time: {event['lead_time']} steps")
     link = f"<{dashboard_link(dashboard_url, event['run_id'])}|open run {run} in the dashboard>"
     text = f"{head}\n{' · '.join(facts)}\n{link}"
-    context = f"warning `{_mrkdwn(event.get('id'))}` · detector config `{_mrkdwn(event.get('config_version'))}`"  # noqa: E501
-    return {"text": text, "blocks": [
-        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]},
-    ]}  # fmt: skip
+    context = (
+        f"warning `{_mrkdwn(event.get('id'))}` · detector config "
+        f"`{_mrkdwn(event.get('config_version'))}`"
+    )
+    return {
+        "text": text,
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]},
+        ],
+    }
 
 
 def _rfc3339(seconds: float) -> str:
@@ -254,9 +329,20 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def alertmanager_alert(event: dict[str, Any], dashboard_url: str, starts_at: float,
-                       ends_at: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """One Alertmanager v2 alert (POST a list of them); ``ends_at`` only for a cleared warning.
+def _labels(event: dict[str, Any]) -> dict[str, str]:
+    """An alert's identity: the stable facts of its warning (no id: see below)."""
+    labels = {"alertname": "ForeshockWarning", "family": str(event["family"])}
+    if event.get("module"):  # Alertmanager treats an empty label as absent: leave it out
+        labels["module"] = str(event["module"])
+    labels["run_id"] = str(event["run_id"])
+    labels["severity"] = SEVERITY.get(event.get("role", ""), "warning")
+    return labels
+
+
+def alertmanager_alert(
+    event: dict[str, Any], dashboard_url: str, starts_at: float, ends_at: float | None = None
+) -> dict[str, Any]:
+    """One Alertmanager v2 alert (POST a list of them); ``ends_at`` only for a resolved warning.
 
     Times are epoch seconds. Labels carry no warning id: one (run, family, module) has at most
     one open warning, and a reopened one is the same alert firing again.
@@ -275,81 +361,139 @@ def alertmanager_alert(event: dict[str, Any], dashboard_url: str, starts_at: flo
     (['annotations', 'generatorURL', 'labels', 'startsAt'], ['alertname', 'family', 'run_id', 'severity'], 'uncalibrated')
     """  # noqa: E501
     link = dashboard_link(dashboard_url, event["run_id"])
-    labels = {"alertname": "ForeshockWarning", "family": str(event["family"])}
-    if event.get("module"):  # Alertmanager treats an empty label as absent: leave it out
-        labels["module"] = str(event["module"])
-    labels["run_id"] = str(event["run_id"])
-    labels["severity"] = SEVERITY.get(event.get("role", ""), "warning")
     rate = event.get("false_alarm_rate")
-    description = (f"foreshock {event['family']} warning {event.get('id')} ({event.get('role')}), "
-                   f"opened at step {event['step']}")  # fmt: skip
+    description = (
+        f"foreshock {event['family']} warning {event.get('id')} ({event.get('role')}), "
+        f"opened at step {event['step']}"
+    )
     if event.get("cleared_step") is not None:
-        description += f", cleared at step {event['cleared_step']}"
+        description += f", resolved at step {event['cleared_step']}"
+        if event["event"] == "cleared":
+            description += f" ({_WHY[resolved_by(event) or 'statistic']})"
     if event.get("lead_time") is not None:
         description += f"; the loss diverged {event['lead_time']} steps after it opened"
     alert = {
-        "labels": labels,
-        "annotations": {"summary": summary(event), "description": description,
-                        "false_alarm_rate": "uncalibrated" if rate is None else f"{rate:g}",
-                        "dashboard": link},
+        "labels": _labels(event),
+        "annotations": {
+            "summary": summary(event),
+            "description": description,
+            "false_alarm_rate": "uncalibrated" if rate is None else f"{rate:g}",
+            "dashboard": link,
+        },
         "startsAt": _rfc3339(starts_at),
         "generatorURL": link,
-    }  # fmt: skip
+    }
     if ends_at is not None:
         alert["endsAt"] = _rfc3339(max(ends_at, starts_at))  # an end before its start is a 400
     return alert
 
 
+def alertmanager_silence(
+    event: dict[str, Any],
+    dashboard_url: str,
+    ends_at: float,
+    starts_at: float,
+    silence_id: str | None = None,
+) -> dict[str, Any]:
+    """An Alertmanager v2 silence (``POST <am>/api/v2/silences``) of the alert of ``event``'s
+    warning, made by the person who acknowledged or silenced it; ``silence_id`` updates one.
+
+    Its matchers are the alert's labels, each exactly, and ``module=""`` for a warning without
+    a module (so it matches no alert that has one).
+
+    >>> s = alertmanager_silence({"id": "a1", "run_id": "r1", "family": "loss", "step": 5,
+    ...     "role": "symptom", "event": "acknowledged", "evidence": {"by": "ana", "at": 0.0,
+    ...     "note": None}}, "http://d", 3600.0, 0.0)
+    >>> [(m["name"], m["value"]) for m in s["matchers"]]
+    [('alertname', 'ForeshockWarning'), ('family', 'loss'), ('run_id', 'r1'), ('severity', 'critical'), ('module', '')]
+    >>> s["createdBy"], s["endsAt"], s["comment"]
+    ('ana', '1970-01-01T01:00:00.000Z', 'acknowledged in foreshock: warning a1 (http://d/run?run=r1)')
+    """  # noqa: E501
+    labels = _labels(event)
+    if "module" not in labels:
+        labels["module"] = ""
+    action = _evidence(event)
+    comment = f"{event['event']} in foreshock: warning {event['id']}"
+    if action.get("note"):
+        comment += f": {action['note']}"
+    silence = {
+        "matchers": [
+            {"name": k, "value": v, "isRegex": False, "isEqual": True} for k, v in labels.items()
+        ],
+        "startsAt": _rfc3339(starts_at),
+        "endsAt": _rfc3339(max(ends_at, starts_at + 60)),
+        "createdBy": str(action.get("by") or "foreshock"),
+        "comment": f"{comment} ({dashboard_link(dashboard_url, event['run_id'])})",
+    }
+    if silence_id is not None:
+        silence["id"] = silence_id
+    return silence
+
+
+def encode(payload: Any) -> bytes:
+    """A payload's JSON body (ValueError if it is not JSON: a bug, never a retry)."""
+    try:
+        return json.dumps(payload, default=str).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"payload is not JSON: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One try: ``ok`` (a 2xx came back, with its JSON ``answer`` if any), else whether another
+    try may pass (``retry``), why not, and the receiver's ``Retry-After`` (``wait``, s)."""
+
+    ok: bool
+    retry: bool = False
+    reason: str = ""
+    wait: float = 0.0
+    answer: Any = None
+
+
 def _retry_after(exc: urllib.error.HTTPError) -> float:
     try:
-        return float(exc.headers.get("Retry-After", 0))
+        return max(0.0, float(exc.headers.get("Retry-After", 0)))
     except (TypeError, ValueError):
         return 0.0  # an HTTP date: fall back to our own backoff
 
 
-def send(url: str, payload: Any, retries: int = 4, backoff: float = 0.5, timeout: float = 5.0,
-         where: str | None = None,
-         sleep: Callable[[float], None] = time.sleep) -> bool:  # fmt: skip
-    """POST ``payload`` as JSON; True once a 2xx came back. Never raises.
-
-    Connection errors, timeouts, 5xx and 429 are retried ``retries`` times, waiting
-    ``backoff``, 2·``backoff``, 4·``backoff``… (at least a 429's ``Retry-After``; at most a
-    minute). Other 4xx are logged and not retried: sending the same body again cannot help.
-    """
-    where = where or "{0.scheme}://{0.netloc}".format(urlsplit(url))
+def request(
+    target: Target, url: str, body: bytes | None, method: str = "POST", timeout: float = 5.0
+) -> Outcome:
+    """One try of ``method url`` with ``body``, the target's headers and, if it has a secret,
+    a fresh signature. Never raises."""
+    headers = {"User-Agent": "foreshock-notify", **dict(target.headers)}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        if target.secret is not None:
+            headers.update(signature_headers(target.secret, body))
     try:
-        data = json.dumps(payload, default=str).encode()
-    except (TypeError, ValueError) as exc:
-        log.error("foreshock notify: payload for %s is not JSON: %s", where, exc)
-        return False
-    headers = {"Content-Type": "application/json", "User-Agent": "foreshock-notify"}
-    delay = backoff
-    for attempt in range(retries + 1):
-        wait = delay
+        req = urllib.request.Request(url, data=body, headers=headers, method=method)
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            raw = response.read(1_000_000)
         try:
-            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                response.read()
-            return True
-        except urllib.error.HTTPError as exc:
-            if exc.code != 429 and exc.code < 500:
-                body = exc.read(300).decode("utf-8", "replace")
-                log.error("foreshock notify: %s refused the payload (HTTP %d, not retried): %s",
-                          where, exc.code, body)  # fmt: skip
-                return False
-            reason = f"HTTP {exc.code}"
-            if exc.code == 429:
-                wait = max(delay, _retry_after(exc))
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            reason = str(getattr(exc, "reason", exc))
-        except Exception:
-            log.exception("foreshock notify: sending to %s failed unexpectedly", where)
-            return False
-        if attempt == retries:
-            log.warning("foreshock notify: %s: %s after %d tries; giving up on this payload",
-                        where, reason, retries + 1)  # fmt: skip
-            return False
-        log.info("foreshock notify: %s: %s; retrying in %.2g s", where, reason, wait)
-        sleep(min(wait, _MAX_DELAY))
-        delay *= 2
-    return False
+            answer = json.loads(raw) if raw else None
+        except ValueError:
+            answer = None
+        return Outcome(True, answer=answer)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 429 and exc.code < 500:
+            text = exc.read(300).decode("utf-8", "replace")
+            return Outcome(False, False, f"HTTP {exc.code}: {text}")
+        return Outcome(False, True, f"HTTP {exc.code}", _retry_after(exc))
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        return Outcome(False, True, str(getattr(exc, "reason", exc)))
+    except Exception as exc:  # a bug here must not kill a courier
+        log.exception("foreshock notify: %s failed unexpectedly", target.where)
+        return Outcome(False, False, f"unexpected {type(exc).__name__}")
+
+
+def backoff_delay(tries: int, base: float, cap: float, jitter: Callable[[], float]) -> float:
+    """The wait after ``tries`` failed tries: ``base``·2^(tries−1), at most ``cap``, times a
+    random factor in [0.5, 1) (``jitter()`` in [0, 1)) so that notifiers that failed together
+    do not retry together.
+
+    >>> [backoff_delay(n, 0.5, 4.0, lambda: 0.0) for n in (1, 2, 3, 4, 5)]
+    [0.25, 0.5, 1.0, 2.0, 2.0]
+    """
+    return min(cap, base * 2 ** max(tries - 1, 0)) * (0.5 + jitter() / 2)

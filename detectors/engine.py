@@ -9,8 +9,10 @@ sees a run's wire messages in seq order and returns events.
   log ratio to the warm-up level (``level`` rules: a slide too far).
 * A family fires for a module when one of its series' statistics has stayed above that
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
-  per (run, family, module) until every one of its statistics is back below h (then a
-  ``cleared`` event).
+  per (run, family, module) until every one of its statistics is back below h, or until the
+  run ends (every rank that wrote to it sent its ``end``): then a ``cleared`` event (resolved,
+  in what people read) whose ``evidence.resolved_by`` says which, ``"statistic"`` or ``"run
+  ended"``. A run that ended leaves no warning open: nothing else would ever close it.
 * Attribution is earned, not assumed: the lab shows the families are *not* orthogonal (a
   learning-rate ramp moves the attention entropies too, some 500 steps after the router), so
   what names the cause is which family moves first. The first mechanism family to fire is
@@ -132,6 +134,7 @@ class RunDetector:
         self._replaying = False
         self.resumes: list[tuple[int, int]] = []  # (attempt, step it resumed at)
         self.ignored = 0  # records of a superseded attempt (two jobs under one run id)
+        self._ranks: set[int] = set()  # ranks that wrote and have not ended
         self._reset()
 
     def _reset(self) -> None:
@@ -150,6 +153,8 @@ class RunDetector:
     def update(self, message: dict[str, Any]) -> list[Alert]:
         kind = message.get("kind", "metrics")
         events: list[Alert] = []
+        if kind != "end":
+            self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
             step = int(message["step"])
             attempt = int(message.get("attempt") or 0)
@@ -172,8 +177,12 @@ class RunDetector:
         elif kind == "start" and not self._series:
             self.config = self._configs.for_labels(message.get("labels") or {})
             self._inflation = None
-        elif kind == "end" and message.get("divergence_step") is not None:
-            events += self._diverged(int(message["divergence_step"]), exact=True)
+        elif kind == "end":
+            if message.get("divergence_step") is not None:
+                events += self._diverged(int(message["divergence_step"]), exact=True)
+            self._ranks.discard(int(message.get("rank") or 0))
+            if not self._ranks:
+                events += self._clear(self.last_step, ended=str(message.get("status") or "ended"))
         return events
 
     def _resume(self, attempt: int, step: int) -> None:
@@ -303,16 +312,22 @@ class RunDetector:
                   for c in s.cusums.values() if math.isfinite(c.h)]  # fmt: skip
         return max(ratios, default=0.0)
 
-    def _clear(self, step: int) -> list[Alert]:
+    def _clear(self, step: int, ended: str | None = None) -> list[Alert]:
+        """Resolve the open warnings whose statistics are all back below h — or, once the run
+        ``ended`` (its end status), every open warning."""
         events = []
         for (family, module), alert in list(self._open.items()):
             alarmed = any(c.in_alarm for s in self._series.values()
                           if s.family == family and s.module == module
                           for c in s.cusums.values())  # fmt: skip
-            if not alarmed:
+            if not alarmed or ended is not None:
                 del self._open[(family, module)]
                 alert.cleared_step = step
-                events.append(Alert(**{**asdict(alert), "event": "cleared"}))
+                event = Alert(**{**asdict(alert), "event": "cleared"})
+                event.evidence = {**event.evidence, "resolved_by": "statistic"}
+                if ended is not None:
+                    event.evidence.update(resolved_by="run ended", run_status=ended)
+                events.append(event)
         return events
 
     def _diverged(self, step: int, exact: bool = False) -> list[Alert]:

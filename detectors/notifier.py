@@ -1,35 +1,62 @@
-"""``foreshock notify``: the warnings topic to webhooks, Slack and Alertmanager — each once.
+"""``foreshock notify``: the warnings topic to webhooks, Slack and Alertmanager — each transition
+once, each receiver on its own.
 
 A consumer-group member of the warnings topic (key: run id, so all of a warning's events are in
-one partition, in order). Each loop polls a small batch, delivers every new event to every
-target (:func:`~foreshock.detectors.delivery.send`: retried with backoff up to a bound, then
-counted as failed and logged — a target that is down never stops the service), and only then
-commits the offsets. A crash between delivery and commit sends that batch again: delivery is at
-least once, and what follows keeps the repeats to that window.
+one partition, in order). Each loop polls a small batch and queues every new event for every
+receiver; each receiver has a courier (:mod:`foreshock.detectors.courier`: a thread, a bounded
+queue, retries with backoff and jitter), so a receiver that is down or hangs delays no other
+one. A message's offset is committed once every courier has settled it (delivered, refused,
+given up on): a crash, or a receiver still retrying at a restart, sends that window again —
+delivery is at least once, and what follows keeps the repeats to that window.
 
-**What is sent.** A warning's ``opened`` event and its ``cleared`` event, once each. ``updated``
-events (the lead time, once the loss diverged) are *not* sent by default: the engine emits one
-for every warning of the run at the divergence, and again if the producer's exact divergence
-step differs — a burst, when the run has already failed and its dashboard says it all. With
-``updates=True`` each (warning, divergence step) is sent once; Alertmanager gets it only while
-the warning is open (as a re-post of the same alert with the lead time in its annotations).
-Opened and cleared events carry the lead time themselves when it is already known.
+**What is sent** (states: :mod:`foreshock.detectors.alerts`). A warning's ``opened`` event and
+its ``cleared`` event (resolved: its statistic back under the threshold, or its run ended), once
+each; a person's ``acknowledged`` and ``silenced``, once each, while the warning is not resolved.
+``updated`` events (the lead time, once the loss diverged) are *not* sent by default: the engine
+emits one for every warning of the run at the divergence, and again if the producer's exact
+divergence step differs — a burst, when the run has already failed and its dashboard says it
+all. With ``updates=True`` each (warning, divergence step) is sent once, except to Slack and
+webhooks while the warning is silenced; Alertmanager gets it only while the warning is open
+(as a re-post of the same alert with the lead time in its annotations).
 
-**Deduplication** (:class:`Ledger`): an ``opened`` for a warning already opened or cleared, a
-second ``cleared``, and a repeated update are dropped and counted as duplicates — redeliveries,
-the replay from offset 0 after a Tansu restart, a detector worker re-emitting after its own
-restart. The ledger is rebuilt on start the way the detector worker rebuilds its state: on
-assignment each partition is read from the beginning, events before the committed offset only
-update the ledger, delivery resumes at the committed offset. So a restarted notifier (or a
-second one taking over a partition) neither repeats what was sent nor loses what was not; the
-cost is re-reading the retained topic, which is small (events, not metrics). A new group has no
-committed offsets and delivers every event the topic still retains.
+How each receiver sees a warning:
+
+====================  =====================  ======================  =========================
+state                 webhook                Slack                   Alertmanager
+====================  =====================  ======================  =========================
+open                  the event,             ":rotating_light: …     an alert (labels: family,
+                      ``state: open``        opened"                 module, run), re-posted
+                                                                     every ``refresh`` s
+acknowledged          the event,             ":eyes: … acknowledged  a silence of that alert
+                      ``state:               by NAME"                by NAME, renewed while the
+                      acknowledged``                                 warning is open
+silenced until T      the event,             ":mute: … silenced by   a silence of that alert
+                      ``state: silenced``    NAME until T"           by NAME until T
+resolved              the event,             ":white_check_mark: …   the alert with ``endsAt``;
+                      ``state: resolved``,   resolved …: the run     re-posting stops, its
+                      ``resolved_by``        ended"                  silences are expired
+====================  =====================  ======================  =========================
+
+**Deduplication** (:class:`Ledger`): an ``opened`` for a warning already opened or resolved, a
+second ``cleared``, a repeated update and a person's event already seen (its ``action_id``) are
+dropped and counted as duplicates — redeliveries, the replay from offset 0 after a Tansu
+restart, a detector worker re-emitting after its own restart. The ledger is rebuilt on start
+the way the detector worker rebuilds its state: on assignment each partition is read from the
+beginning, events before the committed offset only update the ledger, delivery resumes at the
+committed offset. So a restarted notifier (or a second one taking over a partition) neither
+repeats what was sent nor loses what was not; the cost is re-reading the retained topic, which
+is small (events, not metrics). A new group has no committed offsets and delivers every event
+the topic still retains.
 
 **Alertmanager** resolves an alert that is not re-posted within its ``resolve_timeout`` (5 min
 by default), as Prometheus re-posts firing alerts. So every ``refresh`` seconds the warnings
-open in this member's partitions are re-posted, in one list per target; Alertmanager
-deduplicates them (no new notification). Not while a partition's history is still being
-replayed: a warning cleared later in that history would fire again.
+open in this member's partitions are re-posted, in one list per target (at most one such list
+queued per target); Alertmanager deduplicates them (no new notification). Not while a
+partition's history is still being replayed: a warning resolved later in that history would
+fire again. An acknowledgement's silence lasts ``ack_horizon`` seconds and is renewed by the
+re-posts while the warning stays open, so it lapses by itself if nobody renews it (a notifier
+that restarted and lost the silence's id makes a new one); a resolved warning's silences are
+expired at once when this notifier made them.
 """
 
 from __future__ import annotations
@@ -39,16 +66,20 @@ import threading
 import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
+from .alerts import ACTIONS
+from .courier import Courier, Job
 from .delivery import (
     Target,
     alertmanager_alert,
+    alertmanager_silence,
     check_event,
-    send,
+    encode,
     slack_payload,
     webhook_payload,
 )
@@ -61,7 +92,8 @@ DEFAULT_DASHBOARD = "http://127.0.0.1:8501"
 
 
 class Ledger:
-    """Which events went out: open warnings (event and start time), cleared ids, updates.
+    """Which events went out: open warnings (event and start time), resolved ids, updates, and
+    people's acknowledgements and silences.
 
     >>> ledger = Ledger()
     >>> a = {"id": "a", "event": "opened"}
@@ -73,12 +105,18 @@ class Ledger:
     ({}, {'a'})
     >>> ledger.admit({"id": "b", "event": "cleared"}, at=2.0)  # its opening predates retention
     True
+    >>> ack = {"id": "c", "event": "acknowledged", "evidence": {"action_id": "x1", "by": "ana"}}
+    >>> ledger.admit(ack, at=3.0), ledger.admit(ack, at=3.0), sorted(ledger.acked)
+    (True, False, ['c'])
     """
 
     def __init__(self) -> None:
         self.open: dict[str, tuple[dict[str, Any], float, int | None]] = {}  # event, at, partition
         self.cleared: set[str] = set()
         self.updated: dict[str, Any] = {}  # id -> divergence step last sent
+        self.acked: dict[str, dict[str, Any]] = {}  # id -> its latest acknowledgement
+        self.silenced: dict[str, dict[str, Any]] = {}  # id -> its latest silence
+        self.actions: set[str] = set()  # action ids seen
 
     def admit(self, event: dict[str, Any], at: float, partition: int | None = None) -> bool:
         """True the first time ``event`` should go out (and remember it); False for a repeat."""
@@ -92,6 +130,8 @@ class Ledger:
             if wid in self.cleared:
                 return False
             self.open.pop(wid, None)
+            self.acked.pop(wid, None)
+            self.silenced.pop(wid, None)
             self.cleared.add(wid)
             return True
         if kind == "updated":
@@ -102,12 +142,25 @@ class Ledger:
                 _, started, where = self.open[wid]
                 self.open[wid] = (event, started, where)
             return True
+        if kind in ACTIONS:
+            evidence = event.get("evidence")
+            action = str(evidence.get("action_id") if isinstance(evidence, dict) else None)
+            if action in self.actions or wid in self.cleared:
+                return False
+            self.actions.add(action)
+            (self.acked if kind == "acknowledged" else self.silenced)[wid] = event
+            return True
         return False
 
     def started(self, wid: str) -> float | None:
         """When the open warning ``wid`` opened (epoch seconds), if it is open."""
         entry = self.open.get(wid)
         return None if entry is None else entry[1]
+
+    def muted(self, wid: str, now: float) -> bool:
+        """Is ``wid`` silenced at ``now``?"""
+        until = (self.silenced.get(wid, {}).get("evidence") or {}).get("until")
+        return isinstance(until, int | float) and until > now
 
 
 def decode_warning(raw: Any) -> dict[str, Any]:
@@ -136,135 +189,339 @@ def decode_warning(raw: Any) -> dict[str, Any]:
 class Notifier:
     """The notify service: ``run(stop)`` delivers until ``stop`` is set (or ``idle_exit``).
 
-    ``stats``: ``delivered`` and ``failed`` count (event, target) pairs, ``duplicates`` events
-    dropped as repeats, ``skipped`` updates not sent (``updates=False``), ``replayed`` history
-    events read to rebuild the ledger, ``invalid`` messages that are not warning events.
-    ``retries``/``backoff``/``timeout`` bound each delivery (:func:`send`); ``refresh`` is the
-    Alertmanager re-post interval in seconds (0: never); ``batch`` the most events per commit.
+    ``stats``: ``delivered`` and ``failed`` count (event, target) pairs settled (failed: refused,
+    given up on, or dropped from a full queue), ``duplicates`` events dropped as repeats,
+    ``skipped`` updates not sent (``updates=False``) and people's events on resolved warnings,
+    ``replayed`` history events read to rebuild the ledger, ``invalid`` messages that are not
+    warning events, ``refreshed`` Alertmanager re-posts queued. Per receiver:
+    ``couriers[target].stats``.
+
+    Each delivery is tried within ``timeout`` s, retried with backoff from ``backoff`` s (at
+    most ``max_delay`` apart) for up to ``patience`` s — and at most ``retries`` times, if set;
+    ``capacity`` bounds each receiver's queue; ``refresh`` is the Alertmanager re-post interval
+    in seconds (0: never); ``batch`` the most events per poll; ``drain`` how long a stop gives
+    the queues (one try each).
     """
 
-    def __init__(self, settings: KafkaSettings, targets: Iterable[Target],
-                 dashboard_url: str = DEFAULT_DASHBOARD, group_id: str = "foreshock-notify",
-                 updates: bool = False, retries: int = 4, backoff: float = 0.5,
-                 timeout: float = 5.0, refresh: float = 60.0, batch: int = 50) -> None:  # fmt: skip
-        self.targets = list(targets)
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        targets: Iterable[Target],
+        dashboard_url: str = DEFAULT_DASHBOARD,
+        group_id: str = "foreshock-notify",
+        updates: bool = False,
+        retries: int | None = None,
+        backoff: float = 0.5,
+        timeout: float = 5.0,
+        refresh: float = 60.0,
+        batch: int = 50,
+        patience: float = 900.0,
+        max_delay: float = 60.0,
+        capacity: int = 1000,
+        drain: float = 10.0,
+    ) -> None:
+        self.targets = list(dict.fromkeys(targets))
         if not self.targets:
             raise ValueError("no delivery target")
         self.settings, self.dashboard_url = settings, dashboard_url
-        self.updates, self.retries, self.backoff, self.timeout = updates, retries, backoff, timeout
-        self.refresh, self.batch = refresh, batch
+        self.updates, self.refresh, self.batch, self.drain = updates, refresh, batch, drain
+        self.ack_horizon = max(3 * refresh, 600.0) if refresh else 86_400.0
         self.ledger = Ledger()
-        self.stats = {"delivered": 0, "failed": 0, "duplicates": 0, "skipped": 0,
-                      "replayed": 0, "invalid": 0}  # fmt: skip
+        names = ("delivered", "failed", "duplicates", "skipped", "replayed", "invalid", "refreshed")
+        self._stats = dict.fromkeys(names, 0)
+        self._lock = threading.Lock()  # couriers settle jobs from their own threads
         self._resume_at: dict[int, int] = {}  # partition -> committed offset, while replaying
         self._assigned: set[int] = set()
-        self._down: set[Target] = set()  # last delivery failed: one try each until one passes
-        self._stop = threading.Event()
+        self._assigned_at: float | None = None
+        self._committed: dict[int, int] = {}  # partition -> offset committed (or found)
+        self._handled: dict[int, int] = {}  # partition -> 1 + the last offset handled
+        self._pending: dict[int, dict[int, int]] = {}  # partition -> offset -> jobs unsettled
+        self._silences: dict[tuple[Target, str, str], tuple[str | None, float]] = {}
+        self._refreshing: set[Target] = set()  # a re-post is queued for these
         self._refreshed = time.monotonic()
         ensure_topics(settings)
-        self.consumer = MetricsConsumer(settings, group_id, topics=[settings.warnings_topic],
-                                        decoders={settings.warnings_topic: decode_warning},
-                                        on_assign=self._on_assign)  # fmt: skip
+        self.consumer = MetricsConsumer(
+            settings,
+            group_id,
+            topics=[settings.warnings_topic],
+            decoders={settings.warnings_topic: decode_warning},
+            on_assign=self._on_assign,
+        )
+        self.couriers = {
+            t: Courier(t, timeout, backoff, max_delay, patience, retries, capacity)
+            for t in self.targets
+        }
+
+    @property
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._stats)
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where delivery resumes; read each partition from its beginning."""
         from confluent_kafka import OFFSET_BEGINNING
 
         committed = consumer.committed(partitions, timeout=10)
-        self._assigned = {tp.partition for tp in committed}
-        self._resume_at = {tp.partition: tp.offset for tp in committed if tp.offset > 0}
+        with self._lock:
+            self._assigned_at = time.monotonic()
+            self._assigned = {tp.partition for tp in committed}
+            self._resume_at = {tp.partition: tp.offset for tp in committed if tp.offset > 0}
+            for tp in committed:
+                self._committed[tp.partition] = max(tp.offset, 0)
+                self._handled.pop(tp.partition, None)
         for tp in committed:
             tp.offset = OFFSET_BEGINNING
         consumer.assign(committed)
 
     def handle(self, message: dict[str, Any]) -> None:
-        """One polled message: rebuild the ledger from history, or deliver what is new."""
+        """One polled message: rebuild the ledger from history, or queue what is new."""
         partition, offset = message.get("_partition"), message.get("_offset", 0)
+        try:
+            self._handle(message, partition, offset)
+        finally:
+            if partition is not None:
+                with self._lock:
+                    self._handled[partition] = max(self._handled.get(partition, 0), offset + 1)
+
+    def _handle(self, message: dict[str, Any], partition: int | None, offset: int) -> None:
         resume = self._resume_at.get(partition, 0)
         history = offset < resume  # delivered before (or given up on) by this group
         if history and offset >= resume - 1:
             del self._resume_at[partition]  # caught up: a later rewind is not history
         if "_invalid" in message:
-            self.stats["invalid"] += 1
+            self._count("invalid")
             log.debug("foreshock notify: skipped: %s", message["_invalid"])
             return
         at = message.get("_time") or time.time()
         event = {k: v for k, v in message.items() if not k.startswith("_")}
         if history:
             self.ledger.admit(event, at, partition)
-            self.stats["replayed"] += 1
+            self._count("replayed")
             return
-        if event["event"] == "updated" and not self.updates:
-            self.stats["skipped"] += 1
+        wid, kind = event["id"], event["event"]
+        if kind == "updated" and not self.updates:
+            self._count("skipped")
             return
-        started = self.ledger.started(event["id"])
+        if kind in ACTIONS and wid in self.ledger.cleared:
+            self._count("skipped")  # stored by the sink; nothing to tell a receiver
+            return
+        started, muted = self.ledger.started(wid), self.ledger.muted(wid, time.time())
         if not self.ledger.admit(event, at, partition):
-            self.stats["duplicates"] += 1
+            self._count("duplicates")
             return
         if started is None:
-            started = at  # opened now, or a clearing whose opening predates retention
+            started = at  # opened now, or a resolve whose opening predates retention
+        jobs = []
         for target in self.targets:
-            payload = self._payload(target, event, started, at)
-            if payload is not None:
-                self._send(target, payload)
+            try:
+                jobs += self._jobs(target, event, started, at, muted)
+            except ValueError as exc:  # a payload that is not JSON: a bug, not the receiver's
+                log.error("foreshock notify: %s: %s", target.where, exc)
+                self._count("failed")
+        self._dispatch(jobs, partition, offset)
 
-    def _payload(self, target: Target, event: dict[str, Any], started: float,
-                 at: float) -> Any:  # fmt: skip
-        if target.kind == "webhook":
-            return webhook_payload(event, self.dashboard_url)
-        if target.kind == "slack":
-            return slack_payload(event, self.dashboard_url)
-        kind = event["event"]
-        if kind == "updated" and event["id"] not in self.ledger.open:
-            return None  # resolved in Alertmanager already; a re-post would fire it again
+    def _jobs(
+        self, target: Target, event: dict[str, Any], started: float, at: float, muted: bool
+    ) -> list[tuple[Target, Job]]:
+        """What ``target`` gets for ``event`` (none, one request, or more for Alertmanager)."""
+        kind, wid = event["event"], event["id"]
+        what = f"{kind} event of warning {wid}"
+        if target.kind in ("webhook", "slack"):
+            if kind == "updated" and muted:
+                return []
+            build = webhook_payload if target.kind == "webhook" else slack_payload
+            return [
+                (target, Job(target.endpoint, encode(build(event, self.dashboard_url)), what=what))
+            ]
+        if kind == "updated" and wid not in self.ledger.open:
+            return []  # resolved in Alertmanager already; a re-post would fire it again
+        if kind in ACTIONS:
+            until = (event.get("evidence") or {}).get("until")
+            return [self._silence_job(target, event, until or at + self.ack_horizon, at)]
         ends = at if kind == "cleared" else None
-        return [alertmanager_alert(event, self.dashboard_url, started, ends)]
+        alert = [alertmanager_alert(event, self.dashboard_url, started, ends)]
+        jobs = [(target, Job(target.endpoint, encode(alert), what=what))]
+        if kind == "cleared":
+            jobs += self._expire_silences(target, wid)
+        return jobs
 
-    def _send(self, target: Target, payload: Any) -> bool:
-        retries = 0 if target in self._down or self._stop.is_set() else self.retries
-        ok = send(target.endpoint, payload, retries, self.backoff, self.timeout,
-                  where=target.where, sleep=self._stop.wait)  # fmt: skip
-        self.stats["delivered" if ok else "failed"] += 1
-        if ok:
-            self._down.discard(target)
-        else:
-            self._down.add(target)
-        return ok
+    def _silence_job(
+        self, target: Target, event: dict[str, Any], ends: float, now: float
+    ) -> tuple[Target, Job]:
+        """Make (or extend) the Alertmanager silence of ``event``'s acknowledgement/silence."""
+        key = (target, event["id"], event["event"])
+        with self._lock:
+            known, _ = self._silences.get(key, (None, 0.0))
+            self._silences[key] = (known, ends)
+        body = alertmanager_silence(event, self.dashboard_url, ends, now, known)
+
+        def made(delivered: bool, answer: Any) -> None:
+            made_id = answer.get("silenceID") if isinstance(answer, dict) else None
+            if not delivered or not isinstance(made_id, str):
+                return
+            with self._lock:
+                live = key in self._silences  # else the warning resolved meanwhile
+                if live:
+                    self._silences[key] = (made_id, ends)
+            if not live:
+                self.couriers[target].submit(self._expire_job(target, made_id, event["id"]))
+
+        return target, Job(
+            f"{target.api}/silences",
+            encode(body),
+            done=made,
+            what=f"silence of warning {event['id']}",
+        )
+
+    def _expire_silences(self, target: Target, wid: str) -> list[tuple[Target, Job]]:
+        """The resolved warning's silences this notifier made, expired (DELETE)."""
+        jobs = []
+        with self._lock:
+            for key in [k for k in self._silences if k[0] == target and k[1] == wid]:
+                silence_id, _ = self._silences.pop(key)
+                if silence_id is not None:
+                    jobs.append((target, self._expire_job(target, silence_id, wid)))
+        return jobs
+
+    @staticmethod
+    def _expire_job(target: Target, silence_id: str, wid: str) -> Job:
+        return Job(
+            f"{target.api}/silence/{quote(silence_id, safe='')}",
+            None,
+            "DELETE",
+            what=f"silence of warning {wid}",
+        )
+
+    def _dispatch(self, jobs: list[tuple[Target, Job]], partition: int | None, offset: int) -> None:
+        """Queue ``jobs``; the message's offset stays uncommitted until all are settled."""
+        if partition is not None and jobs:
+            with self._lock:
+                self._pending.setdefault(partition, {})[offset] = len(jobs)
+        for target, job in jobs:
+            job.done = self._settler(job.done, partition, offset)
+            self.couriers[target].submit(job)
+
+    def _settler(self, inner: Any, partition: int | None, offset: int) -> Any:
+        def settle(delivered: bool, answer: Any) -> None:
+            if inner is not None:
+                inner(delivered, answer)
+            with self._lock:
+                self._stats["delivered" if delivered else "failed"] += 1
+                waiting = self._pending.get(partition, {})
+                if offset in waiting:
+                    waiting[offset] -= 1
+                    if waiting[offset] <= 0:
+                        del waiting[offset]
+
+        return settle
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._stats[name] += 1
+
+    def commit(self) -> None:
+        """Commit, per partition, up to the first message some courier has not settled."""
+        from confluent_kafka import TopicPartition
+
+        offsets = []
+        with self._lock:
+            for partition, handled in self._handled.items():
+                if partition not in self._assigned:
+                    continue
+                waiting = self._pending.get(partition)
+                position = min(waiting) if waiting else handled
+                if position > self._committed.get(partition, 0):
+                    offsets.append(
+                        TopicPartition(self.settings.warnings_topic, partition, position)
+                    )
+        if not offsets:
+            return
+        try:  # MetricsConsumer.commit() commits the position, past what is still queued
+            self.consumer._consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # the broker is away, or the partition was revoked
+            log.debug("foreshock notify: commit failed: %s", exc)
+            return
+        with self._lock:
+            for tp in offsets:
+                self._committed[tp.partition] = max(self._committed.get(tp.partition, 0), tp.offset)
 
     def refresh_open(self) -> int:
-        """Re-post this member's open warnings to each Alertmanager; returns how many alerts."""
+        """Queue a re-post of this member's open warnings to each Alertmanager (and renew the
+        silences of those acknowledged); returns how many alerts."""
         self._refreshed = time.monotonic()
         if self._resume_at:
-            return 0  # still replaying: the ledger may hold warnings cleared since
-        alerts = [alertmanager_alert(event, self.dashboard_url, started)
-                  for event, started, partition in self.ledger.open.values()
-                  if partition is None or partition in self._assigned]  # fmt: skip
-        if not alerts:
-            return 0
+            return 0  # still replaying: the ledger may hold warnings resolved since
+        now = time.time()
+        mine = {
+            wid: (event, started)
+            for wid, (event, started, partition) in self.ledger.open.items()
+            if partition is None or partition in self._assigned
+        }
+        alerts = [alertmanager_alert(e, self.dashboard_url, s) for e, s in mine.values()]
         for target in self.targets:
-            if target.kind == "alertmanager":
-                send(target.endpoint, alerts, 0, self.backoff, self.timeout, where=target.where)
+            if target.kind != "alertmanager":
+                continue
+            for wid, ack in self.ledger.acked.items():
+                with self._lock:
+                    _, ends = self._silences.get((target, wid, "acknowledged"), (None, 0.0))
+                if wid in mine and ends - now < self.ack_horizon / 2:
+                    _, job = self._silence_job(target, ack, now + self.ack_horizon, now)
+                    self.couriers[target].submit(job)
+            if alerts and target not in self._refreshing:
+                self._refreshing.add(target)
+                self.couriers[target].submit(
+                    Job(
+                        target.endpoint,
+                        encode(alerts),
+                        what=f"re-post of {len(alerts)} alerts",
+                        done=lambda *_, t=target: self._refreshing.discard(t),
+                    )
+                )
+                self._count("refreshed")
         return len(alerts)
 
-    def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
-        """Poll, deliver, commit until ``stop`` is set (or ``idle_exit`` s pass with nothing).
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every courier has settled what it was given (tests, a graceful stop)."""
+        deadline = time.monotonic() + timeout
+        return all(
+            c.wait_idle(max(deadline - time.monotonic(), 0.0)) for c in self.couriers.values()
+        )
 
-        A stop during a batch finishes it with one try per delivery, so the commit covers it.
+    def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
+        """Poll, queue, commit until ``stop`` is set (or ``idle_exit`` s pass with nothing).
+
+        On the way out each courier gets ``drain`` s to try what it holds once; what is left
+        stays uncommitted, for the next notifier.
         """
-        self._stop = stop
-        idle_since = time.monotonic()
+        started = idle_since = time.monotonic()
         try:
             while not stop.is_set():
                 batch = self.consumer.poll_batch(self.batch, timeout=0.5)
                 for message in batch:
                     self.handle(message)
+                self.commit()
                 if batch:
-                    self.consumer.commit()
                     idle_since = time.monotonic()
-                elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                elif idle_exit is not None and self._idle(idle_exit, idle_since, started):
                     break
                 if self.refresh and time.monotonic() - self._refreshed >= self.refresh:
                     self.refresh_open()
         finally:
-            self.consumer.commit()
-            self.consumer.close()
+            self.close()
+
+    def _idle(self, idle_exit: float, idle_since: float, started: float) -> bool:
+        """Idle for ``idle_exit`` s since the last message *and* since partitions were assigned
+        (a group join can take seconds on a loaded machine); never assigned: 60 s more."""
+        now = time.monotonic()
+        if self._assigned_at is None:
+            return now - started > idle_exit + 60
+        return now - max(idle_since, self._assigned_at) > idle_exit
+
+    def close(self) -> None:
+        """Stop the couriers (``drain`` s, one try each), commit what they settled, leave."""
+        for courier in self.couriers.values():
+            courier.stop(self.drain)
+        for courier in self.couriers.values():
+            courier.join(self.drain + courier.timeout + 1.0)
+        self.commit()
+        self.consumer.close()

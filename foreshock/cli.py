@@ -1,19 +1,28 @@
 """The ``foreshock`` command line. Subcommands import their heavy dependencies lazily, so
-``foreshock --help`` and the torch-free services never import torch."""
+``foreshock --help`` and the torch-free services never import torch.
+
+The options every command shares — ``--config`` and ``--log-level`` — are taken anywhere on
+the line (``foreshock --config x.toml detect`` and ``foreshock detect --config x.toml`` alike;
+the later one wins), and every command logs through :func:`foreshock.logs.configure`. A
+setting with a bad value ends the command with one line naming it (exit 2), not a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-from foreshock import __version__
+from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
 from foreshock.detectors.commands import add_detector_commands
+from foreshock.detectors.warnings_commands import add_warnings_commands
 from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
+from foreshock.transport.settings import SettingsError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _needs_torch(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
@@ -156,14 +165,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=_demo)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="foreshock",
-        description="Early warning for LLM training runs from mechanism monitors.",
-    )
-    parser.add_argument("--version", action="version", version=f"foreshock {__version__}")
-    parser.add_argument("--config", help="TOML settings file (default $FORESHOCK_CONFIG)")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_smoke(sub: argparse._SubParsersAction) -> None:
     smoke = sub.add_parser(
         "smoke", help="train a small GPT-MoE briefly with the monitors and print a summary"
     )
@@ -174,18 +176,83 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="runs/smoke.jsonl", help="JSON Lines output (default runs/smoke.jsonl)"
     )
     smoke.set_defaults(func=_smoke)
-    _add_lab(sub)
-    _add_demo(sub)
-    add_transport_commands(sub)
-    add_detector_commands(sub)
-    add_storage_commands(sub)
-    add_dashboard_commands(sub)
+
+
+# Each adds its subcommands to the `foreshock` subparsers; a new group of commands is one line.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_smoke,
+    _add_lab,
+    _add_demo,
+    add_transport_commands,
+    add_detector_commands,
+    add_warnings_commands,
+    add_storage_commands,
+    add_dashboard_commands,
+)
+
+
+def _log_level(text: str) -> str:
+    try:
+        return logs.parse_level(text, None)  # argparse names the option itself
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_common_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--config`` and ``--log-level``: on the top-level parser with real defaults, on every
+    subcommand's with ``argparse.SUPPRESS`` (so a subcommand that was not given one keeps the
+    value given before it, instead of resetting it)."""
+    parser.add_argument(
+        "--config",
+        default=default,
+        metavar="PATH",
+        help="TOML settings file (default $FORESHOCK_CONFIG)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        type=_log_level,
+        metavar="LEVEL",
+        help=f"{', '.join(logs.LEVELS)}, any case (default ${logs.ENV}, else {logs.DEFAULT_LEVEL})",
+    )
+
+
+class _Subcommand(argparse.ArgumentParser):
+    """Every subcommand's parser (nested ones too: ``add_subparsers`` reuses the class): it
+    takes the common options itself, so they may follow the subcommand."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _add_common_options(self, argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="foreshock",
+        description="Early warning for LLM training runs from mechanism monitors.",
+    )
+    parser.add_argument("--version", action="version", version=f"foreshock {__version__}")
+    _add_common_options(parser, None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
+    for add_commands in COMMANDS:
+        add_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        level = logs.configure(args.log_level)
+    except ValueError as exc:  # a bad FORESHOCK_LOG_LEVEL
+        print(f"foreshock {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.log_level:  # the services this one starts (demo, dashboard) log at it too
+        os.environ[logs.ENV] = level
+    try:
+        return args.func(args)
+    except SettingsError as exc:
+        print(f"foreshock {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -293,7 +293,9 @@ def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, 
 
 def stored_event_keys(history: History) -> list[tuple]:
     """Keys of stored warning events and dead letters (what the sink must not store again)."""
-    warnings = history.sql("SELECT id, event, divergence_step, cleared_step FROM warnings")
+    from .acks import STORED_EVENT_KEYS
+
+    warnings = history.sql(STORED_EVENT_KEYS)
     letters = history.sql("SELECT source, partition, \"offset\" FROM dead_letters "
                           "WHERE partition IS NOT NULL")  # fmt: skip
     return ([("w", *row.values()) for row in warnings.to_pylist()]

@@ -11,7 +11,8 @@ views every query uses:
   ``end`` (``running`` while there is none; ``divergence_known`` when the producer watched
   the loss itself — then its verdict, even "no divergence", beats the detectors' online
   estimate), progress (last step, last data, records) from ``steps``;
-* ``warnings_latest`` — each warning id's newest state (opened → updated → cleared).
+* ``warnings_latest`` — each warning id's newest detector event (opened → updated →
+  cleared); people's acknowledgements and silences are folded in by :mod:`.acks`.
 
 A local table is read with DuckDB's own ``read_parquet`` over the version's file list (faster
 than through Arrow: ``benchmarks.storage``); a remote one through delta-rs's Arrow dataset,
@@ -64,7 +65,7 @@ SELECT * EXCLUDE (rk) FROM (
     SELECT *, row_number() OVER (PARTITION BY id ORDER BY
         CASE event WHEN 'cleared' THEN 2 WHEN 'updated' THEN 1 ELSE 0 END DESC,
         received_at DESC) AS rk
-    FROM warnings) WHERE rk = 1
+    FROM warnings WHERE event IN ('opened', 'updated', 'cleared')) WHERE rk = 1
 """
 
 

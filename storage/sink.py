@@ -46,6 +46,7 @@ from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import WireError
 
 from . import queries
+from .acks import event_key
 from .attempts import AttemptTracker
 from .location import RETAIN_HOURS, StoreLocation
 from .reader import open_history
@@ -140,6 +141,7 @@ class StorageSink:
         self._seen_events: set[tuple] = set()
         self._values_stored: set[tuple[str, int, int, int]] = set()
         self.attempts = AttemptTracker()
+        self._assigned_at: float | None = None
         self.builder = BatchBuilder()
         self.first_message_at: float | None = None  # perf_counter of the first message polled
         self.stats = {"messages": 0, "values": 0, "batches": 0, "dead_letters": 0,
@@ -166,6 +168,7 @@ class StorageSink:
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         """Read the store back before anything of the new partitions is polled; while the
         store cannot be read, wait (with backoff) rather than admit with a stale state."""
+        self._assigned_at = time.monotonic()
         delay = 0.5
         while True:
             try:
@@ -200,8 +203,7 @@ class StorageSink:
             return
         try:
             if topic == self.settings.warnings_topic:
-                key = ("w", message.get("id"), message.get("event"),
-                       message.get("divergence_step"), message.get("cleared_step"))  # fmt: skip
+                key = ("w", *event_key(message))
                 if key in self._seen_events:
                     self.stats["duplicates"] += 1
                     return
@@ -329,18 +331,27 @@ class StorageSink:
 
         thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
         thread.start()
-        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
+        started, idle_since, trimmer = time.monotonic(), time.monotonic(), MemoryTrimmer()
         try:
             while not stop.is_set():
                 trimmer.maybe_trim()
                 if self.step():
                     idle_since = time.monotonic()
-                elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                elif idle_exit is not None and self._idle(idle_exit, idle_since, started):
                     break
         finally:
             stop_maintenance.set()
             thread.join()
             self.close()
+
+    def _idle(self, idle_exit: float, idle_since: float, started: float) -> bool:
+        """Idle for ``idle_exit`` s since the last message *and* since partitions were
+        assigned: a group join can take seconds on a loaded machine, and a sink that exits
+        before its first assignment stores nothing. Never assigned: give up after 60 s more."""
+        now = time.monotonic()
+        if self._assigned_at is None:
+            return now - started > idle_exit + 60
+        return now - max(idle_since, self._assigned_at) > idle_exit
 
     def close(self) -> None:
         self._flush()

@@ -1,9 +1,17 @@
 """The console script and the torch-free service side."""
 
+import argparse
 import json
+import logging
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from foreshock.cli import build_parser
 
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
 
@@ -62,3 +70,168 @@ def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == [0, 5, 10, 15, 20]
     assert "attn.d2.entropy_mean@h.1.attn" not in records[0]["values"]  # no snapshot yet
     assert 0.0 <= records[-1]["values"]["attn.d2.entropy_mean@h.1.attn"] <= 1.0
+
+
+# ---------------------------------------------------------------- service conventions
+
+
+def foreshock(*args: str, env: dict[str, str] | None = None, prelude: str = ""):
+    """``foreshock ARGS`` in a fresh interpreter (logging and os.environ stay untouched here);
+    ``prelude`` runs first (to stand in a quick fake for a command)."""
+    code = prelude + "import sys\nfrom foreshock.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORESHOCK_")}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**full_env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "x.toml", "--log-level", "debug", "detect"],
+        ["detect", "--config", "x.toml", "--log-level", "DEBUG"],
+        ["--config", "other.toml", "detect", "--config", "x.toml", "--log-level", "Debug"],
+        ["--log-level", "info", "detect", "--log-level", "debug", "--config", "x.toml"],
+        ["lab", "--config", "x.toml", "run", "--out", "r.jsonl", "--log-level", "debug"],
+        ["store", "info", "--config", "x.toml", "--log-level", "debug"],
+    ],
+)
+def test_common_options_anywhere_on_the_line_the_last_one_wins(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.config, args.log_level) == ("x.toml", "DEBUG")
+
+
+def test_common_options_default_to_none_everywhere() -> None:
+    for argv in (["detect"], ["store", "info"], ["spool", "flush"]):
+        args = build_parser().parse_args(argv)
+        assert (args.config, args.log_level) == (None, None), argv
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _leaf_parsers(child, (*path, name))
+
+
+def test_every_subcommand_takes_the_common_options() -> None:
+    leaves = list(_leaf_parsers(build_parser()))
+    assert len(leaves) > 15
+    for path, parser in leaves:
+        options = {s for a in parser._actions for s in a.option_strings}
+        assert {"--config", "--log-level"} <= options, path
+
+
+def test_config_after_the_subcommand_shows_in_its_help() -> None:
+    done = foreshock("detect", "--config", "x.toml", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--config PATH" in done.stdout and "--log-level LEVEL" in done.stdout
+
+
+def test_a_real_command_reads_the_config_given_after_it(tmp_path: Path) -> None:
+    """`store info` takes the store from the file's [store] section, wherever --config is."""
+    store = tmp_path / "store-from-the-file"
+    config = tmp_path / "foreshock.toml"
+    config.write_text(f'[store]\nuri = "{store}"\n')
+    for argv in (
+        ["store", "info", "--config", str(config)],
+        ["--config", str(config), "store", "info"],
+    ):
+        done = foreshock(*argv)
+        assert done.returncode == 0, done.stderr
+        assert str(store) in done.stdout, argv
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"FORESHOCK_KAFKA_PARTITIONS": "abc"}, "FORESHOCK_KAFKA_PARTITIONS='abc'"),
+        ({"FORESHOCK_KAFKA_REPLICATION_FACTOR": "0"}, "FORESHOCK_KAFKA_REPLICATION_FACTOR='0'"),
+        ({"FORESHOCK_KAFKA_RETENTION_MS": "7d"}, "FORESHOCK_KAFKA_RETENTION_MS='7d'"),
+        ({"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": ""}, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS is empty"),
+        ({"FORESHOCK_LOG_LEVEL": "loud"}, "FORESHOCK_LOG_LEVEL='loud'"),
+    ],
+)
+def test_a_bad_setting_names_the_variable(env: dict[str, str], named: str) -> None:
+    done = foreshock("topics", env=env)
+    assert done.returncode == 2
+    assert named in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_setting_in_the_file_names_the_key_and_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "foreshock.toml"
+    config.write_text('[kafka]\npartitions = "many"\n')
+    done = foreshock("topics", "--config", str(config))
+    assert done.returncode == 2
+    assert f"partitions in [kafka] of {config}='many'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_log_level_option_is_a_usage_error() -> None:
+    done = foreshock("topics", "--log-level", "loud")
+    assert done.returncode == 2
+    assert "--log-level: 'loud': not a log level" in done.stderr
+
+
+# `foreshock topics` replaced by a command that logs at INFO and DEBUG and reports the level
+# its child processes would inherit.
+FAKE_TOPICS = """
+import logging, os
+from foreshock.transport import commands
+def fake(args):
+    log = logging.getLogger("foreshock.test")
+    log.info("retrying in 0.5 s")
+    log.debug("detail")
+    print("child level:", os.environ.get("FORESHOCK_LOG_LEVEL"))
+    return 0
+commands._topics = fake
+"""
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|DEBUG) foreshock\.test: (.*)$")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "shown", "child"),
+    [
+        (["topics"], {}, ["retrying in 0.5 s"], "None"),
+        (["topics", "--log-level", "debug"], {}, ["retrying in 0.5 s", "detail"], "DEBUG"),
+        (["--log-level", "debug", "topics"], {}, ["retrying in 0.5 s", "detail"], "DEBUG"),
+        (["topics"], {"FORESHOCK_LOG_LEVEL": "debug"}, ["retrying in 0.5 s", "detail"], "debug"),
+        (["topics"], {"FORESHOCK_LOG_LEVEL": "WARNING"}, [], "WARNING"),
+        (
+            ["topics", "--log-level", "info"],
+            {"FORESHOCK_LOG_LEVEL": "WARNING"},
+            ["retrying in 0.5 s"],
+            "INFO",
+        ),
+    ],
+)
+def test_every_command_logs_time_level_and_logger(argv, env, shown, child) -> None:
+    done = foreshock(*argv, env=env, prelude=FAKE_TOPICS)
+    assert done.returncode == 0, done.stderr
+    lines = [LINE.match(line) for line in done.stderr.splitlines()]
+    assert all(lines), done.stderr  # every line: UTC time, level, logger
+    assert [m[2] for m in lines] == shown
+    assert f"child level: {child}" in done.stdout
+
+
+def test_the_dashboard_runs_streamlit_in_viewer_mode_at_the_log_level() -> None:
+    from foreshock.dashboard.commands import streamlit_command
+
+    root = logging.getLogger()
+    before = root.level
+    try:
+        root.setLevel(logging.WARNING)
+        command = streamlit_command("127.0.0.1", 8501)
+    finally:
+        root.setLevel(before)
+    flags = dict(zip(command[5::2], command[6::2], strict=True))
+    assert flags["--client.toolbarMode"] == "viewer"  # no "Deploy", no developer menu
+    assert flags["--global.developmentMode"] == "false"
+    assert flags["--logger.level"] == "warning"

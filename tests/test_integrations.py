@@ -109,7 +109,11 @@ def tiny_mixtral() -> Any:
 
 
 def hf_train(
-    tmp_path: Path, callback: Any = None, make_model: Any = tiny_gpt2, steps: int = STEPS
+    tmp_path: Path,
+    callback: Any = None,
+    make_model: Any = tiny_gpt2,
+    steps: int = STEPS,
+    report_to: str | list[str] = "none",
 ) -> tuple[list[float], dict[str, Any]]:
     """Train a tiny random model with the Trainer; per-update losses and the final weights."""
     transformers = pytest.importorskip("transformers")
@@ -123,7 +127,7 @@ def hf_train(
         learning_rate=1e-3,
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=report_to,
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
@@ -225,8 +229,166 @@ def test_huggingface_callback_survives_a_failing_sink(tmp_path: Path) -> None:
     assert sink.calls > len(MONITORED)  # it kept trying: start, metrics (+ error records), end
 
 
+# ---- trackers: TensorBoard and MLflow, written through the trainers' own loggers ----------
+def plumbing_config() -> Any:
+    """A plumbing detector config, not a detection claim: the tiniest threshold on a series
+    that moves every record (the Δ2 entropy, either way) after a two-record warm-up, so a
+    warning opens on cue at the third Δ2 record (step 15: Δ2 starts at 5; 5 and 10 warm up)."""
+    from foreshock.detectors.config import DetectorConfig, SeriesRule
+
+    metric = "attn.d2.entropy_mean"
+    rule = SeriesRule(metric, "attention-numerics", "both", "level")
+    return DetectorConfig(
+        rules=(rule,), warmup_start=0, warmup_records=2, confirm=1, thresholds={metric: 1e-9}
+    )
+
+
+WARNED = 15  # the record step plumbing_config's warning opens at
+
+
+def tensorboard_events(folder: Path) -> tuple[dict[str, list], dict[str, list]]:
+    """Every event file under ``folder``: {tag: [(step, value)]} of scalars and of texts."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(folder.rglob("events.out.tfevents.*"))
+    assert files, f"no TensorBoard event file under {folder}"
+    scalars: dict[str, list] = {}
+    texts: dict[str, list] = {}
+    for path in files:
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
+        for tag in events.Tags()["tensors"]:  # add_text writes <tag>/text_summary
+            texts.setdefault(tag.removesuffix("/text_summary"), []).extend(
+                (e.step, b"".join(e.tensor_proto.string_val).decode()) for e in events.Tensors(tag)
+            )
+    return scalars, texts
+
+
+def mlflow_run(uri: str) -> tuple[Any, Any]:
+    """The one run of the file store at ``uri`` and a client on it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiments = client.search_experiments()
+    [run] = client.search_runs([e.experiment_id for e in experiments])
+    return client, run
+
+
+def check_trackers(
+    scalars: dict[str, list],
+    texts: dict[str, list],
+    client: Any,
+    run: Any,
+    records: list[dict],
+    layer: str,
+    offset: int,
+    loss: str,
+) -> None:
+    """The series and the warning in TensorBoard and MLflow, next to the trainer's loss, at
+    the trainer's step of each update (``offset``: where it plots update 0)."""
+    key = f"attn.d2.entropy_mean@{layer}"
+    d2 = {r["step"] + offset: r["values"][key] for r in records if key in r["values"]}
+    steps = [s + offset for s in MONITORED]
+    assert sorted(d2) == steps[1:]
+    run_id = run.info.run_id
+
+    # TensorBoard
+    assert any(tag.endswith("loss") for tag in scalars), sorted(scalars)
+    prefix = "train/" if "train/loss" in scalars else ""  # HF's TensorBoard prefixes train/
+    tb = dict(scalars[f"{prefix}foreshock/attn.d2.entropy_mean/min"])
+    assert sorted(tb) == sorted(d2)
+    assert all(tb[s] == pytest.approx(d2[s], rel=1e-6) for s in d2)  # float32 in the file
+    assert scalars[f"{prefix}foreshock/warning/attention-numerics"] == [(WARNED + offset, 1.0)]
+    open_ = dict(scalars[f"{prefix}foreshock/warnings_open/attention-numerics"])
+    assert sorted(open_) == steps and open_[steps[0]] == 0 and open_[WARNED + offset] == 1
+    [(step, text)] = texts[f"{prefix}foreshock/warning"]
+    assert step == WARNED + offset
+    assert f"attention-numerics warning at {layer} (step {WARNED}" in text
+
+    # MLflow
+    assert client.get_metric_history(run_id, loss)
+    history = client.get_metric_history(run_id, "foreshock/attn.d2.entropy_mean/min")
+    assert {m.step: m.value for m in history} == pytest.approx(d2)
+    history = client.get_metric_history(run_id, "foreshock/warning/attention-numerics")
+    assert [(m.step, m.value) for m in history] == [(WARNED + offset, 1.0)]
+    tag = run.data.tags[f"foreshock.warning.{WARNED}.attention-numerics.{layer}"]
+    assert f"attention-numerics warning at {layer} (step {WARNED}" in tag
+
+
+def test_huggingface_callback_writes_tensorboard_and_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """report_to=["tensorboard", "mlflow"]: the mechanism series and a warning (plumbing
+    config) reach both local stores through the Trainer's own callbacks."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.producers.sinks import ListSink
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: opt in to the file store
+    sink = ListSink()
+    callback = ForeshockCallback(sink, run_id="hf", every=EVERY, warnings=plumbing_config())
+    hf_train(tmp_path, callback, report_to=["tensorboard", "mlflow"])
+
+    records = [r for r in sink.records if r.get("schema") == "foreshock.metrics/1"]
+    scalars, texts = tensorboard_events(tmp_path / "hf-out")
+    client, run = mlflow_run(uri)
+    # the Trainer plots update s at step s + 1, its loss as "loss" (TensorBoard: train/loss)
+    check_trackers(scalars, texts, client, run, records, "transformer.h.0.attn", 1, "loss")
+    assert "train/loss" in scalars
+    logits = [(r["step"] + 1, r["values"]["max_logit@transformer.h.0.attn"]) for r in records]
+    assert dict(scalars["train/foreshock/max_logit/max"]) == pytest.approx(dict(logits), rel=1e-6)
+
+
+def test_huggingface_trackers_skip_a_failing_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Only report_to callbacks get foreshock's scalars; one that raises is skipped (logged
+    once) and the others still get theirs."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
+    from types import SimpleNamespace
+
+    from transformers.integrations import TensorBoardCallback
+
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.producers.integrations.trackers import TrackerUpdate
+
+    class Down(TensorBoardCallback):
+        def on_log(self, *args: Any, **kwargs: Any) -> None:
+            raise OSError("tracker down")
+
+    class Recording(TensorBoardCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logs: list[dict] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            self.logs.append(dict(logs))
+
+    class UserCallback(transformers.TrainerCallback):  # not a tracker: gets nothing
+        def on_log(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("foreshock's scalars went to a user callback")
+
+    recording = Recording()
+    callback = ForeshockCallback("unused.jsonl")
+    handler = SimpleNamespace(callbacks=[Down(), UserCallback(), recording])
+    callback.attach(SimpleNamespace(callback_handler=handler))
+    for step in (5, 10):
+        callback._pending = TrackerUpdate(step, {"foreshock/max_logit/max": 3.0})
+        callback._report(None, transformers.TrainerState(), None, {})
+    assert recording.logs == [{"foreshock/max_logit/max": 3.0}] * 2
+    failures = [r for r in caplog.records if "Down could not log" in r.message]
+    assert len(failures) == 1
+
+
 # ---- Lightning ---------------------------------------------------------------------------
-def lightning_train(callback: Any = None, accumulate: int = 1) -> tuple[list[float], dict]:
+def lightning_train(
+    callback: Any = None, accumulate: int = 1, logger: Any = False
+) -> tuple[list[float], dict]:
     """Fit the lab's tiny GPT-MoE (attention + routers); per-batch losses, final weights."""
     L = pytest.importorskip("lightning.pytorch")
     from foreshock.lab.model import GPT, GPTConfig
@@ -241,6 +403,7 @@ def lightning_train(callback: Any = None, accumulate: int = 1) -> tuple[list[flo
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
             _, loss = self.model(batch[:, :-1], batch[:, 1:])
             self.losses.append(loss.item())
+            self.log("train_loss", loss)
             return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -255,7 +418,8 @@ def lightning_train(callback: Any = None, accumulate: int = 1) -> tuple[list[flo
         accelerator="cpu",
         devices=1,
         accumulate_grad_batches=accumulate,
-        logger=False,
+        logger=logger,
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -326,6 +490,40 @@ def test_lightning_callback_is_either_packages_callback() -> None:
     except ImportError:
         return
     assert isinstance(callback, pytorch_lightning.Callback)
+
+
+def test_lightning_callback_writes_tensorboard_and_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoardLogger and MLFlowLogger: the mechanism series and a warning (plumbing
+    config) reach both local stores through trainer.loggers, at Lightning's own steps."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+
+    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.producers.sinks import ListSink
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: opt in to the file store
+    loggers = [TensorBoardLogger(str(tmp_path / "tb")), MLFlowLogger("tests", tracking_uri=uri)]
+    sink = ListSink()
+    callback = ForeshockLightningCallback(sink, every=EVERY, warnings=plumbing_config())
+    lightning_train(callback, logger=loggers)
+
+    records = [r for r in sink.records if r.get("schema") == "foreshock.metrics/1"]
+    scalars, texts = tensorboard_events(tmp_path / "tb")
+    client, run = mlflow_run(uri)
+    # Lightning plots update s at step s, next to what training_step logs ("train_loss")
+    check_trackers(scalars, texts, client, run, records, "model.h.0.attn", 0, "train_loss")
+    assert "train_loss" in scalars
+    gate = "router.token_entropy_norm@model.h.0.mlp.gate"
+    router = [(r["step"], r["values"][gate]) for r in records]
+    tb = dict(scalars["foreshock/router.token_entropy_norm/min"])
+    assert tb == pytest.approx(dict(router), rel=1e-6)
+    history = client.get_metric_history(run.info.run_id, "foreshock/router.token_entropy_norm/min")
+    assert {m.step: m.value for m in history} == pytest.approx(dict(router))
 
 
 # ---- without the frameworks --------------------------------------------------------------

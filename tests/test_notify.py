@@ -1,6 +1,7 @@
 """Warning delivery against a local HTTP receiver and the real broker: each opened and each
-cleared warning reaches every target once (generic JSON, Slack, Alertmanager), through
-duplicates, a restart in the same group, a receiver answering 503 and one refusing with 400."""
+resolved warning reaches every target once (generic JSON, Slack, Alertmanager), through
+duplicates, a restart in the same group, a receiver answering 503 and one refusing with 400;
+each receiver's courier retries on its own, with backoff, and never blocks."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from _kafka import service_env
 from confluent_kafka import Producer
 
 from foreshock.cli import main
-from foreshock.detectors import delivery, notifier
-from foreshock.detectors.delivery import Target, send
+from foreshock.detectors import delivery, notifier, signing, targets
+from foreshock.detectors.courier import Courier, Job
+from foreshock.detectors.delivery import Target
 from foreshock.detectors.engine import Alert, alert_id
 from foreshock.detectors.notifier import Notifier
 from foreshock.transport.topics import ensure_topics
@@ -32,30 +34,70 @@ LINK = "http://dash.example:8501/run?run=lr%20high%2Fs1"
 
 
 class Receiver:
-    """Records every POST (path, status, JSON body); answers scripted statuses per path."""
+    """Records every request (path, status, JSON body; ``details``: method, headers, raw body,
+    time); answers scripted statuses per path. Alertmanager's silences API answers a silence
+    id. A path in ``hanging`` answers nothing for ``hang`` s (a receiver that is down but
+    accepts connections: the worst case for a sender without its own thread)."""
 
-    def __init__(self, script: dict[str, list[int]] | None = None,
-                 always: dict[str, int] | None = None,
-                 headers: dict[str, dict[str, str]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        script: dict[str, list[int]] | None = None,
+        always: dict[str, int] | None = None,
+        headers: dict[str, dict[str, str]] | None = None,
+        hanging: set[str] | None = None,
+        hang: float = 1.5,
+    ) -> None:
         self.script = {k: list(v) for k, v in (script or {}).items()}
         self.always, self.headers = always or {}, headers or {}
+        self.hanging, self.hang = set(hanging or ()), hang
         self.requests: list[tuple[str, int, object]] = []
+        self.details: list[dict] = []
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            def _answer(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(raw) if raw else None
+                hangs = self.path in receiver.hanging
                 with receiver.lock:
                     queue = receiver.script.get(self.path)
-                    status = queue.pop(0) if queue else receiver.always.get(self.path, 200)
+                    if hangs:
+                        status = 503  # recorded as it comes; answered when the sender is gone
+                    else:
+                        status = queue.pop(0) if queue else receiver.always.get(self.path, 200)
                     receiver.requests.append((self.path, status, body))
-                self.send_response(status)
-                for name, value in receiver.headers.get(self.path, {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                    receiver.details.append(
+                        {
+                            "path": self.path,
+                            "status": status,
+                            "method": self.command,
+                            "raw": raw,
+                            "headers": dict(self.headers),
+                            "time": time.monotonic(),
+                        }
+                    )
+                    answer = b"ok"
+                    if self.path.endswith("/api/v2/silences") and status == 200:
+                        number = sum(p.endswith("/silences") for p, _, _ in receiver.requests)
+                        answer = json.dumps({"silenceID": f"s-{number}"}).encode()
+                if hangs:
+                    time.sleep(receiver.hang)
+                try:
+                    self.send_response(status)
+                    for name, value in receiver.headers.get(self.path, {}).items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                except OSError:
+                    pass  # a hung request's sender is gone
+
+            def do_POST(self) -> None:
+                self._answer()
+
+            def do_DELETE(self) -> None:
+                self._answer()
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -97,17 +139,29 @@ def _closed_port() -> int:
 
 def _event(run_id: str, module: str, step: int, event: str = "opened", **extra) -> dict:
     return Alert(
-        id=alert_id(run_id, "router", module, step, "v-test"), run_id=run_id, family="router",
-        module=module, series=f"router.token_entropy_norm@{module}", direction="down",
-        step=step, role="cause", statistic=12.5, threshold=8.0, false_alarm_rate=0.1429,
-        config_version="v-test", evidence={"recent": []}, event=event, **extra,
-    ).to_message()  # fmt: skip
+        id=alert_id(run_id, "router", module, step, "v-test"),
+        run_id=run_id,
+        family="router",
+        module=module,
+        series=f"router.token_entropy_norm@{module}",
+        direction="down",
+        step=step,
+        role="cause",
+        statistic=12.5,
+        threshold=8.0,
+        false_alarm_rate=0.1429,
+        config_version="v-test",
+        evidence={"recent": []},
+        event=event,
+        **extra,
+    ).to_message()
 
 
 A = _event(RUN, "blocks.1.moe", 450)
 A_UPDATED = _event(RUN, "blocks.1.moe", 450, "updated", divergence_step=900, lead_time=450)
-A_CLEARED = _event(RUN, "blocks.1.moe", 450, "cleared", divergence_step=900, lead_time=450,
-                   cleared_step=950)  # fmt: skip
+A_CLEARED = _event(
+    RUN, "blocks.1.moe", 450, "cleared", divergence_step=900, lead_time=450, cleared_step=950
+)
 B = _event("r2", "blocks.0.moe", 300)
 B_CLEARED = _event("r2", "blocks.0.moe", 300, "cleared", cleared_step=500)
 C = _event("r2", "blocks.3.moe", 700)
@@ -118,22 +172,35 @@ def _produce(settings, events: list[dict], garbage: bool = False) -> None:
     if garbage:
         producer.produce(settings.warnings_topic, value=b"not json at all")
     for event in events:
-        producer.produce(settings.warnings_topic, key=event["run_id"].encode(),
-                         value=json.dumps(event).encode())  # fmt: skip
+        producer.produce(
+            settings.warnings_topic, key=event["run_id"].encode(), value=json.dumps(event).encode()
+        )
     assert producer.flush(10) == 0
 
 
 def _targets(receiver: Receiver, down_port: int) -> list[Target]:
-    return [Target("webhook", receiver.url("/hook")), Target("slack", receiver.url("/slack")),
-            Target("alertmanager", receiver.url("/am")),
-            Target("webhook", receiver.url("/flaky")), Target("webhook", receiver.url("/bad")),
-            Target("webhook", f"http://127.0.0.1:{down_port}/hook")]  # fmt: skip
+    return [
+        Target("webhook", receiver.url("/hook")),
+        Target("slack", receiver.url("/slack")),
+        Target("alertmanager", receiver.url("/am")),
+        Target("webhook", receiver.url("/flaky")),
+        Target("webhook", receiver.url("/bad")),
+        Target("webhook", f"http://127.0.0.1:{down_port}/hook"),
+    ]
 
 
-def _run_notifier(settings, receiver: Receiver, down_port: int) -> Notifier:
-    notify = Notifier(settings, _targets(receiver, down_port), DASH, group_id="notify-a",
-                      retries=3, backoff=0.05, timeout=2.0)  # fmt: skip
-    notify.run(threading.Event(), idle_exit=5)
+def _run_notifier(settings, receiver: Receiver, down_port: int, refresh: float = 60.0) -> Notifier:
+    notify = Notifier(
+        settings,
+        _targets(receiver, down_port),
+        DASH,
+        group_id="notify-a",
+        retries=3,
+        backoff=0.05,
+        timeout=2.0,
+        refresh=refresh,
+    )
+    notify.run(threading.Event(), idle_exit=4)
     return notify
 
 
@@ -150,8 +217,15 @@ def test_each_warning_reaches_every_target_once_through_duplicates_and_a_restart
     _produce(kafka_settings, [A, B, A, A_UPDATED, A_CLEARED, A_CLEARED], garbage=True)
     first = _run_notifier(kafka_settings, receiver, down)
     sent = sorted([(A["id"], "opened"), (A["id"], "cleared"), (B["id"], "opened")])
-    assert first.stats == {"delivered": 3 * 4, "failed": 3 * 2, "duplicates": 2, "skipped": 1,
-                           "replayed": 0, "invalid": 1}  # fmt: skip
+    assert first.stats == {
+        "delivered": 3 * 4,
+        "failed": 3 * 2,
+        "duplicates": 2,
+        "skipped": 1,
+        "replayed": 0,
+        "invalid": 1,
+        "refreshed": 0,
+    }
 
     hooks = receiver.bodies("/hook")
     assert _ids(hooks) == sent
@@ -195,42 +269,74 @@ def test_each_warning_reaches_every_target_once_through_duplicates_and_a_restart
     # Same group, restarted: the history rebuilds the ledger, only what is new goes out
     before = len(receiver.requests)
     _produce(kafka_settings, [B, A, B_CLEARED, C])
-    second = _run_notifier(kafka_settings, receiver, down)
-    assert second.stats == {"delivered": 2 * 4, "failed": 2 * 2, "duplicates": 2, "skipped": 0,
-                            "replayed": 6, "invalid": 1}  # fmt: skip
+    second = _run_notifier(kafka_settings, receiver, down, refresh=0.5)
+    stats = second.stats
+    refreshed = stats.pop("refreshed")
+    assert stats == {
+        "delivered": 2 * 4,
+        "failed": 2 * 2,
+        "duplicates": 2,
+        "skipped": 0,
+        "replayed": 6,
+        "invalid": 1,
+    }
     new = receiver.requests[before:]
     assert sorted((b["id"], b["event"]) for p, _, b in new if p == "/hook") == sorted(
-        [(B["id"], "cleared"), (C["id"], "opened")])  # fmt: skip
-    b_alerts = [b[0] for b in receiver.bodies("/am/api/v2/alerts")
-                if b[0]["labels"].get("module") == "blocks.0.moe"]  # fmt: skip
+        [(B["id"], "cleared"), (C["id"], "opened")]
+    )
+    b_alerts = [
+        b[0]
+        for b in receiver.bodies("/am/api/v2/alerts")
+        if b[0]["labels"].get("module") == "blocks.0.moe"
+    ]
     assert [("endsAt" in a) for a in b_alerts] == [False, True]
     assert b_alerts[0]["startsAt"] == b_alerts[1]["startsAt"]  # the start, from the replay
 
-    # Alertmanager forgets an alert not re-posted: the one still open (C) is re-posted
-    assert second.refresh_open() == 1
-    (refreshed,) = receiver.bodies("/am/api/v2/alerts")[-1]
-    assert refreshed["labels"]["module"] == "blocks.3.moe" and "endsAt" not in refreshed
+    # Alertmanager forgets an alert not re-posted: the one still open (C) is re-posted, every
+    # refresh, and the resolved ones (A, B) never again
+    b_resolved = next(
+        i
+        for i, (p, s, b) in enumerate(receiver.requests)
+        if p == "/am/api/v2/alerts"
+        and "endsAt" in b[0]
+        and b[0]["labels"].get("module") == "blocks.0.moe"
+    )
+    later = [b for p, s, b in receiver.requests[b_resolved + 1 :] if p == "/am/api/v2/alerts"]
+    reposts = [b for b in later if b[0]["labels"]["module"] == "blocks.3.moe"]
+    assert refreshed >= 2 and len(reposts) >= 2  # C's opening, then its re-posts
+    assert all(len(b) == 1 and "endsAt" not in b[0] for b in reposts)
+    assert all(b[0]["labels"]["module"] == "blocks.3.moe" for b in later)
 
 
 def test_updates_are_sent_once_per_divergence_and_spare_resolved_alerts(kafka_settings):
     receiver = Receiver()
     try:
-        targets = [Target("webhook", receiver.url("/hook")),
-                   Target("alertmanager", receiver.url("/am/"))]  # fmt: skip
-        notify = Notifier(kafka_settings, targets, DASH, group_id="notify-updates",
-                          updates=True, retries=0)  # fmt: skip
+        targets = [
+            Target("webhook", receiver.url("/hook")),
+            Target("alertmanager", receiver.url("/am/")),
+        ]
+        notify = Notifier(
+            kafka_settings, targets, DASH, group_id="notify-updates", updates=True, retries=0
+        )
         exact = {**A_UPDATED, "divergence_step": 880, "lead_time": 430}
         for i, event in enumerate([A, A_UPDATED, A_UPDATED, A_CLEARED, exact]):
             notify.handle({**event, "_partition": 0, "_offset": i, "_time": 1000.0 + i})
-        notify.consumer.close()
+        assert notify.wait_idle(10)
+        notify.close()
         hooks = receiver.bodies("/hook")
         assert [(b["event"], b["lead_time"]) for b in hooks] == [
-            ("opened", None), ("updated", 450), ("cleared", 450), ("updated", 430)]  # fmt: skip
+            ("opened", None),
+            ("updated", 450),
+            ("cleared", 450),
+            ("updated", 430),
+        ]
         assert "lead time 450 steps" in hooks[1]["summary"]
         am = [b[0] for b in receiver.bodies("/am/api/v2/alerts")]
         assert [("endsAt" in a, a["startsAt"]) for a in am] == [
-            (False, "1970-01-01T00:16:40.000Z"), (False, "1970-01-01T00:16:40.000Z"),
-            (True, "1970-01-01T00:16:40.000Z")]  # fmt: skip
+            (False, "1970-01-01T00:16:40.000Z"),
+            (False, "1970-01-01T00:16:40.000Z"),
+            (True, "1970-01-01T00:16:40.000Z"),
+        ]
         assert "diverged 450 steps after" in am[1]["annotations"]["description"]
         assert am[2]["endsAt"] == "1970-01-01T00:16:43.000Z"
         assert notify.stats["duplicates"] == 1 and notify.stats["delivered"] == 7
@@ -238,34 +344,66 @@ def test_updates_are_sent_once_per_divergence_and_spare_resolved_alerts(kafka_se
         receiver.close()
 
 
-def test_send_retries_what_may_pass_and_not_what_cannot() -> None:
-    receiver = Receiver(script={"/flaky": [503, 503], "/busy": [429]},
-                        always={"/bad": 400, "/down": 500},
-                        headers={"/busy": {"Retry-After": "1"}})  # fmt: skip
+def _courier(url: str, **kw) -> tuple[Courier, list[tuple[bool, object]]]:
+    settled: list[tuple[bool, object]] = []
+    courier = Courier(Target("webhook", url), **{"timeout": 2.0, "backoff": 0.1, **kw})
+    courier.submit(Job(url, b'{"x": 1}', done=lambda ok, answer: settled.append((ok, answer))))
+    assert courier.wait_idle(15)
+    courier.close(1.0)
+    return courier, settled
+
+
+def test_a_courier_retries_what_may_pass_and_not_what_cannot() -> None:
+    receiver = Receiver(
+        script={"/flaky": [503, 503], "/busy": [429]},
+        always={"/bad": 400, "/down": 500},
+        headers={"/busy": {"Retry-After": "1"}},
+    )
     try:
-        waits: list[float] = []
-        assert send(receiver.url("/flaky"), {"x": 1}, retries=3, backoff=0.1, sleep=waits.append)
-        assert waits == [0.1, 0.2] and receiver.statuses("/flaky") == [503, 503, 200]
-        waits.clear()
-        assert send(receiver.url("/busy"), {"x": 1}, retries=3, backoff=0.1, sleep=waits.append)
-        assert waits == [1.0]  # the 429's Retry-After, over our own backoff
-        waits.clear()
-        assert not send(receiver.url("/bad"), {"x": 1}, retries=3, sleep=waits.append)
-        assert waits == [] and receiver.statuses("/bad") == [400]
-        assert not send(receiver.url("/down"), {}, retries=2, backoff=0.1, sleep=waits.append)
-        assert waits == [0.1, 0.2] and receiver.statuses("/down") == [500] * 3
-        waits.clear()
-        refused = f"http://127.0.0.1:{_closed_port()}/"
-        assert not send(refused, {}, retries=2, backoff=0.1, sleep=waits.append)
-        assert waits == [0.1, 0.2]  # connection errors are retried too
-        loop: dict = {}
-        loop["self"] = loop
-        assert not send(receiver.url("/hook"), loop, sleep=waits.append)  # not JSON: no raise
+        courier, settled = _courier(receiver.url("/flaky"), retries=3)
+        assert settled == [(True, None)] and receiver.statuses("/flaky") == [503, 503, 200]
+        assert courier.stats["retries"] == 2 and courier.stats["delivered"] == 1
+        _courier(receiver.url("/busy"), retries=3)
+        busy = [d["time"] for d in receiver.details if d["path"] == "/busy"]
+        assert len(busy) == 2 and busy[1] - busy[0] >= 0.95  # the 429's Retry-After, not 0.1
+        courier, settled = _courier(receiver.url("/bad"), retries=3)
+        assert settled == [(False, None)] and receiver.statuses("/bad") == [400]  # not retried
+        courier, settled = _courier(receiver.url("/down"), retries=2)
+        assert settled == [(False, None)] and receiver.statuses("/down") == [500] * 3
+        courier, settled = _courier(f"http://127.0.0.1:{_closed_port()}/", retries=2)
+        assert settled == [(False, None)] and courier.stats["retries"] == 2  # refused: retried
+        courier, settled = _courier(receiver.url("/later"), patience=0.0)
+        assert settled == [(True, None)]  # patience bounds retries, not the first try
     finally:
         receiver.close()
 
 
-@pytest.mark.parametrize("module", [delivery, notifier])
+def test_a_courier_never_blocks_bounds_its_queue_and_leaves_what_it_could_not_send() -> None:
+    receiver = Receiver(hanging={"/hang"}, hang=1.0)
+    try:
+        url, settled = receiver.url("/hang"), []
+        courier = Courier(
+            Target("webhook", url), timeout=0.3, backoff=0.05, max_delay=0.1, capacity=2
+        )
+        started = time.monotonic()
+        for i in range(4):
+            courier.submit(
+                Job(url, b"{}", what=f"job {i}", done=lambda ok, _, i=i: settled.append((i, ok)))
+            )
+        assert time.monotonic() - started < 0.1  # queued, not sent: a hung receiver holds nobody
+        time.sleep(0.5)
+        courier.close(grace=0.2)
+        stats = courier.stats
+        # job 0 in flight, 1 dropped for 3, then 2 dropped for... the queue holds 2
+        assert stats["dropped"] >= 1 and stats["abandoned"] >= 1 and stats["delivered"] == 0
+        dropped = [i for i, ok in settled if not ok]
+        assert len(dropped) == stats["dropped"]  # dropped jobs are settled (failed) ...
+        assert len(settled) == stats["dropped"] + stats["failed"]  # ... abandoned ones are not
+    finally:
+        receiver.close()
+
+
+@pytest.mark.parametrize("module", [delivery, notifier, targets, signing])
 def test_payload_builders_and_ledger_examples(module) -> None:
     result = doctest.testmod(module)
     assert result.attempted > 3 and result.failed == 0
@@ -281,9 +419,25 @@ def test_cli_needs_a_target_and_stops_on_sigterm(kafka_settings, capsys) -> None
     receiver = Receiver()
     env = service_env(kafka_settings)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "notify", "--webhook", receiver.url("/hook"),
-         "--dashboard-url", DASH, "--group", "notify-cli", "--idle-exit", "60"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "notify",
+            "--webhook",
+            receiver.url("/hook"),
+            "--dashboard-url",
+            DASH,
+            "--group",
+            "notify-cli",
+            "--idle-exit",
+            "60",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not receiver.bodies("/hook") and time.monotonic() < deadline:

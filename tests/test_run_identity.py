@@ -188,3 +188,72 @@ def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, t
     assert sorted(a["attempt"] for a in attempts) == sorted(j.attempt for j in jobs)
     assert all(a["records"] == 30 and a["overlaps"] for a in attempts)
     assert [r for r in letters if "run id collision" in r] == [letters[0]] and len(letters) == 1
+
+
+def test_two_producers_claiming_one_attempt_are_reported(kafka_settings, tmp_path):
+    """Two jobs given the same explicit attempt: the second one's seqs look like duplicates;
+    its ``start`` (another producer) is dead-lettered as a collision instead of vanishing."""
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ensure_topics(kafka_settings)
+    _, records = _records()
+    for name in ("job-a", "job-b"):
+        job = KafkaSink(kafka_settings, name=name, attempt=7)
+        job.write({"schema": "foreshock.run/1", "kind": "start", "run_id": "same", "labels": {},
+                   "time": 1.0 if name == "job-a" else 2.0})  # fmt: skip
+        for record in records[:5]:
+            job.write({**record, "run_id": "same"})
+        job.close()
+    store = tmp_path / "store"
+    StorageSink(kafka_settings, store, group_id="sink-same").run(threading.Event(), idle_exit=4)
+    with open_history(store) as history:
+        letters = [d["reason"] for d in queries.dead_letters(history)]
+    assert len(letters) == 1 and "claimed by two producers" in letters[0]
+
+
+def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
+    """The shipped fa-lowprec run sent by a producer that dies two thirds in, then by a new one
+    resuming 10 records back (a new attempt): the live worker's warnings are those of the
+    uninterrupted run (same ids, families, modules and steps), no more and no fewer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from foreshock.detectors.worker import DetectorWorker
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ensure_topics(kafka_settings)
+    run, records = _records()
+    cut = 2 * len(records) // 3
+    first = KafkaSink(kafka_settings, name="first", confirm_group=None)
+    first.write({**run.start, "run_id": "restarted"})
+    for record in records[:cut]:
+        first.write({**record, "run_id": "restarted"})
+    assert first.wait_delivered(30)
+    first._closing.set()  # dies: no end message (what a SIGKILL leaves)
+    second = KafkaSink(kafka_settings, name="second", confirm_group=None)
+    second.write({**run.start, "run_id": "restarted"})
+    for record in [*records[cut - 10 :]]:
+        second.write({**record, "run_id": "restarted"})
+    second.write({**run.end, "run_id": "restarted"})
+    second.close()
+    DetectorWorker(kafka_settings, default_config(), group_id="det-restart").run(
+        threading.Event(), idle_exit=4
+    )
+    consumer = Consumer({"bootstrap.servers": kafka_settings.bootstrap_servers,
+                         "group.id": "read-restart", "enable.auto.commit": False})  # fmt: skip
+    consumer.assign([TopicPartition(kafka_settings.warnings_topic, p, 0)
+                     for p in range(kafka_settings.partitions)])  # fmt: skip
+    live, quiet = [], 0
+    while quiet < 15:
+        message = consumer.poll(0.2)
+        quiet = 0 if message is not None and not message.error() else quiet + 1
+        if quiet == 0:
+            live.append(json.loads(message.value()))
+    consumer.close()
+    straight = RunDetector("restarted", default_config())
+    _feed(straight, [{**run.start, "kind": "start"}, *records])
+    # the steps re-done after the resume re-open their warnings under the same ids (the sink
+    # and the notifier drop the repeats): as a set, exactly the uninterrupted run's
+    opened = {(w["id"], w["family"], w["module"], w["step"])
+              for w in live if w["event"] == "opened"}  # fmt: skip
+    assert opened == {(a.id, a.family, a.module, a.step) for a in straight.alerts}
+    assert opened

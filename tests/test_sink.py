@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.storage import queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
@@ -186,11 +187,16 @@ def test_a_writer_that_died_between_tables_is_completed_not_repeated(kafka_setti
     root, run = tmp_path / "store", _run(RUNS[0])
     b = BatchBuilder()
     for seq, record in enumerate(run.records[:10], start=1):
-        b.add_metrics({**record, "run_id": RUNS[0], "seq": seq}, time.time())
+        b.add_metrics({**record, "run_id": RUNS[0], "seq": seq, "attempt": 5}, time.time())
     DeltaStore(root).write({"metric_values": b.take()["metric_values"]})  # steps: never
     with open_history(root) as history:
         assert len(queries.orphan_values(history)) == 10
-    _publish(kafka_settings, RUNS[:1])
+    producer = KafkaSink(kafka_settings, attempt=5)  # the producer of those records
+    producer.write({**run.start, "run_id": RUNS[0]})
+    for record in run.records:
+        producer.write({**record, "run_id": RUNS[0]})
+    producer.write({**run.end, "run_id": RUNS[0]})
+    producer.close()
     StorageSink(kafka_settings, root, group_id="sink-orphan").run(threading.Event(), idle_exit=4)
     _exactly_once(root, RUNS[:1])
 

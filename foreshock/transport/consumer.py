@@ -134,6 +134,7 @@ class MetricsConsumer:
         self.gap_wait = gap_wait
         self._gaps: dict[tuple[str, int, int], list[float]] = {}
         self._anchor: dict[tuple[str, int, int], tuple[str, int, int]] = {}
+        self._claims: dict[tuple[str, int, int], tuple[str, Any]] = {}  # stream -> its start
         self._rewind = False
         self._consumer = Consumer(settings.librdkafka(
             CONSUMER_DEFAULTS, **{"group.id": group_id, "error_cb": self._on_error,
@@ -195,8 +196,23 @@ class MetricsConsumer:
                 message["_partition"], message["_offset"] = raw.partition(), raw.offset()
                 out.append(message)
                 self._track_gap(message, raw.topic())
+                if message["kind"] == "start":
+                    self._claims[stream_of(message)] = _claim(message)
+            elif message["kind"] == "start":
+                self._check_claim(raw, message)
         self._reread_gaps()
         return out
+
+    def _check_claim(self, raw: Any, message: dict[str, Any]) -> None:
+        """A second ``start`` for a stream is a redelivery — unless another producer sent it:
+        two jobs claiming one (run, rank, attempt), whose seqs would otherwise be dropped as
+        duplicates without a word. Dead-lettered with the reason (the sink stores it once)."""
+        first = self._claims.get(stream_of(message))
+        if first is not None and first != _claim(message):
+            run_id, rank, attempt = stream_of(message)
+            self.dead_letter(raw, f"run id collision: run {run_id} rank {rank} attempt {attempt} "
+                             f"claimed by two producers ({first[0]} and {_claim(message)[0]}); "
+                             "the second one's messages are dropped as duplicates")  # fmt: skip
 
     def _track_gap(self, message: dict[str, Any], topic: str) -> None:
         """Remember where each stream was last contiguous, and since when it has a gap."""
@@ -281,3 +297,9 @@ class MetricsConsumer:
     def close(self) -> None:
         self._dlq.flush(5)
         self._consumer.close()
+
+
+def _claim(start: dict[str, Any]) -> tuple[str, Any]:
+    """Who sent a ``start``: its producer (host, pid) and time; a redelivery is identical."""
+    producer = start.get("producer") or {}
+    return f"{producer.get('host', '?')}:{producer.get('pid', '?')}", start.get("time")

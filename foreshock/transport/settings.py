@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RDKAFKA_LOG", "KafkaSettings", "config_section", "is_secret", "load_settings",
-           "redact"]  # fmt: skip
+__all__ = ["RDKAFKA_LOG", "KafkaSettings", "SettingsError", "config_section", "is_secret",
+           "load_settings", "redact"]  # fmt: skip
 
 RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines, all clients
 
@@ -64,6 +64,11 @@ def redact(config: dict[str, Any]) -> dict[str, Any]:
     {'bootstrap.servers': 'k:9092', 'sasl.password': '***'}
     """
     return {k: REDACTED if is_secret(k) else v for k, v in config.items()}
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names where it was set (the environment
+    variable, or the key and file), so the fix is obvious from one line."""
 
 
 def _default_spool_dir() -> str:
@@ -129,25 +134,49 @@ def load_settings(
     """
     env = dict(os.environ) if env is None else env
     values: dict[str, Any] = {}
+    where: dict[str, str] = {}  # setting -> where its value came from, for error messages
     path = path or env.get("FORESHOCK_CONFIG")
     if path:
         section = config_section(path, "kafka")
         values.update({k: v for k, v in section.items() if k != "client"})
+        where.update({k: f"{k} in [kafka] of {path}" for k in values})
         values["client"] = {str(k): str(v) for k, v in section.get("client", {}).items()}
     known = {f.name: f.type for f in fields(KafkaSettings) if f.name != "client"}
     unknown = set(values) - set(known) - {"client"}
     if unknown:
-        raise ValueError(f"unknown [kafka] settings in {path}: {sorted(unknown)}")
+        raise SettingsError(f"unknown [kafka] settings in {path}: {sorted(unknown)}")
     for name in known:
-        raw = env.get(f"FORESHOCK_KAFKA_{name.upper()}")
+        variable = f"FORESHOCK_KAFKA_{name.upper()}"
+        raw = env.get(variable)
         if raw is not None:
-            values[name] = raw
+            values[name], where[name] = raw, variable
     for name in ("partitions", "replication_factor", "retention_ms"):
         if name in values:
-            values[name] = int(values[name])
+            values[name] = _whole(values[name], where[name], least=name != "retention_ms")
+    if "bootstrap_servers" in values and not str(values["bootstrap_servers"]).strip():
+        raise SettingsError(f"{where['bootstrap_servers']} is empty: give host:port[,...]")
     client = dict(values.get("client", {}))
     for key, value in env.items():
         if key.startswith("FORESHOCK_RDKAFKA_"):
             client[key.removeprefix("FORESHOCK_RDKAFKA_").lower().replace("_", ".")] = value
     values["client"] = client
     return KafkaSettings(**values)
+
+
+def _whole(value: Any, where: str, least: bool) -> int:
+    """``value`` as an int (``least``: at least 1), else a SettingsError naming ``where``.
+
+    >>> _whole("abc", "FORESHOCK_KAFKA_PARTITIONS", least=True)
+    Traceback (most recent call last):
+    ...
+    foreshock.transport.settings.SettingsError: FORESHOCK_KAFKA_PARTITIONS='abc': not a whole number
+    """
+    try:
+        number = int(value) if not isinstance(value, bool | float) else None
+    except ValueError:
+        number = None
+    if number is None:
+        raise SettingsError(f"{where}={value!r}: not a whole number")
+    if least and number < 1:
+        raise SettingsError(f"{where}={value!r}: must be at least 1")
+    return number

@@ -18,7 +18,20 @@ Hooks:
   wants to be called (``grad_norm`` needs them). ``on_step_end`` comes after ``zero_grad()``;
   it is used only where ``on_optimizer_step`` did not run for the step (older transformers, or
   a Trainer subclass that skips it), and its records then lack ``grad_norm``;
+* ``on_step_end`` also writes the step's mechanism series and warnings through the Trainer's
+  ``report_to`` loggers (below);
 * ``on_train_end`` writes the ``end`` record and closes the Monitor and its sink.
+
+The trackers (``trackers=True``): foreshock's scalars (:mod:`.trackers`: one per mechanism
+metric, and the warnings of the detectors run in-process) go to each ``report_to`` callback
+(TensorBoard, MLflow, W&B, ...) as an ``on_log`` of their own at every monitoring step, at
+``state.global_step`` like the loss of the same update. Not merged into the Trainer's own
+``logs``: those come every ``logging_steps`` and reach the ``report_to`` callbacks before this
+one (user callbacks come after them), so a warning would wait for, or miss, a logging step.
+The callback finds the Trainer's callbacks through the handler calling its first event (no
+argument of the events names it); ``attach(trainer)`` says it explicitly. Warning texts go
+where the tracker takes text: TensorBoard and W&B as the ``foreshock/warning`` text series,
+MLflow as run tags.
 
 Steps are numbered like the lab's loops: the 0-based index of the optimizer update, i.e.
 ``state.global_step`` as it is during ``on_optimizer_step`` (the Trainer increments it after);
@@ -39,10 +52,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import MonitoredRun, RunAccess, make_config, missing_extra
+from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
 
 try:
     import transformers
@@ -53,6 +68,8 @@ except ImportError as exc:
 if TYPE_CHECKING:
     import torch
 
+    from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
     from foreshock.producers.sinks import Sink
 
@@ -81,6 +98,11 @@ class ForeshockCallback(RunAccess, TrainerCallback):
              the ones the callback adds (framework and versions, a few TrainingArguments)
     max_logit: record each attention layer's largest logit on monitoring steps, through
              transformers' attention registry (``integrations.hf_attention``)
+    trackers: write the mechanism series and the warnings through the Trainer's ``report_to``
+             loggers (see the module docstring)
+    warnings: run the detectors in the trainer process (:class:`.trackers.TrackerFeed`):
+             ``True`` with the shipped calibrated profiles, or a ``DetectorConfig`` /
+             ``ProfileConfigs``; ``False`` for the series only
 
     One callback per training run: after ``on_train_end`` its sink is closed.
     """
@@ -93,19 +115,35 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         config: MonitorConfig | None = None,
         labels: Mapping[str, Any] | None = None,
         max_logit: bool = True,
+        trackers: bool = True,
+        warnings: bool | DetectorConfig | ProfileConfigs = True,
         **config_options: Any,
     ) -> None:
         self._max_logit = max_logit
         self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
                                 framework="transformers")  # fmt: skip
+        self.feed = TrackerFeed(warnings)
+        self._trackers = trackers
+        self._handler: Any = None  # the Trainer's CallbackHandler
+        self._pending: TrackerUpdate | None = None  # measured, not yet written to the trackers
+        self._failed_trackers: set[str] = set()
         self._losses: list[torch.Tensor] = []
         self._losses_summed = False
         self._hook: Any = None
         self._optimizer_stepped_at: int | None = None
 
+    def attach(self, trainer: Any) -> None:
+        """Name the Trainer whose ``report_to`` loggers get foreshock's scalars (found by
+        itself when the Trainer calls the callback; needed only if that fails)."""
+        self._handler = trainer.callback_handler
+
     # ---- events -------------------------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._find_handler()
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:  # fmt: skip
+        self._find_handler()  # a callback added after the Trainer's __init__ starts here
         if model is None:
             log.warning("foreshock: on_train_begin without a model; monitoring disabled")
             return
@@ -114,6 +152,8 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         except Exception:
             labels = {}
         self.run.begin(model, labels, getattr(args, "run_name", None))
+        if self.run.running:
+            self.feed.start(self.run.run_id, {**labels, **self.run.labels})
         if self.run.running and self._max_logit:
             try:
                 from .hf_attention import record_max_logit
@@ -138,8 +178,10 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         step = state.global_step - 1
         if self._optimizer_stepped_at != step:
             self._step(step, state)
+        self._report(args, state, control, kwargs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._pending = None  # on_step_end wrote it; the loggers may be closed by now
         self._remove_hook()
         self.run.finish("finished", global_step=state.global_step)
 
@@ -149,7 +191,49 @@ class ForeshockCallback(RunAccess, TrainerCallback):
             loss = self._step_loss(state)
         except Exception:
             loss = None
-        self.run.step(step, loss=loss)
+        record = self.run.step(step, loss=loss)
+        if record is not None:
+            self._pending = self.feed.update(record)
+
+    def _find_handler(self) -> None:
+        """The Trainer's CallbackHandler: ``self`` of the ``call_event`` frame calling us."""
+        if self._handler is not None or not self._trackers:
+            return
+        from transformers.trainer_callback import CallbackHandler
+
+        frame = sys._getframe(1)
+        for _ in range(8):  # call_event → on_* (→ a subclass's super() calls) → here
+            if frame is None:
+                break
+            caller = frame.f_locals.get("self")
+            if isinstance(caller, CallbackHandler):
+                self._handler = caller
+                return
+            frame = frame.f_back
+
+    def _report(self, args: Any, state: Any, control: Any, kwargs: dict[str, Any]) -> None:
+        """Write the pending update through every ``report_to`` callback of the Trainer."""
+        update, self._pending = self._pending, None
+        if update is None or not self._trackers:
+            return
+        if self._handler is None:
+            if "no handler" not in self._failed_trackers:
+                self._failed_trackers.add("no handler")
+                log.warning(
+                    "foreshock: the Trainer's loggers were not found; call "
+                    "callback.attach(trainer) to send them foreshock's scalars"
+                )
+            return
+        for callback in list(self._handler.callbacks):
+            name = type(callback).__name__
+            try:
+                _report_to(callback, update, args, state, control, kwargs)
+            except Exception:
+                if name not in self._failed_trackers:  # once per tracker, not every step
+                    self._failed_trackers.add(name)
+                    log.warning(
+                        "foreshock: %s could not log foreshock's scalars", name, exc_info=True
+                    )
 
     def _keep_loss(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         try:
@@ -180,6 +264,29 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+
+
+def _report_to(
+    callback: Any, update: TrackerUpdate, args: Any, state: Any, control: Any, kwargs: dict
+) -> None:
+    """One ``report_to`` callback's share of ``update``; other callbacks get nothing."""
+    from transformers.integrations import integration_utils
+
+    known = integration_utils.INTEGRATION_TO_CALLBACK
+    if not isinstance(callback, tuple(known.values())):
+        return
+    logs: dict[str, Any] = dict(update.scalars)
+    text = update.text()
+    takes_text = tuple(known[n] for n in ("tensorboard", "wandb") if n in known)
+    if text and isinstance(callback, takes_text):
+        logs[TEXT_KEY] = text
+    if logs:
+        callback.on_log(args, state, control, logs=logs, **kwargs)
+    if text and "mlflow" in known and isinstance(callback, known["mlflow"]):
+        import mlflow  # the callback logs to the fluent API's active run
+
+        if state.is_world_process_zero and mlflow.active_run() is not None:
+            mlflow.set_tags(update.tags())
 
 
 def _labels(args: Any, model: Any) -> dict[str, Any]:

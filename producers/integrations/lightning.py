@@ -27,6 +27,13 @@ Hooks:
 * ``on_fit_end`` writes the ``end`` record and closes; ``on_exception`` does so with status
   ``crashed``.
 
+The trackers (``trackers=True``): at every monitoring step foreshock's scalars
+(:mod:`.trackers`: one per mechanism metric, and the warnings of the detectors run in-process)
+go to each of ``trainer.loggers`` through ``log_metrics``, at the step Lightning logs the same
+update's metrics at (the record's). Not through ``pl_module.log``: that writes only every
+``log_every_n_steps``, which would drop a warning between two. Warning texts go where the
+logger takes text: TensorBoard's ``foreshock/warning`` text series, MLflow run tags.
+
 Steps are the 0-based index of the optimizer update (``trainer.global_step - 1`` after it),
 as in the lab's loops. The loss is the ``loss`` of ``training_step``'s output (``outputs`` of
 ``on_train_batch_end``), summed over the micro-batches of an accumulated update (Lightning has
@@ -42,6 +49,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import MonitoredRun, RunAccess, make_config, missing_extra
+from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
 
 _bases: list[type] = []
 _versions: dict[str, str] = {}
@@ -67,6 +75,8 @@ if not _bases:
 if TYPE_CHECKING:
     import torch
 
+    from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
     from foreshock.producers.sinks import Sink
 
@@ -88,12 +98,17 @@ class _ForeshockHooks(RunAccess):
         config: MonitorConfig | None = None,
         labels: Mapping[str, Any] | None = None,
         loss_key: str | None = None,
+        trackers: bool = True,
+        warnings: bool | DetectorConfig | ProfileConfigs = True,
         **config_options: Any,
     ) -> None:
         super().__init__()
         self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
                                 framework="lightning")  # fmt: skip
         self.loss_key = loss_key
+        self.feed = TrackerFeed(warnings)
+        self._trackers = trackers
+        self._failed_trackers: set[str] = set()
         self._step_before: int | None = None
         self._loss: torch.Tensor | float | None = None
 
@@ -104,6 +119,8 @@ class _ForeshockHooks(RunAccess):
         except Exception:
             labels = {}
         self.run.begin(pl_module, labels, _logger_run_name(trainer))
+        if self.run.running:
+            self.feed.start(self.run.run_id, {**labels, **self.run.labels})
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip
@@ -126,7 +143,11 @@ class _ForeshockHooks(RunAccess):
         except Exception:
             log.debug("foreshock: no loss for this step", exc_info=True)
         self._loss = None
-        self.run.step(step - 1, loss=loss)
+        record = self.run.step(step - 1, loss=loss)
+        if record is not None:
+            update = self.feed.update(record)
+            if update is not None and self._trackers:
+                self._report(trainer, update)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.run.finish("finished", global_step=trainer.global_step)
@@ -135,6 +156,19 @@ class _ForeshockHooks(RunAccess):
         self.run.finish("crashed", global_step=trainer.global_step, error=repr(exception)[:500])
 
     # ---- internals ----------------------------------------------------------------------
+    def _report(self, trainer: Any, update: TrackerUpdate) -> None:
+        """Write ``update`` through every logger of the trainer; a failing one is skipped."""
+        for logger in getattr(trainer, "loggers", None) or []:
+            name = type(logger).__name__
+            try:
+                _report_to(logger, update)
+            except Exception:
+                if name not in self._failed_trackers:  # once per logger, not every step
+                    self._failed_trackers.add(name)
+                    log.warning(
+                        "foreshock: %s could not log foreshock's scalars", name, exc_info=True
+                    )
+
     def _gather_loss(self, trainer: Any, outputs: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if not _is_scalar(loss):
@@ -153,6 +187,22 @@ class _ForeshockHooks(RunAccess):
             if _is_scalar(value):
                 return value.detach()
         return None
+
+
+def _report_to(logger: Any, update: TrackerUpdate) -> None:
+    """One Lightning logger's share of ``update`` (its ``log_metrics`` and, for TensorBoard and
+    MLflow, the warning texts); Lightning's loggers write on global rank 0 only."""
+    if update.scalars:
+        logger.log_metrics(update.scalars, step=update.step)
+    text = update.text()
+    if not text:
+        return
+    kinds = {cls.__name__ for cls in type(logger).__mro__}
+    if "TensorBoardLogger" in kinds:
+        logger.experiment.add_text(TEXT_KEY, text, update.step)
+    elif "MLFlowLogger" in kinds and logger.run_id is not None:
+        for key, value in update.tags().items():
+            logger.experiment.set_tag(logger.run_id, key, value)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -184,6 +234,11 @@ class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc
     labels:   free-form labels for the ``start`` record; they override the callback's own
     loss_key: the ``callback_metrics`` key of the training loss, used where ``training_step``
               returns none (default: the first of train_loss, loss, train/loss)
+    trackers: write the mechanism series and the warnings through ``trainer.loggers`` (see the
+              module docstring)
+    warnings: run the detectors in the trainer process (:class:`.trackers.TrackerFeed`):
+              ``True`` with the shipped calibrated profiles, or a ``DetectorConfig`` /
+              ``ProfileConfigs``; ``False`` for the series only
 
     One callback per fit: after ``on_fit_end`` its sink is closed.
     """

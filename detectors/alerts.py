@@ -1,0 +1,199 @@
+"""A warning's life: open → resolved, or acknowledged / silenced by a person on the way.
+
+States (what a person sees):
+
+* ``open`` — the detectors opened it (``opened``; an ``updated`` adds the lead time);
+* ``acknowledged`` — someone has it in hand (who, when, a note): no more nagging, still open;
+* ``silenced`` — muted until a time (who, when, until); open again afterwards if not resolved;
+* ``resolved`` — over: its statistic went back under the threshold, or its run ended. Stored
+  as the detectors' ``cleared`` event (the store's views key on that name), with
+  ``evidence.resolved_by`` = ``"statistic"`` or ``"run ended"``.
+
+Every transition is a ``foreshock.warning/1`` event on the warnings topic, keyed by run id like
+the detectors' own, so the sink stores it (with who and when) and the notifier hears it in
+order with the warning's other events. A person's event (:func:`action_event`) copies the
+warning's facts — run, family, module, step — so every consumer can render it alone, and puts
+what the person did in ``evidence``: ``action_id`` (unique: two acknowledgements are two
+events), ``by``, ``at``, ``until``, ``note``, ``via``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = [
+    "ACTIONS",
+    "DETECTOR_EVENTS",
+    "EVENTS",
+    "RESOLVED_BY",
+    "STATES",
+    "action_event",
+    "publish",
+    "resolved_by",
+    "state_of",
+]
+
+DETECTOR_EVENTS = ("opened", "updated", "cleared")
+ACTIONS = ("acknowledged", "silenced")
+EVENTS = DETECTOR_EVENTS + ACTIONS
+STATES = ("open", "acknowledged", "silenced", "resolved")
+RESOLVED_BY = ("statistic", "run ended")
+
+# the warning's own facts, copied into a person's event from the warning's latest state
+_FACTS = (
+    "id",
+    "run_id",
+    "family",
+    "module",
+    "series",
+    "direction",
+    "step",
+    "role",
+    "statistic",
+    "threshold",
+    "false_alarm_rate",
+    "config_version",
+    "divergence_step",
+    "lead_time",
+)
+_MAX_TEXT = 500
+
+
+def resolved_by(event: dict[str, Any]) -> str | None:
+    """Why a ``cleared`` event resolved its warning (None for any other event).
+
+    A clearing stored before the reason was recorded was a statistic's: nothing else cleared.
+
+    >>> resolved_by({"event": "cleared", "evidence": {"resolved_by": "run ended"}})
+    'run ended'
+    >>> resolved_by({"event": "cleared", "evidence": None}), resolved_by({"event": "opened"})
+    ('statistic', None)
+    """
+    if event.get("event") != "cleared":
+        return None
+    evidence = event.get("evidence")
+    reason = evidence.get("resolved_by") if isinstance(evidence, dict) else None
+    return reason if reason in RESOLVED_BY else "statistic"
+
+
+def state_of(events: Iterable[dict[str, Any]], now: float | None = None) -> str:
+    """One warning's state from its events (any order): resolved beats an active silence beats
+    an acknowledgement beats open.
+
+    >>> ack = {"event": "acknowledged", "evidence": {"by": "ana", "at": 10.0}}
+    >>> mute = {"event": "silenced", "evidence": {"by": "bo", "at": 11.0, "until": 100.0}}
+    >>> [state_of(e, now=50.0) for e in ([{"event": "opened"}], [ack], [ack, mute],
+    ...                                 [mute, {"event": "cleared"}])]
+    ['open', 'acknowledged', 'silenced', 'resolved']
+    >>> state_of([mute], now=200.0)  # the silence ran out
+    'open'
+    """
+    now = time.time() if now is None else now
+    events = list(events)
+    if any(e.get("event") == "cleared" for e in events):
+        return "resolved"
+    if any(e.get("event") == "silenced" and (_until(e) or 0) > now for e in events):
+        return "silenced"
+    if any(e.get("event") == "acknowledged" for e in events):
+        return "acknowledged"
+    return "open"
+
+
+def _until(event: dict[str, Any]) -> float | None:
+    evidence = event.get("evidence")
+    until = evidence.get("until") if isinstance(evidence, dict) else None
+    return float(until) if isinstance(until, int | float) and not isinstance(until, bool) else None
+
+
+def _text(value: str, what: str) -> str:
+    """One line of a person's text, or ValueError (it ends up in Slack and in logs)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty text")
+    if len(value) > _MAX_TEXT or any(ord(c) < 32 for c in value):
+        raise ValueError(f"{what} must be one line of at most {_MAX_TEXT} characters")
+    return value.strip()
+
+
+def action_event(
+    warning: dict[str, Any],
+    kind: str,
+    by: str,
+    until: float | None = None,
+    note: str | None = None,
+    via: str = "cli",
+    now: float | None = None,
+) -> dict[str, Any]:
+    """A person's event on ``warning`` (its latest detector event, as stored or sent).
+
+    >>> w = {"id": "a1", "run_id": "r1", "family": "router", "module": "m", "step": 450,
+    ...      "event": "opened", "evidence": {"recent": []}}
+    >>> e = action_event(w, "silenced", "ana", until=4000.0, note="known", now=400.0)
+    >>> e["event"], e["id"], e["step"], e["cleared_step"], sorted(e["evidence"])
+    ('silenced', 'a1', 450, None, ['action_id', 'at', 'by', 'note', 'until', 'via'])
+    >>> action_event({**w, "event": "cleared"}, "acknowledged", "ana")
+    Traceback (most recent call last):
+    ...
+    ValueError: warning a1 is resolved already: there is nothing to acknowledge
+    """
+    if kind not in ACTIONS:
+        raise ValueError(f"unknown action {kind!r} (one of {', '.join(ACTIONS)})")
+    if warning.get("event") == "cleared":
+        verb = "acknowledge" if kind == "acknowledged" else "silence"
+        raise ValueError(
+            f"warning {warning.get('id')} is resolved already: there is nothing to {verb}"
+        )
+    now = time.time() if now is None else now
+    if kind == "silenced" and (until is None or until <= now):
+        raise ValueError("a silence needs an end in the future")
+    evidence = {
+        "action_id": uuid.uuid4().hex,
+        "by": _text(by, "who"),
+        "at": now,
+        "until": until if kind == "silenced" else None,
+        "note": None if note is None else _text(note, "the note"),
+        "via": via,
+    }
+    return {
+        "schema": "foreshock.warning/1",
+        **{k: warning.get(k) for k in _FACTS},
+        "event": kind,
+        "cleared_step": None,
+        "evidence": evidence,
+    }
+
+
+def publish(settings: Any, event: dict[str, Any], timeout: float = 15.0) -> None:
+    """Produce ``event`` to the warnings topic (key: its run id); raise if it is not acknowledged
+    by the broker within ``timeout`` s: a person must know their click did not land."""
+    from confluent_kafka import KafkaException, Producer
+
+    from foreshock.transport.settings import RDKAFKA_LOG
+
+    errors: list[Any] = []
+    producer = Producer(
+        settings.librdkafka(
+            {
+                "acks": "all",
+                "allow.auto.create.topics": False,
+                "message.timeout.ms": int(timeout * 1000),
+            },
+            logger=RDKAFKA_LOG,
+        )
+    )
+    try:
+        producer.produce(
+            settings.warnings_topic,
+            key=str(event["run_id"]).encode(),
+            value=json.dumps(event).encode(),
+            on_delivery=lambda err, _msg: errors.append(err),
+        )
+    except KafkaException as exc:
+        raise RuntimeError(f"cannot send to {settings.warnings_topic}: {exc}") from None
+    left = producer.flush(timeout + 5)  # the delivery report comes by message.timeout.ms
+    if left or not errors or errors[0] is not None:
+        reason = errors[0] if errors and errors[0] is not None else "no answer from the broker"
+        raise RuntimeError(f"not delivered to {settings.warnings_topic}: {reason}")

@@ -1,0 +1,190 @@
+"""``foreshock warnings list | ack | silence``: see the warnings and their states; take one.
+
+``list`` reads the store (:func:`foreshock.storage.acks.warning_states`). ``ack`` and
+``silence`` find the warning there — by its id or a unique start of it, as ``list`` prints —
+and send a person's event (:func:`foreshock.detectors.alerts.action_event`) to the warnings
+topic, where the sink stores it with who and when and the notifier tells the receivers. Who is
+``--by``, or the login name. The command returns once the broker has the event: the store and
+the receivers follow within seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime
+
+from foreshock.table import format_table
+
+__all__ = ["add_warnings_commands", "parse_duration", "parse_time"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30m``, ``2h``, ``1d12h``, ``90`` (seconds).
+
+    >>> parse_duration("2h"), parse_duration("1d12h"), parse_duration("90")
+    (7200.0, 129600.0, 90.0)
+    """
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 2h, 1d)")
+    return float(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds of an ISO 8601 time; without a zone it is this machine's local time.
+
+    >>> parse_time("1970-01-01T01:00:00+00:00")
+    3600.0
+    """
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _login() -> str:
+    """Who is acting, when ``--by`` does not say: the login name."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a name
+        raise ValueError("cannot tell who you are: give --by NAME") from None
+
+
+def _location(args: argparse.Namespace):
+    from foreshock.storage.location import load_location
+
+    return load_location(args.store, args.config)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from foreshock.storage.acks import warning_states
+    from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
+
+    location = _location(args)
+    if not store_exists(location):
+        print(f"foreshock warnings: no store at {location.uri}", file=sys.stderr)
+        return 2
+    with open_history(location) as history:
+        rows = warning_states(history, run_id=args.run, resolved=args.all)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, default=str))
+        return 0
+    table = []
+    for r in rows:
+        if r["state"] == "acknowledged":
+            who = f"{r['acknowledged_by']} at {_when(r['acknowledged_at'])}"
+        elif r["state"] == "silenced":
+            who = f"{r['silenced_by']} until {_when(r['silenced_until'])}"
+        elif r["state"] == "resolved":
+            who = f"{r['resolved_by']} at step {r['cleared_step']}"
+        else:
+            who = "-"
+        table.append(
+            [
+                r["id"],
+                r["run_id"],
+                r["family"],
+                r["module"] or "-",
+                r["step"],
+                r["role"],
+                r["state"],
+                who,
+            ]
+        )
+    print(
+        format_table(["id", "run", "family", "module", "step", "role", "state", "by / why"], table)
+    )
+    return 0
+
+
+def _act(args: argparse.Namespace) -> int:
+    from foreshock.storage.acks import find_warning
+    from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
+    from foreshock.transport.settings import load_settings
+
+    from .alerts import action_event, publish
+
+    kind = "acknowledged" if args.warnings_command == "ack" else "silenced"
+    location = _location(args)
+    if not store_exists(location):
+        print(f"foreshock warnings: no store at {location.uri}", file=sys.stderr)
+        return 2
+    until = None
+    if kind == "silenced":
+        until = args.until if args.until is not None else time.time() + args.duration
+    try:
+        with open_history(location) as history:
+            warning = find_warning(history, args.id)
+        event = action_event(warning, kind, args.by or _login(), until, args.note)
+        publish(load_settings(args.config), event)
+    except (LookupError, ValueError, RuntimeError) as exc:
+        print(f"foreshock warnings: {exc}", file=sys.stderr)
+        return 1
+    where = f"{warning['family']} on run {warning['run_id']}"
+    if warning["module"]:
+        where += f" ({warning['module']})"
+    tail = f" until {_when(until)}" if until is not None else ""
+    print(
+        f"{kind} warning {warning['id']} ({where}, opened at step {warning['step']}) as "
+        f"{event['evidence']['by']}{tail}"
+    )
+    return 0
+
+
+def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument(
+        "--store",
+        help="folder or URI (default: [store] uri in --config, "
+        "$FORESHOCK_STORE, else ./foreshock-history)",
+    )
+    person = argparse.ArgumentParser(add_help=False)
+    person.add_argument("id", help="the warning's id, or a unique start of it")
+    person.add_argument("--by", help="who (default: your login name)")
+    person.add_argument("--note", help="why, for the others (one line)")
+
+    warnings = sub.add_parser("warnings", help="list warnings; acknowledge or silence one")
+    what = warnings.add_subparsers(dest="warnings_command", required=True)
+    listing = what.add_parser("list", parents=[store], help="warnings and their states")
+    listing.add_argument("--run", help="only this run's")
+    listing.add_argument("--all", action="store_true", help="resolved ones too")
+    listing.add_argument("--json", action="store_true", help="one JSON object per warning")
+    listing.set_defaults(func=_list)
+    ack = what.add_parser(
+        "ack", parents=[store, person], help="acknowledge a warning: you have it in hand"
+    )
+    ack.set_defaults(func=_act)
+    silence = what.add_parser(
+        "silence", parents=[store, person], help="silence a warning until a time"
+    )
+    until = silence.add_mutually_exclusive_group(required=True)
+    until.add_argument(
+        "--for", dest="duration", type=parse_duration, metavar="DURATION", help="e.g. 30m, 2h, 1d"
+    )
+    until.add_argument(
+        "--until",
+        type=parse_time,
+        metavar="TIME",
+        help="ISO 8601, e.g. 2025-06-01T18:00 (local) or …Z",
+    )
+    silence.set_defaults(func=_act)

@@ -1,0 +1,230 @@
+"""What the trainer's own loggers show of a monitored run: the mechanism series, one scalar per
+metric, and the warnings of detectors run in the trainer process.
+
+People watch the loss in W&B, TensorBoard or MLflow; a warning that reaches only a Kafka topic
+and foreshock's dashboard is one more place nobody looks. So both callbacks hand each monitoring
+record to a :class:`TrackerFeed` and write the :class:`TrackerUpdate` it returns through the
+loggers the trainer already has (HF's ``report_to`` callbacks, Lightning's ``trainer.loggers``):
+no extra setup, and foreshock's curves sit next to the loss.
+
+**Warnings are produced in-process.** A :class:`~foreshock.detectors.engine.RunDetector` — the
+torch-free code of the live detector worker and of ``foreshock detect --replay`` — reads the
+records the Monitor writes, in order. Consuming the warnings topic instead would tie the trainer
+to a broker and a running detector service, add a consumer and its latency to every rank-0
+process, and show nothing offline; reading the records here costs a few hundred scalar updates
+per monitoring step. With the same detector config its warnings are the service's (the state is
+a function of the records; the ids are deterministic). A service running a tuned live config
+(``foreshock tune``) may warn differently: every warning names its ``config_version``.
+
+**Volume.** A model has tens of layers with several series each; a tracker gets one scalar per
+mechanism metric: its worst layer, in the direction the detectors watch for failure (the
+minimum of the spectral and routing entropies, the maximum of the largest attention logit and
+of the dropped fraction, both extremes of router ε). Per-layer and per-head series stay in
+foreshock's own records. The keys (``foreshock/`` first, so they group together):
+
+* ``foreshock/<metric>/<min|max>``, e.g. ``foreshock/attn.d2.entropy_mean/min``,
+  ``foreshock/max_logit/max``, ``foreshock/router.token_entropy_norm/min``;
+* with the detectors on, at every monitoring step: ``foreshock/warnings_open/<family>``, the
+  warnings of the family open (0 while calm); and at the records where something happened,
+  ``foreshock/warning/<family>``, the warnings of the family that opened there, and
+  ``foreshock/lead/<family>``, the largest lead (steps before the loss diverged) once a
+  divergence gives the family's warnings one;
+* each event (opened, cleared, lead known) as text where the tracker takes text: the
+  ``foreshock/warning`` text series (TensorBoard; W&B through HF's ``report_to``), and an
+  MLflow tag ``foreshock.warning.<step>.<family>.<module>`` per warning. Opened warnings are
+  also logged (``foreshock.integrations``, WARNING) to the trainer's console.
+
+Steps in the texts are foreshock's: the 0-based index of the optimizer update (the Trainer
+plots update ``s`` at ``s + 1``; Lightning at ``s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, FAMILIES, MECHANISMS
+from foreshock.detectors.engine import RunDetector
+from foreshock.producers.records import parse_series_key
+
+if TYPE_CHECKING:
+    from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.engine import Alert
+    from foreshock.detectors.profiles import ProfileConfigs
+
+__all__ = [
+    "AGGREGATES",
+    "TEXT_KEY",
+    "InProcessDetector",
+    "TrackerFeed",
+    "TrackerUpdate",
+    "aggregate",
+    "describe",
+]
+
+log = logging.getLogger("foreshock.integrations")
+
+PREFIX = "foreshock/"
+TEXT_KEY = "foreshock/warning"  # the text series of the warning events
+
+
+def _aggregates() -> dict[str, tuple[str, ...]]:
+    """metric -> how its layers combine: toward the failure the detectors' rules watch for."""
+    how = {"down": ("min",), "up": ("max",), "both": ("min", "max")}
+    return {
+        rule.metric: how[rule.direction]
+        for rule in (*DEFAULT_RULES, *BAND_RULES)
+        if rule.family in MECHANISMS
+    }
+
+
+AGGREGATES: dict[str, tuple[str, ...]] = _aggregates()
+
+
+def aggregate(values: Mapping[str, Any]) -> dict[str, float]:
+    """One scalar per mechanism metric from a record's ``values``: its worst module.
+
+    >>> aggregate({"max_logit@h.0.attn": 3.0, "max_logit@h.1.attn": 9.0,
+    ...            "attn.d2.entropy_mean@h.0.attn": 0.5, "attn.d2.entropy_mean@h.1.attn": None,
+    ...            "attn.d2.entropy@h.0.attn#h1": 0.1, "loss": 2.0})
+    {'foreshock/max_logit/max': 9.0, 'foreshock/attn.d2.entropy_mean/min': 0.5}
+    """
+    found: dict[str, list[float]] = {}
+    for key, value in values.items():
+        if not isinstance(value, int | float) or value != value:
+            continue  # null (non-finite) values are flagged in the record, not plotted
+        try:
+            metric, _, head = parse_series_key(key)
+        except ValueError:
+            continue
+        if head is None and metric in AGGREGATES:
+            found.setdefault(metric, []).append(float(value))
+    return {
+        f"{PREFIX}{metric}/{how}": (min if how == "min" else max)(xs)
+        for metric, xs in found.items()
+        for how in AGGREGATES[metric]
+    }
+
+
+def describe(event: Alert) -> str:
+    """One line a person reads in a tracker: what, where, when, how sure, what to check."""
+    where = f" at {event.module}" if event.module else ""
+    head = f"foreshock {event.family} warning{where} (step {event.step}, {event.role})"
+    if event.event == "cleared":
+        return f"{head} cleared at step {event.cleared_step}"
+    lead = "lead unknown"
+    if event.lead_time is not None:
+        lead = f"lead {event.lead_time} steps: the loss diverged at step {event.divergence_step}"
+    if event.event == "updated":
+        return f"{head}: {lead}"
+    check = event.evidence.get("check")
+    return (
+        f"{head}: {event.series} {event.direction}, statistic {event.statistic:g} > "
+        f"{event.threshold:g}; {lead}" + (f". Check {check}" if check else "")
+    )
+
+
+def tag_key(event: Alert) -> str:
+    """An MLflow tag key per warning (letters, digits, ``_-. /`` only; 250 characters)."""
+    key = f"foreshock.warning.{event.step}.{event.family}.{event.module or 'run'}"
+    return re.sub(r"[^0-9A-Za-z_\-. /]", "_", key)[:250]
+
+
+@dataclass
+class TrackerUpdate:
+    """What the trackers get for one monitoring record (``step``: the record's)."""
+
+    step: int
+    scalars: dict[str, float]
+    events: list[Alert] = field(default_factory=list)
+
+    def text(self) -> str | None:
+        """The events of this record as one text (Markdown paragraphs), None without any."""
+        return "\n\n".join(describe(e) for e in self.events) or None
+
+    def tags(self) -> dict[str, str]:
+        """One tag per warning, its latest event (opened, then lead known, then cleared)."""
+        return {tag_key(e): describe(e)[:5000] for e in self.events}
+
+
+class InProcessDetector(RunDetector):
+    """The service's detector, keeping no records: in one training process every record is of
+    one attempt, so there is no resume to replay (a restarted process starts a new feed); the
+    service keeps the last 5,000 of them, which for a model of many layers is gigabytes."""
+
+    MAX_REPLAY = 0
+
+
+class TrackerFeed:
+    """A run's records in, :class:`TrackerUpdate` out; never raises into the training loop.
+
+    warnings: ``True`` runs the detectors in-process with the shipped calibrated profiles
+              (each run gets the one its labels name, as in the service); a ``DetectorConfig``
+              or ``ProfileConfigs`` runs them with that; ``False`` sends the series only.
+    """
+
+    def __init__(self, warnings: bool | DetectorConfig | ProfileConfigs = True) -> None:
+        self.warnings = warnings
+        self.detector: InProcessDetector | None = None
+        self.open: dict[str, int] = {}  # family -> its open warnings
+
+    def start(self, run_id: str | None, labels: Mapping[str, Any]) -> None:
+        """Build the detector for the run (its profile picked from ``labels``)."""
+        if self.warnings is False or self.warnings is None or run_id is None:
+            return
+        try:
+            from foreshock.detectors.profiles import shipped_profiles
+
+            config = shipped_profiles() if self.warnings is True else self.warnings
+            self.detector = InProcessDetector(run_id, config)
+            self.detector.update({"kind": "start", "run_id": run_id, "labels": dict(labels)})
+            self.open = dict.fromkeys(FAMILIES, 0)
+        except Exception:
+            self.detector = None
+            log.warning(
+                "foreshock: in-process warnings disabled, the detectors could not be built",
+                exc_info=True,
+            )
+
+    def update(self, record: Mapping[str, Any]) -> TrackerUpdate | None:
+        """The scalars and warning events of a metrics record; None if it is not one."""
+        try:
+            step, values = int(record["step"]), record.get("values") or {}
+            update = TrackerUpdate(step, aggregate(values))
+        except Exception:
+            log.debug("foreshock: not a metrics record for the trackers", exc_info=True)
+            return None
+        if self.detector is not None:
+            try:
+                update.events = self.detector.update({**record, "kind": "metrics"})
+            except Exception:
+                self.detector = None
+                log.warning(
+                    "foreshock: in-process warnings stopped, the detectors failed", exc_info=True
+                )
+                return update
+            self._count(update)
+        return update
+
+    def _count(self, update: TrackerUpdate) -> None:
+        opened: dict[str, int] = {}
+        leads: dict[str, int] = {}
+        for event in update.events:
+            family = event.family
+            if event.event == "opened":
+                self.open[family] = self.open.get(family, 0) + 1
+                opened[family] = opened.get(family, 0) + 1
+                log.warning("%s", describe(event))
+            else:
+                if event.event == "cleared":
+                    self.open[family] = max(0, self.open.get(family, 0) - 1)
+                log.info("%s", describe(event))
+            if event.lead_time is not None:
+                leads[family] = max(leads.get(family, 0), event.lead_time)
+        scalars = update.scalars
+        scalars.update({f"{PREFIX}warnings_open/{f}": float(n) for f, n in self.open.items()})
+        scalars.update({f"{PREFIX}warning/{f}": float(n) for f, n in opened.items()})
+        scalars.update({f"{PREFIX}lead/{f}": float(n) for f, n in leads.items()})
