@@ -37,6 +37,8 @@ from dataclasses import replace
 from functools import cache
 from typing import Any, Protocol
 
+from river import base
+
 from foreshock.producers.records import SeriesKey, parse_series_key
 
 from .config import DetectorConfig
@@ -90,7 +92,7 @@ def _module_level(key: str, metrics: set[str] | None) -> bool:
     return metrics is None or parsed.metric in metrics
 
 
-class BandStandardizer:
+class BandStandardizer(base.Base):
     """``update(step, x)`` → z in band widths beyond the healthy band (0 inside), else None.
 
     >>> s = BandStandardizer({"steps": [100, 200], "lo": [1.0, 2.0], "hi": [2.0, 4.0]}, 100)

@@ -57,11 +57,19 @@ class OneSidedCUSUM(base.DriftDetector):
             raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
         if k < 0 or h <= 0 or confirm < 1:
             raise ValueError("k must be >= 0, h > 0 and confirm >= 1")
-        self.direction, self.k, self.h = direction, k, h
+        # every constructor argument is an attribute of its name: river's repr() and clone()
+        # rebuild the detector from them (tests/test_detector_contract.py)
+        self.direction, self.k, self.h, self.confirm = direction, k, h, confirm
+        self._reset()
+
+    def _reset(self) -> None:
+        """Back to a fresh detector's state (river's ``_reset``: its base clears only the flag,
+        which would leave a reset detector in alarm on its old statistic)."""
+        super()._reset()
         self.statistic = 0.0
         self.sustained = 0.0  # min of the last ``confirm`` statistics
         self.peak = 0.0  # the largest sustained statistic seen: what calibration records
-        self._last: deque[float] = deque(maxlen=confirm)
+        self._last: deque[float] = deque(maxlen=self.confirm)
 
     def update(self, x: float) -> None:
         self._drift_detected = False

@@ -5,16 +5,21 @@ finite, or its EMA (weight ``ema`` per step) stays ``margin`` nats above its bes
 ``patience`` steps. Records arrive every δ steps, so the EMA weight of a record after a gap
 of g steps is 1 − (1 − ema)^g (the weight g identical steps would have), and "sustained"
 means records above the margin spanning at least ``patience`` steps.
+
+A river ``base.Base`` like the detectors: ``repr()`` names its parameters, ``clone()`` gives a
+fresh one (``tests/test_detector_contract.py``).
 """
 
 from __future__ import annotations
 
 import math
 
+from river import base
+
 __all__ = ["LossDivergence"]
 
 
-class LossDivergence:
+class LossDivergence(base.Base):
     """``update(step, loss)``; ``divergence_step`` is set once a divergence is confirmed.
 
     >>> d = LossDivergence()

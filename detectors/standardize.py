@@ -11,6 +11,10 @@ so a series that is flat during the warm-up does not turn every later wobble int
 Any finite input gives a finite z, μ and σ, however large (a value of 1e300 is possible on the
 wire): sums that would overflow are rescaled, and |z| is capped at :data:`Z_LIMIT` — far above
 any threshold, so a CUSUM still fires, and its sums stay finite.
+
+Each standardizer is a river ``base.Base``, like the detectors it feeds: its constructor
+arguments are attributes of the same name, so ``repr()`` names them and ``clone()`` builds a
+fresh one with the same parameters and none of the state (``tests/test_detector_contract.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+
+from river import base
 
 __all__ = ["Z_LIMIT", "LogRatioStandardizer", "TrendStandardizer", "WarmupStandardizer"]
 
@@ -57,7 +63,7 @@ def _spread(xs: list[float]) -> float:
         return min(statistics.stdev([x / top for x in xs]) * top, _MAX)
 
 
-class WarmupStandardizer:
+class WarmupStandardizer(base.Base):
     """``update(step, x)`` returns z once the warm-up is complete, else None.
 
     >>> s = WarmupStandardizer(start=100, records=3)
@@ -65,6 +71,8 @@ class WarmupStandardizer:
     [None, None, None, None]
     >>> round(s.update(175, 0.6), 2)
     -2.0
+    >>> s.ready, s.clone().ready
+    (True, False)
     """
 
     def __init__(self, start: int, records: int, rel_floor: float = 0.01,
@@ -95,7 +103,7 @@ class WarmupStandardizer:
         return _clamp((x - self.mean) / self.scale, Z_LIMIT)  # x − μ may overflow to ±inf
 
 
-class TrendStandardizer:
+class TrendStandardizer(base.Base):
     """Residuals from the series' own slow trend, in units of their warm-up spread.
 
     Healthy training moves every series slowly (entropies settle, the loss falls); a fault

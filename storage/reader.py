@@ -31,7 +31,9 @@ from .location import StoreLocation, load_location
 from .schema import TABLES, empty
 from .store import READ_ORDER, _check_version, open_table
 
-__all__ = ["History", "open_history"]
+__all__ = ["History", "QueryError", "open_history"]
+
+QueryError = duckdb.Error  # what a query on a snapshot raises (pages catch it, name no engine)
 
 _RUNS = """
 CREATE VIEW runs AS

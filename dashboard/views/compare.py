@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import duckdb
 import streamlit as st
 
 from foreshock.dashboard import charts, data
 from foreshock.dashboard.text import md_code, md_text
+from foreshock.storage.reader import QueryError
 from foreshock.table import format_table
 
 
@@ -24,7 +24,7 @@ def main() -> None:
     metric = data.MONITORS[label][0]
     try:
         result = data.compare(tuple(chosen), metric)
-    except duckdb.Error as exc:  # a value the queries cannot handle: say so, no traceback
+    except QueryError as exc:  # a value the queries cannot handle: say so, no traceback
         st.error(f"These runs cannot be compared: the store's query failed "
                  f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
         return

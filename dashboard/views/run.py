@@ -3,11 +3,11 @@ time as a span, and each warning explained (family, module, false-alarm rate, ev
 
 from __future__ import annotations
 
-import duckdb
 import streamlit as st
 
 from foreshock.dashboard import charts, data
 from foreshock.dashboard.text import block, html_text, md_code, md_text
+from foreshock.storage.reader import QueryError
 
 DEFAULT_MONITORS = ["Δ2 spectral entropy (QK increment)", "ΔW_q spectral entropy",
                     "router token entropy (normalised)", "router ε (row conditioning)"]  # fmt: skip
@@ -114,7 +114,7 @@ def main() -> None:
     metrics = tuple(data.MONITORS[label][0] for label in labels)
     try:
         page = data.run_page(run_id, metrics, heads)
-    except duckdb.Error as exc:  # a value the queries cannot handle: say so, no traceback
+    except QueryError as exc:  # a value the queries cannot handle: say so, no traceback
         st.error(f"This run's history cannot be drawn: the store's query failed "
                  f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
         return
