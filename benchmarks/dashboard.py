@@ -39,9 +39,20 @@ def _serve(store: Path) -> tuple[subprocess.Popen, str]:
     import urllib.request
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "foreshock.cli", "dashboard", "--store",
-                                str(store), "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "dashboard",
+            "--store",
+            str(store),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -65,8 +76,10 @@ def measure(url: str, runs: int, repeats: int, shots: Path) -> dict:
 
     run_id = f"fleet-{runs // 2:04d}"
     fleet_ready = f"document.querySelectorAll('table.fs-fleet tbody tr').length === {runs}"
-    pages = {"fleet": (f"{url}/", fleet_ready),
-             "run page": (f"{url}/run?run={run_id}", PLOTS_DRAWN)}  # fmt: skip
+    pages = {
+        "fleet": (f"{url}/", fleet_ready),
+        "run page": (f"{url}/run?run={run_id}", PLOTS_DRAWN),
+    }
     times: dict[str, list[float]] = {name: [] for name in pages}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
@@ -117,21 +130,49 @@ def main() -> None:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
     medians = {k: median(v) for k, v in result["times"].items()}
-    print(f"history: {args.runs} runs × {args.steps} steps (every {args.every}); "
-          f"screenshots in {args.screenshots}")  # fmt: skip
-    print(format_table(["page (full load in Chromium)", "first load s", "median s", "min s",
-                        "max s", "target s"],
-                       [[k, round(result["cold"][k], 2), round(medians[k], 2),
-                         round(min(v), 2), round(max(v), 2), {"fleet": 2, "run page": 3}[k]]
-                        for k, v in result["times"].items()]))  # fmt: skip
-    emit_json({"runs": args.runs, "steps": args.steps, "every": args.every,
-               "fleet_median_s": round(medians["fleet"], 3),
-               "run_page_median_s": round(medians["run page"], 3),
-               "first_load_s": {k: round(v, 3) for k, v in result["cold"].items()},
-               "samples_s": {k: [round(x, 3) for x in v] for k, v in result["times"].items()},
-               "targets_met": {"fleet": medians["fleet"] <= 2.0,
-                               "run_page": medians["run page"] <= 3.0},
-               "screenshots": str(args.screenshots)})  # fmt: skip
+    print(
+        f"history: {args.runs} runs × {args.steps} steps (every {args.every}); "
+        f"screenshots in {args.screenshots}"
+    )
+    print(
+        format_table(
+            [
+                "page (full load in Chromium)",
+                "first load s",
+                "median s",
+                "min s",
+                "max s",
+                "target s",
+            ],
+            [
+                [
+                    k,
+                    round(result["cold"][k], 2),
+                    round(medians[k], 2),
+                    round(min(v), 2),
+                    round(max(v), 2),
+                    {"fleet": 2, "run page": 3}[k],
+                ]
+                for k, v in result["times"].items()
+            ],
+        )
+    )
+    emit_json(
+        {
+            "runs": args.runs,
+            "steps": args.steps,
+            "every": args.every,
+            "fleet_median_s": round(medians["fleet"], 3),
+            "run_page_median_s": round(medians["run page"], 3),
+            "first_load_s": {k: round(v, 3) for k, v in result["cold"].items()},
+            "samples_s": {k: [round(x, 3) for x in v] for k, v in result["times"].items()},
+            "targets_met": {
+                "fleet": medians["fleet"] <= 2.0,
+                "run_page": medians["run page"] <= 3.0,
+            },
+            "screenshots": str(args.screenshots),
+        }
+    )
 
 
 if __name__ == "__main__":

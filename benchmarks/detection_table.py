@@ -56,11 +56,19 @@ from ._table import emit_json, format_table
 
 # The family a fault's own warnings come from. gbs-small feeds the router's stable-winner loop
 # (noisier margins); a learning-rate ramp collapses the router first of the mechanisms.
-OWN = {"fa-lowprec": {"attention-numerics"}, "lr-high": {"router"}, "gbs-small": {"router"},
-       "combined": {"attention-numerics", "router"}, "router-collapse": {"router"}}  # fmt: skip
+OWN = {
+    "fa-lowprec": {"attention-numerics"},
+    "lr-high": {"router"},
+    "gbs-small": {"router"},
+    "combined": {"attention-numerics", "router"},
+    "router-collapse": {"router"},
+}
 # The causes a first mechanism warning may rightly name: lr-high is an optimizer fault.
-RIGHT_CAUSE = {**OWN, "lr-high": {"optimizer", "router"},
-               "combined": {"attention-numerics", "router", "optimizer"}}  # fmt: skip
+RIGHT_CAUSE = {
+    **OWN,
+    "lr-high": {"optimizer", "router"},
+    "combined": {"attention-numerics", "router", "optimizer"},
+}
 
 
 HEALTHY = "healthy"
@@ -115,18 +123,22 @@ def _judge(report: RunReport, scenario: str) -> dict:
         attribution = "ambiguous"
     else:
         attribution = "correct" if cause in RIGHT_CAUSE.get(scenario, set()) else "wrong"
-    return {"run": report.run_id, "divergence": div, "detected": detected,
-            "attribution": attribution,
-            "first": first and (first.family, first.module, first.step),
-            "cause": cause,
-            "mechanism_lead": None if div is None or first is None else div - first.step,
-            "before_symptom": div is not None and own_first is not None and (
-                symptom is None or own_first.step < symptom.step),
-            "before_any_symptom": own_first is not None and (
-                symptom is None or own_first.step < symptom.step),
-            "symptom_lead": None if div is None or symptom is None else div - symptom.step,
-            "family_leads": _family_leads(report),
-            }  # fmt: skip
+    return {
+        "run": report.run_id,
+        "divergence": div,
+        "detected": detected,
+        "attribution": attribution,
+        "first": first and (first.family, first.module, first.step),
+        "cause": cause,
+        "mechanism_lead": None if div is None or first is None else div - first.step,
+        "before_symptom": div is not None
+        and own_first is not None
+        and (symptom is None or own_first.step < symptom.step),
+        "before_any_symptom": own_first is not None
+        and (symptom is None or own_first.step < symptom.step),
+        "symptom_lead": None if div is None or symptom is None else div - symptom.step,
+        "family_leads": _family_leads(report),
+    }
 
 
 def _without(config: DetectorConfig, metrics: list[str]) -> DetectorConfig:
@@ -208,11 +220,13 @@ def main() -> None:
     profile = profile_of(next(iter(loaded.values())).labels)
     args.held_out = args.held_out or HELD_OUT_HEALTHY.get(profile, "")
     held_seeds = seed_spans(args.held_out) if args.held_out else set()
-    calib = [p for p in paths
-             if scenario_of[p] == HEALTHY and _seed(p, loaded[p]) not in held_seeds]  # fmt: skip
+    calib = [
+        p for p in paths if scenario_of[p] == HEALTHY and _seed(p, loaded[p]) not in held_seeds
+    ]
     held = [p for p in paths if p not in calib]
-    base = _without(DetectorConfig(DEFAULT_RULES if args.run_relative else BAND_RULES),
-                    args.without)  # fmt: skip
+    base = _without(
+        DetectorConfig(DEFAULT_RULES if args.run_relative else BAND_RULES), args.without
+    )
     config = calibrate_profile([loaded[p] for p in calib], base, replay_run)
     margin = config.calibration["margin"]
     if args.save_config:
@@ -227,34 +241,62 @@ def main() -> None:
         n = len(runs)
         mech = [r["mechanism_lead"] for r in runs if r["mechanism_lead"] is not None]
         sym = [r["symptom_lead"] for r in runs if r["symptom_lead"] is not None]
-        count = {k: sum(r["attribution"] == k for r in runs) for k in
-                 ("correct", "wrong", "ambiguous", "none")}  # fmt: skip
+        count = {
+            k: sum(r["attribution"] == k for r in runs)
+            for k in ("correct", "wrong", "ambiguous", "none")
+        }
         detected = sum(r["detected"] for r in runs)
         diverged = sum(r["divergence"] is not None for r in runs)
         earlier = sum(r["before_symptom"] for r in runs)
         if not diverged:  # a silent fault: its own warning before any symptom, over all runs
             earlier = sum(r["before_any_symptom"] for r in runs)
-        rows.append([f"{scenario} ({n})", f"{detected}/{n}", diverged, count["correct"],
-                     count["wrong"], count["ambiguous"], _median(mech), _median(sym),
-                     f"{earlier}/{diverged or n}" if scenario in OWN else "-"])  # fmt: skip
-        figures[scenario] = {"runs": n, "detected": detected, "attribution": count,
-                             "diverged": diverged, "own_family_before_symptom": earlier,
-                             "mechanism_lead_median": _median(mech),
-                             "symptom_lead_median": _median(sym), "verdicts": runs}  # fmt: skip
+        rows.append(
+            [
+                f"{scenario} ({n})",
+                f"{detected}/{n}",
+                diverged,
+                count["correct"],
+                count["wrong"],
+                count["ambiguous"],
+                _median(mech),
+                _median(sym),
+                f"{earlier}/{diverged or n}" if scenario in OWN else "-",
+            ]
+        )
+        figures[scenario] = {
+            "runs": n,
+            "detected": detected,
+            "attribution": count,
+            "diverged": diverged,
+            "own_family_before_symptom": earlier,
+            "mechanism_lead_median": _median(mech),
+            "symptom_lead_median": _median(sym),
+            "verdicts": runs,
+        }
         if scenario != HEALTHY:
             fault_runs = [loaded[p] for p in held if scenario_of[p] == scenario]
             figures[scenario]["envelope"] = _envelope_figures(fault_runs, runs, envelope, base)
             if diverged:
                 envelope_rows += _envelope_rows(f"{scenario} ({diverged})", figures[scenario])
     dropped = f"; without {', '.join(args.without)}" if args.without else ""
-    print(f"profile {profile}: calibrated on {len(calib)} healthy runs "
-          f"(held out: seeds {args.held_out}), "
-          f"margin {margin}; "
-          f"false-alarm bound per run: {config.false_alarm}; config {config.version}"
-          f"{dropped}")  # fmt: skip
-    header = ["scenario (held out)", "warned", "diverged", "attribution ok", "wrong",
-              "ambiguous", "lead: mechanism", "lead: symptom",
-              "own family before symptom"]  # fmt: skip
+    print(
+        f"profile {profile}: calibrated on {len(calib)} healthy runs "
+        f"(held out: seeds {args.held_out}), "
+        f"margin {margin}; "
+        f"false-alarm bound per run: {config.false_alarm}; config {config.version}"
+        f"{dropped}"
+    )
+    header = [
+        "scenario (held out)",
+        "warned",
+        "diverged",
+        "attribution ok",
+        "wrong",
+        "ambiguous",
+        "lead: mechanism",
+        "lead: symptom",
+        "own family before symptom",
+    ]
     print(format_table(header, rows))
     n_healthy = sum(s == HEALTHY for s in scenario_of.values())
     print(
@@ -266,10 +308,16 @@ def main() -> None:
     )
     if calm := [s for s, f in figures.items() if s != HEALTHY and not f["diverged"]]:
         print(f"no diverged run, no lead: {', '.join(calm)}")
-    emit_json({"profile": profile, "config_version": config.version,
-               "calibration_runs": len(calib),
-               "without": args.without,
-               "false_alarm_bound": config.false_alarm, "scenarios": figures})  # fmt: skip
+    emit_json(
+        {
+            "profile": profile,
+            "config_version": config.version,
+            "calibration_runs": len(calib),
+            "without": args.without,
+            "false_alarm_bound": config.false_alarm,
+            "scenarios": figures,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,14 @@ def _work(args: tuple[KafkaSettings, str, float]) -> dict[str, Any]:
 
     worker.process = timed  # type: ignore[method-assign]
     worker.run(stop, idle_exit=idle)
-    return {"messages": worker.messages, "values": worker.values, "warnings": worker.warnings,
-            "first": first[0], "last": last[0], "seconds": worker.seconds}  # fmt: skip
+    return {
+        "messages": worker.messages,
+        "values": worker.values,
+        "warnings": worker.warnings,
+        "first": first[0],
+        "last": last[0],
+        "seconds": worker.seconds,
+    }
 
 
 def _round(settings: KafkaSettings, workers: int, idle: float) -> dict[str, Any]:
@@ -86,10 +92,15 @@ def _round(settings: KafkaSettings, workers: int, idle: float) -> dict[str, Any]
     span = max(r["last"] for r in busy) - min(r["first"] for r in busy)
     values = sum(r["values"] for r in results)
     seconds = {k: round(sum(r["seconds"][k] for r in results), 2) for k in results[0]["seconds"]}
-    return {"workers": workers, "messages": sum(r["messages"] for r in results),
-            "values": values, "warnings_events": sum(r["warnings"] for r in results),
-            "seconds": round(span, 2), "values_per_s": round(values / span),
-            "time_split_s": seconds}  # fmt: skip
+    return {
+        "workers": workers,
+        "messages": sum(r["messages"] for r in results),
+        "values": values,
+        "warnings_events": sum(r["warnings"] for r in results),
+        "seconds": round(span, 2),
+        "values_per_s": round(values / span),
+        "time_split_s": seconds,
+    }
 
 
 def main() -> None:
@@ -104,9 +115,13 @@ def main() -> None:
 
     broker = None if args.bootstrap else EmbeddedBroker().start()
     name = f"bench.{uuid.uuid4().hex[:6]}"
-    settings = KafkaSettings(bootstrap_servers=args.bootstrap or broker.bootstrap,
-                             metrics_topic=f"{name}.metrics", warnings_topic=f"{name}.warnings",
-                             deadletter_topic=f"{name}.dead", partitions=6)  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=args.bootstrap or broker.bootstrap,
+        metrics_topic=f"{name}.metrics",
+        warnings_topic=f"{name}.warnings",
+        deadletter_topic=f"{name}.dead",
+        partitions=6,
+    )
     try:
         ensure_topics(settings)
         messages = _messages(copies)
@@ -117,11 +132,34 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
-    rows = [[r["workers"], r["messages"], r["values"], r["seconds"], r["values_per_s"],
-             r["time_split_s"]["consume+decode"], r["time_split_s"]["detect"],
-             r["time_split_s"]["produce+commit"]] for r in rounds]  # fmt: skip
-    print(format_table(["workers", "messages", "values", "s", "values/s", "consume+decode s",
-                        "detect s", "produce+commit s"], rows))  # fmt: skip
+    rows = [
+        [
+            r["workers"],
+            r["messages"],
+            r["values"],
+            r["seconds"],
+            r["values_per_s"],
+            r["time_split_s"]["consume+decode"],
+            r["time_split_s"]["detect"],
+            r["time_split_s"]["produce+commit"],
+        ]
+        for r in rounds
+    ]
+    print(
+        format_table(
+            [
+                "workers",
+                "messages",
+                "values",
+                "s",
+                "values/s",
+                "consume+decode s",
+                "detect s",
+                "produce+commit s",
+            ],
+            rows,
+        )
+    )
     emit_json({"published_messages": len(messages), "rounds": rounds})
 
 

@@ -25,8 +25,9 @@ LEAST = (0.1, 0.25, 0.5, 1.0)
 GRID = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0)  # the margins leave-one-out may choose from
 
 
-def false_warnings(healthy: list[RunReport], config: DetectorConfig, least: float, folds: int,
-                   repeats: int) -> dict[str, int]:  # fmt: skip
+def false_warnings(
+    healthy: list[RunReport], config: DetectorConfig, least: float, folds: int, repeats: int
+) -> dict[str, int]:
     """Held-out runs with a false warning per family, over ``repeats`` shuffled k-fold splits."""
     margins = tuple(m for m in GRID if m >= least)
     counts = dict.fromkeys(MECHANISMS, 0)
@@ -43,7 +44,9 @@ def false_warnings(healthy: list[RunReport], config: DetectorConfig, least: floa
                 for family in MECHANISMS:
                     counts[family] += any(
                         healthy[i].peaks.get(r.metric, 0.0) > calibrated.thresholds[r.metric]
-                        for r in config.rules if r.family == family)  # fmt: skip
+                        for r in config.rules
+                        if r.family == family
+                    )
     return counts
 
 
@@ -63,13 +66,23 @@ def main() -> None:
         counts = false_warnings(healthy, config, least, args.folds, repeats)
         rates = {f: counts[f] / trials for f in MECHANISMS}
         figures[str(least)] = rates
-        rows.append([f"{least:.0%}", *(f"{counts[f]}/{trials} = {rates[f]:.1%}"
-                                        for f in MECHANISMS)])  # fmt: skip
-    print(f"{len(healthy)} healthy runs, {args.folds}-fold × {repeats}; calibrated on "
-          f"{len(healthy) - len(healthy) // args.folds} or so per fold")  # fmt: skip
+        rows.append(
+            [f"{least:.0%}", *(f"{counts[f]}/{trials} = {rates[f]:.1%}" for f in MECHANISMS)]
+        )
+    print(
+        f"{len(healthy)} healthy runs, {args.folds}-fold × {repeats}; calibrated on "
+        f"{len(healthy) - len(healthy) // args.folds} or so per fold"
+    )
     print(format_table(["least margin", *(f"false warnings: {f}" for f in MECHANISMS)], rows))
-    emit_json({"healthy_runs": len(healthy), "folds": args.folds, "repeats": repeats,
-               "false_warning_rate": figures, "shipped_least_margin": min(MARGINS)})  # fmt: skip
+    emit_json(
+        {
+            "healthy_runs": len(healthy),
+            "folds": args.folds,
+            "repeats": repeats,
+            "false_warning_rate": figures,
+            "shipped_least_margin": min(MARGINS),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,15 @@ def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
         with _WRITTEN.get_lock():
             _WRITTEN.value += len(runs)
     for i in runs:
-        sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": f"fleet-{i}",
-                    "status": "finished", "divergence_step": None})  # fmt: skip
+        sink.write(
+            {
+                "schema": "foreshock.run/1",
+                "kind": "end",
+                "run_id": f"fleet-{i}",
+                "status": "finished",
+                "divergence_step": None,
+            }
+        )
     with _WRITTEN.get_lock():
         _WRITTEN.value += len(runs)
     sink.close(timeout=120)
@@ -142,10 +149,15 @@ class WarningClock(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka import Consumer, TopicPartition
 
-        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
-                                  "group.id": f"clock-{uuid.uuid4().hex[:6]}"})  # fmt: skip
-        self.consumer.assign([TopicPartition(settings.warnings_topic, p, 0)
-                              for p in range(settings.partitions)])  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": f"clock-{uuid.uuid4().hex[:6]}",
+            }
+        )
+        self.consumer.assign(
+            [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
+        )
         self.arrivals: dict[str, tuple[str, int, float]] = {}
         self.stop = threading.Event()
 
@@ -156,8 +168,7 @@ class WarningClock(threading.Thread):
                 continue
             event = json.loads(message.value())
             if event.get("event") == "opened":
-                self.arrivals.setdefault(event["id"], (event["run_id"], event["step"],
-                                                       time.time()))  # fmt: skip
+                self.arrivals.setdefault(event["id"], (event["run_id"], event["step"], time.time()))
         self.consumer.close()
 
 
@@ -165,10 +176,15 @@ def _latencies(store: Path, arrivals: dict[str, tuple[str, int, float]]) -> list
     from foreshock.storage.reader import open_history
 
     with open_history(store) as history:
-        stamps = {(r["run_id"], r["step"]): r["time"] for r in history.sql(
-            "SELECT run_id, step, time FROM steps").to_pylist()}  # fmt: skip
-    return [arrived - stamps[(run, step)] for run, step, arrived in arrivals.values()
-            if (run, step) in stamps]  # fmt: skip
+        stamps = {
+            (r["run_id"], r["step"]): r["time"]
+            for r in history.sql("SELECT run_id, step, time FROM steps").to_pylist()
+        }
+    return [
+        arrived - stamps[(run, step)]
+        for run, step, arrived in arrivals.values()
+        if (run, step) in stamps
+    ]
 
 
 def _stored_values(store: Path) -> int:
@@ -193,29 +209,46 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
     from foreshock.transport.topics import ensure_topics
 
     name = f"fleet{n}w{workers}-{uuid.uuid4().hex[:4]}"
-    settings = replace(base, metrics_topic=f"{name}.metrics", warnings_topic=f"{name}.warnings",
-                       deadletter_topic=f"{name}.dead")  # fmt: skip
+    settings = replace(
+        base,
+        metrics_topic=f"{name}.metrics",
+        warnings_topic=f"{name}.warnings",
+        deadletter_topic=f"{name}.dead",
+    )
     ensure_topics(settings)
     root = Path(tempfile.mkdtemp(prefix="foreshock-fleet-"))
     store = root / "history"
-    env = {"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-           "FORESHOCK_KAFKA_SPOOL_DIR": str(root / "spool")}  # fmt: skip
+    env = {
+        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+        "FORESHOCK_KAFKA_SPOOL_DIR": str(root / "spool"),
+    }
     clock = WarningClock(settings)
     clock.start()
     samples: list[tuple[float, dict[str, dict[str, float]]]] = []
     with ServiceGroup(env, root / "logs") as group:
         ports = {"sink": [free_port()], "detectors": [free_port() for _ in range(workers)]}
         urls = {k: [f"http://127.0.0.1:{p}/metrics" for p in v] for k, v in ports.items()}
-        group.start("sink", foreshock_command(
-            "sink", "--store", str(store), "--group", f"{name}-sink",
-            "--metrics-port", str(ports["sink"][0])))  # fmt: skip
+        group.start(
+            "sink",
+            foreshock_command(
+                "sink",
+                "--store",
+                str(store),
+                "--group",
+                f"{name}-sink",
+                "--metrics-port",
+                str(ports["sink"][0]),
+            ),
+        )
         for w, port in enumerate(ports["detectors"]):
-            group.start(f"detect-{w}", foreshock_command(
-                "detect", "--group", f"{name}-det", "--metrics-port", str(port)))  # fmt: skip
+            group.start(
+                f"detect-{w}",
+                foreshock_command("detect", "--group", f"{name}-det", "--metrics-port", str(port)),
+            )
         time.sleep(8)  # group joins (Tansu holds a JoinGroup for half the session timeout)
         procs = min(args.processes, n)
         chunks = [list(range(k, n, procs)) for k in range(procs)]
@@ -224,8 +257,9 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
         written = context.Value("q", 0)
         t0 = time.monotonic()
         with context.Pool(procs, initializer=_init_producer, initargs=(written,)) as pool:
-            pending = pool.map_async(_produce, [(c, settings_dict, args.rate, args.records)
-                                                for c in chunks])  # fmt: skip
+            pending = pool.map_async(
+                _produce, [(c, settings_dict, args.rate, args.records) for c in chunks]
+            )
             while not pending.ready():
                 pending.wait(2)
                 samples.append((time.monotonic() - t0, _sample(urls, written.value, store)))
@@ -254,21 +288,32 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
     lag = {k: [s[1][k]["lag"] for s in samples] for k in ("detectors", "sink")}
     backlog = {k: [s[1][k]["backlog"] for s in samples] for k in ("detectors", "sink")}
     at_stop = next((s[1] for s in samples if s[0] >= produce_s), samples[-1][1])
-    return {"runs": n, "workers": workers, "offered_values": offered, "stored_values": stored,
-            "produce_seconds": round(produce_s, 1), "total_seconds": round(total_s, 1),
-            "offered_values_per_s": round(offered / produce_s), "sustained_values_per_s":
-            round(stored / total_s), "warnings": len(clock.arrivals),
-            "latency_s": {q: round(quantile(latencies, p), 2) if latencies else None
-                          for q, p in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
-            "lag_max": {k: _finite_max(v) for k, v in lag.items()},
-            "backlog_max": {k: _finite_max(v) for k, v in backlog.items()},
-            "backlog_when_producers_stopped": {k: at_stop[k]["backlog"] for k in at_stop},
-            "lag_end": {k: v[-1] for k, v in lag.items()},
-            "backlog_end": {k: v[-1] for k, v in backlog.items()},
-            "lag_series": [(round(t, 1), {k: (v["lag"], v["backlog"]) for k, v in x.items()})
-                           for t, x in samples],
-            "fleet_query_s": round(query_s, 3), "lost_values": offered - stored,
-            "producer_pending": sum(p["pending"] for p in produced)}  # fmt: skip
+    return {
+        "runs": n,
+        "workers": workers,
+        "offered_values": offered,
+        "stored_values": stored,
+        "produce_seconds": round(produce_s, 1),
+        "total_seconds": round(total_s, 1),
+        "offered_values_per_s": round(offered / produce_s),
+        "sustained_values_per_s": round(stored / total_s),
+        "warnings": len(clock.arrivals),
+        "latency_s": {
+            q: round(quantile(latencies, p), 2) if latencies else None
+            for q, p in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+        },
+        "lag_max": {k: _finite_max(v) for k, v in lag.items()},
+        "backlog_max": {k: _finite_max(v) for k, v in backlog.items()},
+        "backlog_when_producers_stopped": {k: at_stop[k]["backlog"] for k in at_stop},
+        "lag_end": {k: v[-1] for k, v in lag.items()},
+        "backlog_end": {k: v[-1] for k, v in backlog.items()},
+        "lag_series": [
+            (round(t, 1), {k: (v["lag"], v["backlog"]) for k, v in x.items()}) for t, x in samples
+        ],
+        "fleet_query_s": round(query_s, 3),
+        "lost_values": offered - stored,
+        "producer_pending": sum(p["pending"] for p in produced),
+    }
 
 
 def main() -> None:
@@ -294,28 +339,67 @@ def main() -> None:
             for w in (int(x) for x in args.workers.split(",")):
                 results.append(run_case(base, n, w, args))
                 r = results[-1]
-                print(f"N={n} W={w}: offered {r['offered_values_per_s']:,} values/s, "
-                      f"sustained {r['sustained_values_per_s']:,}, lag max {r['lag_max']}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"N={n} W={w}: offered {r['offered_values_per_s']:,} values/s, "
+                    f"sustained {r['sustained_values_per_s']:,}, lag max {r['lag_max']}",
+                    flush=True,
+                )
     finally:
         if broker is not None:
             broker.stop()
-    rows = [[r["runs"], r["workers"], r["offered_values_per_s"], r["sustained_values_per_s"],
-             r["lost_values"], r["warnings"], r["latency_s"]["p50"], r["latency_s"]["p95"],
-             r["latency_s"]["p99"], r["backlog_max"]["detectors"], r["backlog_max"]["sink"],
-             r["backlog_end"]["detectors"], r["backlog_end"]["sink"], r["fleet_query_s"]]
-            for r in results]  # fmt: skip
-    print(format_table(["runs", "workers", "offered values/s", "sustained values/s", "lost",
-                        "warnings", "latency p50 s", "p95", "p99", "max backlog: detectors",
-                        "max backlog: sink", "end backlog: detectors", "end backlog: sink",
-                        "fleet query s"], rows))  # fmt: skip
-    saturated = [r for r in results
-                 if r["sustained_values_per_s"] < 0.9 * r["offered_values_per_s"]]  # fmt: skip
+    rows = [
+        [
+            r["runs"],
+            r["workers"],
+            r["offered_values_per_s"],
+            r["sustained_values_per_s"],
+            r["lost_values"],
+            r["warnings"],
+            r["latency_s"]["p50"],
+            r["latency_s"]["p95"],
+            r["latency_s"]["p99"],
+            r["backlog_max"]["detectors"],
+            r["backlog_max"]["sink"],
+            r["backlog_end"]["detectors"],
+            r["backlog_end"]["sink"],
+            r["fleet_query_s"],
+        ]
+        for r in results
+    ]
+    print(
+        format_table(
+            [
+                "runs",
+                "workers",
+                "offered values/s",
+                "sustained values/s",
+                "lost",
+                "warnings",
+                "latency p50 s",
+                "p95",
+                "p99",
+                "max backlog: detectors",
+                "max backlog: sink",
+                "end backlog: detectors",
+                "end backlog: sink",
+                "fleet query s",
+            ],
+            rows,
+        )
+    )
+    saturated = [
+        r for r in results if r["sustained_values_per_s"] < 0.9 * r["offered_values_per_s"]
+    ]
     knee = saturated[0]["runs"] if saturated else None
-    emit_json({"rate_per_run": args.rate, "records_per_run": args.records, "knee_runs": knee,
-               "cases": [{k: v for k, v in r.items() if k != "lag_series"} for r in results],
-               "lag_series": {f"N={r['runs']},W={r['workers']}": r["lag_series"]
-                              for r in results}})  # fmt: skip
+    emit_json(
+        {
+            "rate_per_run": args.rate,
+            "records_per_run": args.records,
+            "knee_runs": knee,
+            "cases": [{k: v for k, v in r.items() if k != "lag_series"} for r in results],
+            "lag_series": {f"N={r['runs']},W={r['workers']}": r["lag_series"] for r in results},
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,7 @@ def _compare(path: Path, steps: int, scratch: Path) -> dict:
     losses = _retrained_losses(run.labels, steps, scratch)
     checked = [s for s in sorted(recorded) if s < len(losses)]
     first_diff = next((s for s in checked if losses[s] != recorded[s]), None)
-    return {"run": run.run_id, "scenario": run.labels["scenario"],
-            "identical": first_diff is None}  # fmt: skip
+    return {"run": run.run_id, "scenario": run.labels["scenario"], "identical": first_diff is None}
 
 
 def main() -> None:
@@ -59,20 +58,35 @@ def main() -> None:
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for result in results:
         by_scenario[result["scenario"]].append(result)
-    rows = [[scenario, len(rs), sum(r["identical"] for r in rs),
-             ", ".join(r["run"] for r in rs if not r["identical"])[:70] or "-"]
-            for scenario, rs in sorted(by_scenario.items())]  # fmt: skip
+    rows = [
+        [
+            scenario,
+            len(rs),
+            sum(r["identical"] for r in rs),
+            ", ".join(r["run"] for r in rs if not r["identical"])[:70] or "-",
+        ]
+        for scenario, rs in sorted(by_scenario.items())
+    ]
     here = torch.backends.cpu.get_cpu_capability()
     seconds = time.perf_counter() - start
-    print(f"retrained {steps} steps of {len(results)} recorded runs on this machine "
-          f"(CPU capability {here}, torch {torch.__version__}) in {seconds:.0f} s; "
-          "loss compared at every monitored step")  # fmt: skip
+    print(
+        f"retrained {steps} steps of {len(results)} recorded runs on this machine "
+        f"(CPU capability {here}, torch {torch.__version__}) in {seconds:.0f} s; "
+        "loss compared at every monitored step"
+    )
     print(format_table(["scenario", "runs", "bit-identical", "differing"], rows))
     identical = sum(r["identical"] for r in results)
-    emit_json({"runs": len(results), "steps": steps, "identical": identical,
-               "identical_fraction": round(identical / max(len(results), 1), 4),
-               "cpu_capability": here, "torch": torch.__version__,
-               "differing": [r["run"] for r in results if not r["identical"]]})  # fmt: skip
+    emit_json(
+        {
+            "runs": len(results),
+            "steps": steps,
+            "identical": identical,
+            "identical_fraction": round(identical / max(len(results), 1), 4),
+            "cpu_capability": here,
+            "torch": torch.__version__,
+            "differing": [r["run"] for r in results if not r["identical"]],
+        }
+    )
 
 
 if __name__ == "__main__":

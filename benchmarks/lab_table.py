@@ -44,8 +44,13 @@ def _end_of(run: RecordedRun) -> int | None:
     return None if run.end is None else run.end.get("last_step", 0) + 1
 
 
-def _family_figures(group: list[RecordedRun], healthy: list[RecordedRun], min_step: int,
-                    consecutive: int, pad: float) -> dict[str, dict]:  # fmt: skip
+def _family_figures(
+    group: list[RecordedRun],
+    healthy: list[RecordedRun],
+    min_step: int,
+    consecutive: int,
+    pad: float,
+) -> dict[str, dict]:
     """Per family: post-onset exits, raw leads, share of runs moved, false (pre-onset) exits."""
     out = {
         f: {"exits": [], "leads": [], "moved": 0, "false_exits": 0, "directions": [], "where": []}
@@ -86,10 +91,12 @@ def analyse(runs: list[RecordedRun], min_step: int, consecutive: int, pad: float
         group = by_scenario[scenario]
         divs = [r.divergence_step for r in group if r.divergence_step is not None]
         figures[scenario] = {
-            "runs": len(group), "diverged": len(divs), "divergence": divs,
+            "runs": len(group),
+            "diverged": len(divs),
+            "divergence": divs,
             "cpu_seconds": [r.end.get("cpu_seconds") for r in group if r.end],
             "families": _family_figures(group, healthy, min_step, consecutive, pad),
-        }  # fmt: skip
+        }
     return figures
 
 
@@ -140,8 +147,14 @@ def _seed_list(text: str) -> list[int]:
     return sorted(seed_spans(text))
 
 
-def generate(directory: Path, seeds: list[int], steps: int, scenarios: list[str], jobs: int,
-             arch: str = "gpt-moe") -> None:  # fmt: skip
+def generate(
+    directory: Path,
+    seeds: list[int],
+    steps: int,
+    scenarios: list[str],
+    jobs: int,
+    arch: str = "gpt-moe",
+) -> None:
     """Train the runs with ``foreshock lab run`` in parallel subprocesses; gzip each file."""
     directory.mkdir(parents=True, exist_ok=True)
     prefix = "" if arch == "gpt-moe" else f"{arch}-"
@@ -151,9 +164,26 @@ def generate(directory: Path, seeds: list[int], steps: int, scenarios: list[str]
             out = directory / f"{prefix}{scenario}-s{seed}.jsonl"
             if (directory / f"{out.name}.gz").exists():
                 continue
-            commands.append([sys.executable, "-m", "foreshock.cli", "lab", "run", "--quiet",
-                             "--arch", arch, "--scenario", scenario, "--seed", str(seed),
-                             "--steps", str(steps), "--out", str(out)])  # fmt: skip
+            commands.append(
+                [
+                    sys.executable,
+                    "-m",
+                    "foreshock.cli",
+                    "lab",
+                    "run",
+                    "--quiet",
+                    "--arch",
+                    arch,
+                    "--scenario",
+                    scenario,
+                    "--seed",
+                    str(seed),
+                    "--steps",
+                    str(steps),
+                    "--out",
+                    str(out),
+                ]
+            )
 
     def run(command: list[str]) -> None:
         subprocess.run(command, check=True)
@@ -180,8 +210,14 @@ def main() -> None:
     args = parser.parse_args()
     directory = args.generate or args.runs
     if args.generate:
-        generate(args.generate, _seed_list(args.seeds), args.steps, args.scenarios.split(","),
-                 args.jobs, args.arch)  # fmt: skip
+        generate(
+            args.generate,
+            _seed_list(args.seeds),
+            args.steps,
+            args.scenarios.split(","),
+            args.jobs,
+            args.arch,
+        )
     runs = [load_run(p) for p in shipped_runs(directory)]
     unfinished = [r.run_id for r in runs if r.end is None]
     if unfinished:
@@ -201,13 +237,20 @@ def main() -> None:
     figures = analyse(runs, args.min_step, args.consecutive, args.pad)
     print_tables(figures)
     cpu = [r.end["cpu_seconds"] for r in runs if r.end and "cpu_seconds" in r.end]
-    print(f"\nruns: {len(runs)}; CPU per run: median {statistics.median(cpu):.0f} s "
-          f"[{min(cpu):.0f}–{max(cpu):.0f}]" if cpu else "")  # fmt: skip
-    emit_json({
-        "runs": len(runs), "cpu_seconds_median": statistics.median(cpu) if cpu else None,
-        "band": {"pad": args.pad, "consecutive": args.consecutive, "min_step": args.min_step},
-        "scenarios": figures,
-    })  # fmt: skip
+    print(
+        f"\nruns: {len(runs)}; CPU per run: median {statistics.median(cpu):.0f} s "
+        f"[{min(cpu):.0f}–{max(cpu):.0f}]"
+        if cpu
+        else ""
+    )
+    emit_json(
+        {
+            "runs": len(runs),
+            "cpu_seconds_median": statistics.median(cpu) if cpu else None,
+            "band": {"pad": args.pad, "consecutive": args.consecutive, "min_step": args.min_step},
+            "scenarios": figures,
+        }
+    )
 
 
 if __name__ == "__main__":

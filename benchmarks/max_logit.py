@@ -33,10 +33,18 @@ def tiny_mixtral() -> torch.nn.Module:
     import transformers
 
     config = transformers.MixtralConfig(
-        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
-        intermediate_size=256, num_local_experts=8, num_experts_per_tok=2, vocab_size=256,
-        max_position_embeddings=256, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        intermediate_size=256,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=256,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     return transformers.MixtralForCausalLM(config)
 
@@ -84,15 +92,34 @@ def main() -> None:
     single_thread()
     repeats = 15 if args.quick else 60
     r = measure(repeats)
-    print(format_table(
-        ["arm", "median forward+backward", "vs plain"],
-        [["plain (sdpa)", f"{r['step_s_plain'] * 1e3:.1f} ms", "–"],
-         ["wrapped, off step", f"{r['step_s_off'] * 1e3:.1f} ms", f"{r['overhead_off']:+.1%}"],
-         ["wrapped, monitoring step", f"{r['step_s_on'] * 1e3:.1f} ms",
-          f"{r['overhead_on']:+.1%}"]],
-    ))  # fmt: skip
-    emit_json({"benchmark": "max_logit", "quick": args.quick, "repeats": repeats,
-               "batch": BATCH, "tokens": TOKENS, **r})  # fmt: skip
+    print(
+        format_table(
+            ["arm", "median forward+backward", "vs plain"],
+            [
+                ["plain (sdpa)", f"{r['step_s_plain'] * 1e3:.1f} ms", "–"],
+                [
+                    "wrapped, off step",
+                    f"{r['step_s_off'] * 1e3:.1f} ms",
+                    f"{r['overhead_off']:+.1%}",
+                ],
+                [
+                    "wrapped, monitoring step",
+                    f"{r['step_s_on'] * 1e3:.1f} ms",
+                    f"{r['overhead_on']:+.1%}",
+                ],
+            ],
+        )
+    )
+    emit_json(
+        {
+            "benchmark": "max_logit",
+            "quick": args.quick,
+            "repeats": repeats,
+            "batch": BATCH,
+            "tokens": TOKENS,
+            **r,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -386,22 +386,36 @@ def summarize(arms: list[Arm]) -> dict[str, Any]:
 
 def table(arms: list[Arm], f: dict[str, Any]) -> str:
     headers = [
-        "config", "steps", "step s", "end-to-end", "[q25, q75]", "direct", "[q25, q75]",
-        "fwd hooks", "monitor s/step", "s/measuring call", "s/idle call",
-    ]  # fmt: skip
+        "config",
+        "steps",
+        "step s",
+        "end-to-end",
+        "[q25, q75]",
+        "direct",
+        "[q25, q75]",
+        "fwd hooks",
+        "monitor s/step",
+        "s/measuring call",
+        "s/idle call",
+    ]
     rows: list[list[object]] = [["no monitor", arms[0].steps, f["step_s_none"], *["-"] * 8]]
     for arm in arms[1:]:
         k = arm.name
-        rows.append([
-            f"every={arm.every}", arm.steps, f[f"step_s_{k}"],
-            f"{f[f'overhead_{k}']:+.2%}",
-            f"[{f[f'overhead_{k}_q25']:+.2%}, {f[f'overhead_{k}_q75']:+.2%}]",
-            f"{f[f'direct_{k}']:.2%}",
-            f"[{f[f'direct_{k}_q25']:.2%}, {f[f'direct_{k}_q75']:.2%}]",
-            f"{f[f'direct_{k}_forward_hooks']:.3%}",
-            f"{f[f'monitor_s_per_step_{k}']:.2e}", f"{f[f'measure_call_s_{k}']:.2e}",
-            f"{f[f'idle_call_s_{k}']:.1e}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"every={arm.every}",
+                arm.steps,
+                f[f"step_s_{k}"],
+                f"{f[f'overhead_{k}']:+.2%}",
+                f"[{f[f'overhead_{k}_q25']:+.2%}, {f[f'overhead_{k}_q75']:+.2%}]",
+                f"{f[f'direct_{k}']:.2%}",
+                f"[{f[f'direct_{k}_q25']:.2%}, {f[f'direct_{k}_q75']:.2%}]",
+                f"{f[f'direct_{k}_forward_hooks']:.3%}",
+                f"{f[f'monitor_s_per_step_{k}']:.2e}",
+                f"{f[f'measure_call_s_{k}']:.2e}",
+                f"{f[f'idle_call_s_{k}']:.1e}",
+            ]
+        )
     return format_table(headers, rows)
 
 

@@ -27,51 +27,89 @@ Rows = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
 
 def _spectra(r: dict) -> list[tuple[str, str]]:
-    return [(f"compressed cores vs dense SVD of each head's d×d Δ2, one layer, d = {x['d']} "
-             f"({x['heads']} heads of {r['d_head']})",
-             f"{x['speedup_dense_over_best']:.0f}× faster; entropy error "
-             f"{min(x['err_eigh'], x['err_svd']):.1e}") for x in r["results"]]  # fmt: skip
+    return [
+        (
+            f"compressed cores vs dense SVD of each head's d×d Δ2, one layer, d = {x['d']} "
+            f"({x['heads']} heads of {r['d_head']})",
+            f"{x['speedup_dense_over_best']:.0f}× faster; entropy error "
+            f"{min(x['err_eigh'], x['err_svd']):.1e}",
+        )
+        for x in r["results"]
+    ]
 
 
 def _overhead(r: dict) -> list[tuple[str, str]]:
     model = r["model"].get("name", "lab")
     every, share = r.get("target_every"), r.get("target_share")
-    rows = [(f"{model}: monitor time per training step at δ = {d} (inside the monitor)",
-             f"{r[f'direct_every{d}']:.2%}"
-             + (f" (target ≤ {share:.0%})" if share is not None and d == every else ""))
-            for d in (10, 100)]  # fmt: skip
-    rows.append((f"{model}: end-to-end step-time difference at δ = 10 (noise of a few %)",
-                 f"{r['overhead_every10']:+.2%}"))  # fmt: skip
+    rows = [
+        (
+            f"{model}: monitor time per training step at δ = {d} (inside the monitor)",
+            f"{r[f'direct_every{d}']:.2%}"
+            + (f" (target ≤ {share:.0%})" if share is not None and d == every else ""),
+        )
+        for d in (10, 100)
+    ]
+    rows.append(
+        (
+            f"{model}: end-to-end step-time difference at δ = 10 (noise of a few %)",
+            f"{r['overhead_every10']:+.2%}",
+        )
+    )
     return rows
 
 
 def _max_logit(r: dict) -> list[tuple[str, str]]:
-    return [(f"max_logit via the attention registry, tiny Mixtral ({r['layers']} layers, "
-             f"batch {r['batch']} × {r['tokens']}): forward + backward on a monitoring step",
-             f"{r['overhead_on']:+.1%} vs plain SDPA"),
-            ("… on every other step (wrapper installed, disarmed)",
-             f"{r['overhead_off']:+.1%} (noise)")]  # fmt: skip
+    return [
+        (
+            f"max_logit via the attention registry, tiny Mixtral ({r['layers']} layers, "
+            f"batch {r['batch']} × {r['tokens']}): forward + backward on a monitoring step",
+            f"{r['overhead_on']:+.1%} vs plain SDPA",
+        ),
+        (
+            "… on every other step (wrapper installed, disarmed)",
+            f"{r['overhead_off']:+.1%} (noise)",
+        ),
+    ]
 
 
 def _detection(r: dict) -> list[tuple[str, str]]:
-    rows = [("profile; calibration runs; config", f"{r.get('profile', 'gpt-moe')}; "
-             f"{r['calibration_runs']} healthy; `{r['config_version']}`")]  # fmt: skip
+    rows = [
+        (
+            "profile; calibration runs; config",
+            f"{r.get('profile', 'gpt-moe')}; "
+            f"{r['calibration_runs']} healthy; `{r['config_version']}`",
+        )
+    ]
     for scenario, s in r["scenarios"].items():
         if scenario in ("healthy", "fa-noise", "router-mild"):
-            rows.append((f"false warnings on held-out {scenario} runs",
-                         f"{s['detected']} of {s['runs']} runs"))  # fmt: skip
+            rows.append(
+                (
+                    f"false warnings on held-out {scenario} runs",
+                    f"{s['detected']} of {s['runs']} runs",
+                )
+            )
             continue
         a = s["attribution"]
         symptom = s["symptom_lead_median"] if s["symptom_lead_median"] is not None else "–"
-        lead = (f"; median lead {s['mechanism_lead_median']} steps (mechanism) vs "
-                f"{symptom} (symptom: loss, grad norm, weight norm)"
-                if s["mechanism_lead_median"] is not None else "")  # fmt: skip
-        earlier = (f"; own family before any symptom warning in "
-                   f"{s['own_family_before_symptom']}/{s['diverged']} diverged runs"
-                   if s.get("diverged") else "")  # fmt: skip
-        rows.append((f"{scenario}: warned by its own family before divergence",
-                     f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
-                     f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}{earlier}"))  # fmt: skip
+        lead = (
+            f"; median lead {s['mechanism_lead_median']} steps (mechanism) vs "
+            f"{symptom} (symptom: loss, grad norm, weight norm)"
+            if s["mechanism_lead_median"] is not None
+            else ""
+        )
+        earlier = (
+            f"; own family before any symptom warning in "
+            f"{s['own_family_before_symptom']}/{s['diverged']} diverged runs"
+            if s.get("diverged")
+            else ""
+        )
+        rows.append(
+            (
+                f"{scenario}: warned by its own family before divergence",
+                f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
+                f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}{earlier}",
+            )
+        )
         rows += _envelope(scenario, s.get("envelope", {}))
     return rows
 
@@ -84,8 +122,12 @@ def _envelope(scenario: str, envelope: dict) -> list[tuple[str, str]]:
             continue
         detectors = e.get("detector_lead_median")
         share = f" ({detectors / e['family_best_median']:.0%})" if detectors else ""
-        rows.append((f"{scenario}: {family} envelope lead (family best, median)",
-                     f"{e['family_best_median']} steps; detectors {detectors}{share}"))  # fmt: skip
+        rows.append(
+            (
+                f"{scenario}: {family} envelope lead (family best, median)",
+                f"{e['family_best_median']} steps; detectors {detectors}{share}",
+            )
+        )
     return rows
 
 
@@ -94,9 +136,13 @@ def _router_collapse(r: dict) -> list[tuple[str, str]]:
     for profile, figures in r["profiles"].items():
         for scenario, f in figures.items():
             dropped = "" if f["dropped"] is None else f", dropped fraction {f['dropped']}"
-            rows.append((f"{profile}, {scenario} ({f['runs']} runs, {f['diverged']} diverged)",
-                         f"loss {f['loss']} (gap {f['loss_gap']:+}), token entropy "
-                         f"{f['token_entropy']}{dropped}"))  # fmt: skip
+            rows.append(
+                (
+                    f"{profile}, {scenario} ({f['runs']} runs, {f['diverged']} diverged)",
+                    f"loss {f['loss']} (gap {f['loss_gap']:+}), token entropy "
+                    f"{f['token_entropy']}{dropped}",
+                )
+            )
     return rows
 
 
@@ -104,17 +150,25 @@ def _false_alarms(r: dict) -> list[tuple[str, str]]:
     rows = []
     for least, rates in r["false_warning_rate"].items():
         shipped = " (shipped)" if float(least) == r["shipped_least_margin"] else ""
-        rows.append((f"unseen healthy runs with a false warning, least margin "
-                     f"{float(least):.0%}{shipped}",
-                     ", ".join(f"{f} {v:.1%}" for f, v in rates.items())))  # fmt: skip
+        rows.append(
+            (
+                f"unseen healthy runs with a false warning, least margin "
+                f"{float(least):.0%}{shipped}",
+                ", ".join(f"{f} {v:.1%}" for f, v in rates.items()),
+            )
+        )
     return rows
 
 
 def _lab_reproducibility(r: dict) -> list[tuple[str, str]]:
     differing = ", ".join(r["differing"][:8]) + (" …" if len(r["differing"]) > 8 else "")
-    return [(f"shipped runs whose first {r['steps'] - 1} steps retrain bit-identical here "
-             f"(CPU {r['cpu_capability']}, torch {r['torch']})",
-             f"{r['identical']}/{r['runs']}; differing: {differing or 'none'}")]  # fmt: skip
+    return [
+        (
+            f"shipped runs whose first {r['steps'] - 1} steps retrain bit-identical here "
+            f"(CPU {r['cpu_capability']}, torch {r['torch']})",
+            f"{r['identical']}/{r['runs']}; differing: {differing or 'none'}",
+        )
+    ]
 
 
 def _storage(r: dict) -> list[tuple[str, str]]:
@@ -122,24 +176,40 @@ def _storage(r: dict) -> list[tuple[str, str]]:
     rows = [("ingest, Kafka → store (one sink)", f"{r['ingest_values_per_s']:,} values/s")]
     if "ingest_values_per_s_2_sinks" in r:
         scaling = r["ingest_scaling_2_over_1"]
-        rows.append(("ingest, two sink processes in one group",
-                     f"{r['ingest_values_per_s_2_sinks']:,} values/s "
-                     f"({scaling:.2f}× one sink; target ≥ 1.6×)"))  # fmt: skip
-    rows += [(f"fleet query, {r['history_runs']} runs × {r['history_steps']:,} steps",
-              f"{q['fleet']:.2f} s"), ("run page queries", f"{q['run page']:.2f} s")]  # fmt: skip
+        rows.append(
+            (
+                "ingest, two sink processes in one group",
+                f"{r['ingest_values_per_s_2_sinks']:,} values/s "
+                f"({scaling:.2f}× one sink; target ≥ 1.6×)",
+            )
+        )
+    rows += [
+        (
+            f"fleet query, {r['history_runs']} runs × {r['history_steps']:,} steps",
+            f"{q['fleet']:.2f} s",
+        ),
+        ("run page queries", f"{q['run page']:.2f} s"),
+    ]
     before = r.get("segment_store_before")
     if before and "history_bytes" in r:
-        rows.append(("history on disk (compacted, vacuumed)",
-                     f"{r['history_bytes'] / 1e6:.0f} MB (segment store: "
-                     f"{before['history_bytes'] / 1e6:.0f} MB)"))  # fmt: skip
+        rows.append(
+            (
+                "history on disk (compacted, vacuumed)",
+                f"{r['history_bytes'] / 1e6:.0f} MB (segment store: "
+                f"{before['history_bytes'] / 1e6:.0f} MB)",
+            )
+        )
     return rows
 
 
 def _dashboard(r: dict) -> list[tuple[str, str]]:
-    return [(f"fleet page in Chromium, {r['runs']} runs × {r['steps']:,} steps (median)",
-             f"{r['fleet_median_s']:.2f} s (target ≤ 2 s)"),
-            ("run page in Chromium (median)",
-             f"{r['run_page_median_s']:.2f} s (target ≤ 3 s)")]  # fmt: skip
+    return [
+        (
+            f"fleet page in Chromium, {r['runs']} runs × {r['steps']:,} steps (median)",
+            f"{r['fleet_median_s']:.2f} s (target ≤ 2 s)",
+        ),
+        ("run page in Chromium (median)", f"{r['run_page_median_s']:.2f} s (target ≤ 3 s)"),
+    ]
 
 
 def _fleet(r: dict) -> list[tuple[str, str]]:
@@ -147,49 +217,79 @@ def _fleet(r: dict) -> list[tuple[str, str]]:
     for c in r["cases"]:
         lat = c["latency_s"]
         backlog = c.get("backlog_max", c["lag_max"])
-        rows.append((f"end to end, {c['runs']} runs, {c['workers']} detector worker(s)",
-                     f"{c['sustained_values_per_s']:,} of {c['offered_values_per_s']:,} values/s "
-                     f"offered, {c['lost_values']} lost; warning latency p50 {lat['p50']} s, "
-                     f"p95 {lat['p95']} s, p99 {lat['p99']} s; max backlog "
-                     f"{backlog['detectors']:,.0f} / {backlog['sink']:,.0f} messages "
-                     f"(detectors / sink)"))  # fmt: skip
-    rows.append(("knee (smallest fleet below 90 % of its offered rate)",
-                 str(r["knee_runs"] or "not reached")))  # fmt: skip
+        rows.append(
+            (
+                f"end to end, {c['runs']} runs, {c['workers']} detector worker(s)",
+                f"{c['sustained_values_per_s']:,} of {c['offered_values_per_s']:,} values/s "
+                f"offered, {c['lost_values']} lost; warning latency p50 {lat['p50']} s, "
+                f"p95 {lat['p95']} s, p99 {lat['p99']} s; max backlog "
+                f"{backlog['detectors']:,.0f} / {backlog['sink']:,.0f} messages "
+                f"(detectors / sink)",
+            )
+        )
+    rows.append(
+        (
+            "knee (smallest fleet below 90 % of its offered rate)",
+            str(r["knee_runs"] or "not reached"),
+        )
+    )
     return rows
 
 
 def _soak(r: dict) -> list[tuple[str, str]]:
     lag = r["lag"]
     renders = r["dashboard"]["renders"]
-    rows = [(f"{r['duration_s']:.0f} s at {r['offered_values_per_s']:,} values/s offered "
-             f"({r['offered_values_per_s'] / r['saturation_values_per_s']:.0%} of saturation), "
-             f"{r['runs_started']:,} runs ({r['concurrent_runs']} at a time)",
-             f"{r['lost_values']:,} values lost of {r['offered_values']:,}; stored "
-             f"{r['stored_values_per_s_steady']:,} values/s in the steady state")]  # fmt: skip
+    rows = [
+        (
+            f"{r['duration_s']:.0f} s at {r['offered_values_per_s']:,} values/s offered "
+            f"({r['offered_values_per_s'] / r['saturation_values_per_s']:.0%} of saturation), "
+            f"{r['runs_started']:,} runs ({r['concurrent_runs']} at a time)",
+            f"{r['lost_values']:,} values lost of {r['offered_values']:,}; stored "
+            f"{r['stored_values_per_s_steady']:,} values/s in the steady state",
+        )
+    ]
     for service, m in r["memory"].items():
         if m["growth"] is None:
             continue
         verdict = {True: "flat", False: "not flat", None: "for information"}[m["flat"]]
-        rows.append((f"RSS {service}, after {r['warmup_s']:.0f} s warm-up → end of load",
-                     f"{m['rss_start_mb']:.0f} → {m['rss_end_mb']:.0f} MB ({m['growth']:+.0%}, "
-                     f"{m['slope_mb_per_min']:+.1f} MB/min, max {m['rss_max_mb']:.0f} MB"
-                     f"{_recycled(r) if service == 'broker' else ''}): {verdict}"))  # fmt: skip
-    rows.append(("consumer lag max / at end of load / drained (detector; sink)",
-                 f"{lag['detector']['lag_max']:.0f} / {lag['detector']['lag_end_of_load']:.0f} / "
-                 f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
-                 f"{lag['sink']['lag_end_of_load']:.0f} / {lag['sink']['lag_drained']:.0f} "
-                 "messages"))  # fmt: skip
-    rows.append(("backlog: written − consumed (detector); − stored (sink): max / end / drained",
-                 f"{_backlog(lag['detector'])}; {_backlog(lag['sink'])} messages"))  # fmt: skip
-    rows.append(("dashboard renders over the agent API (fleet; run page), median",
-                 f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
-                 f"({len(r['dashboard']['failures'])} failures)"))  # fmt: skip
+        rows.append(
+            (
+                f"RSS {service}, after {r['warmup_s']:.0f} s warm-up → end of load",
+                f"{m['rss_start_mb']:.0f} → {m['rss_end_mb']:.0f} MB ({m['growth']:+.0%}, "
+                f"{m['slope_mb_per_min']:+.1f} MB/min, max {m['rss_max_mb']:.0f} MB"
+                f"{_recycled(r) if service == 'broker' else ''}): {verdict}",
+            )
+        )
+    rows.append(
+        (
+            "consumer lag max / at end of load / drained (detector; sink)",
+            f"{lag['detector']['lag_max']:.0f} / {lag['detector']['lag_end_of_load']:.0f} / "
+            f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
+            f"{lag['sink']['lag_end_of_load']:.0f} / {lag['sink']['lag_drained']:.0f} "
+            "messages",
+        )
+    )
+    rows.append(
+        (
+            "backlog: written − consumed (detector); − stored (sink): max / end / drained",
+            f"{_backlog(lag['detector'])}; {_backlog(lag['sink'])} messages",
+        )
+    )
+    rows.append(
+        (
+            "dashboard renders over the agent API (fleet; run page), median",
+            f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
+            f"({len(r['dashboard']['failures'])} failures)",
+        )
+    )
     return rows
 
 
 def _backlog(lag: dict) -> str:
-    return (f"{lag['backlog_max']:,.0f} / {lag['backlog_end_of_load']:,.0f} / "
-            f"{lag['backlog_drained']:,.0f}")  # fmt: skip
+    return (
+        f"{lag['backlog_max']:,.0f} / {lag['backlog_end_of_load']:,.0f} / "
+        f"{lag['backlog_drained']:,.0f}"
+    )
 
 
 def _recycled(r: dict) -> str:
@@ -200,15 +300,21 @@ def _recycled(r: dict) -> str:
 
 def _unreachable(r: dict) -> list[tuple[str, str]]:
     m = r["modes"]
-    return [(f"training loop, broker unreachable for the whole run vs live ({r['steps']} "
-             f"steps, median of {r['repeats']})",
-             f"{r['slowdown_unreachable_vs_live']:+.1%} (target ≤ +5 %); "
-             f"{m['live']['step_s_median'] * 1000:.0f} vs "
-             f"{m['unreachable']['step_s_median'] * 1000:.0f} ms/step"),
-            ("its records after a broker came up (`foreshock spool flush`)",
-             f"{r['spooled']} spooled, {r['delivered_later']} delivered, {r['missing']} "
-             f"missing, {r['duplicates']} duplicates; {r['runs_complete']} of "
-             f"{len(r['per_run'])} runs complete")]  # fmt: skip
+    return [
+        (
+            f"training loop, broker unreachable for the whole run vs live ({r['steps']} "
+            f"steps, median of {r['repeats']})",
+            f"{r['slowdown_unreachable_vs_live']:+.1%} (target ≤ +5 %); "
+            f"{m['live']['step_s_median'] * 1000:.0f} vs "
+            f"{m['unreachable']['step_s_median'] * 1000:.0f} ms/step",
+        ),
+        (
+            "its records after a broker came up (`foreshock spool flush`)",
+            f"{r['spooled']} spooled, {r['delivered_later']} delivered, {r['missing']} "
+            f"missing, {r['duplicates']} duplicates; {r['runs_complete']} of "
+            f"{len(r['per_run'])} runs complete",
+        ),
+    ]
 
 
 def _reliability(r: dict) -> list[tuple[str, str]]:
@@ -301,18 +407,25 @@ def run(name: str) -> None:
 def save(name: str, result: dict[str, Any], args: list[str], when: float | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     module = MODULE.get(name, name)
-    record = {"command": " ".join(["python -m", f"benchmarks.{module}", *args]).strip(),
-              "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                         f"{platform.python_version()}", "result": result}  # fmt: skip
+    record = {
+        "command": " ".join(["python -m", f"benchmarks.{module}", *args]).strip(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+        "result": result,
+    }
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))
 
 
 def render() -> str:
-    lines = ["# Benchmarks: the numbers", "",
-             "Generated by `python -m benchmarks.readme` from `benchmarks/results/*.json` — do",
-             "not edit by hand. Rerun a benchmark and regenerate with",
-             "`python -m benchmarks.readme --run NAME`.", ""]  # fmt: skip
+    lines = [
+        "# Benchmarks: the numbers",
+        "",
+        "Generated by `python -m benchmarks.readme` from `benchmarks/results/*.json` — do",
+        "not edit by hand. Rerun a benchmark and regenerate with",
+        "`python -m benchmarks.readme --run NAME`.",
+        "",
+    ]
     for name, (_, rows, title) in BENCHMARKS.items():
         path = RESULTS / f"{name}.json"
         lines += [f"## {title}", ""]
@@ -321,8 +434,10 @@ def render() -> str:
             continue
         record = json.loads(path.read_text())
         lines += ["| figure | value | command |", "|---|---|---|"]
-        lines += [f"| {figure} | {value} | `{record['command']}` |"
-                  for figure, value in rows(record["result"])]  # fmt: skip
+        lines += [
+            f"| {figure} | {value} | `{record['command']}` |"
+            for figure, value in rows(record["result"])
+        ]
         lines += ["", f"Measured {record['measured_at']} on {record['machine']}.", ""]
     return "\n".join(lines)
 
@@ -356,8 +471,11 @@ def _detection_row(profile: str, scenario: str, s: dict) -> str:
     warned = f"{s['detected']}/{s['runs']}" + (" false" if quiet else "")
     cause = dash if quiet else f"{a['correct']} / {a['wrong']} / {a['ambiguous']}"
     own = dash if quiet else f"{s['own_family_before_symptom']}/{s['diverged'] or s['runs']}"
-    envelope = [e for f, e in (s.get("envelope") or {}).items()
-                if f != "symptom" and e.get("family_best_median") is not None]  # fmt: skip
+    envelope = [
+        e
+        for f, e in (s.get("envelope") or {}).items()
+        if f != "symptom" and e.get("family_best_median") is not None
+    ]
     best = max(envelope, key=lambda e: e["family_best_median"], default=None)
     env = dash if best is None or quiet else f"{best['family_best_median']}"
     lead = s["mechanism_lead_median"] if s["mechanism_lead_median"] is not None else dash
@@ -379,8 +497,12 @@ def with_detection_summary(readme: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", nargs="*", default=[], help="benchmarks to (re)run, or all")
-    parser.add_argument("--from-output", nargs=2, metavar=("NAME", "FILE"),
-                        help="store the JSON last line of a saved output instead")  # fmt: skip
+    parser.add_argument(
+        "--from-output",
+        nargs=2,
+        metavar=("NAME", "FILE"),
+        help="store the JSON last line of a saved output instead",
+    )
     args = parser.parse_args()
     names = list(BENCHMARKS) if args.run == ["all"] else args.run
     for name in names:

@@ -47,8 +47,14 @@ from .fleet import scrape
 __all__ = ["FAULTS", "Plan", "run_fault"]
 
 FAULTS = ("none", "worker", "sink", "broker", "dashboard")
-DEFAULT_RUNS = ("fa-lowprec-s0", "fa-lowprec-s1", "lr-high-s0", "lr-high-s1", "healthy-s0",
-                "healthy-s1")  # fmt: skip
+DEFAULT_RUNS = (
+    "fa-lowprec-s0",
+    "fa-lowprec-s1",
+    "lr-high-s0",
+    "lr-high-s1",
+    "healthy-s0",
+    "healthy-s1",
+)
 
 
 @dataclass
@@ -67,8 +73,7 @@ class Producer(threading.Thread):
         from foreshock.lab.recorded import load_run, shipped_runs
 
         super().__init__(name=f"producer-{name}", daemon=True)
-        self.recorded = load_run(next(p for p in shipped_runs()
-                                      if p.name.startswith(name + ".")))  # fmt: skip
+        self.recorded = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
         self.settings, self.run_id, self.rate = settings, name, rate
         self.written = 0
         self.pending = -1
@@ -76,8 +81,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         from foreshock.producers.kafka_sink import KafkaSink
 
-        sink = KafkaSink(self.settings, probe_interval=0.5, name=self.run_id,
-                         confirm_group="sink")  # fmt: skip
+        sink = KafkaSink(self.settings, probe_interval=0.5, name=self.run_id, confirm_group="sink")
         messages = [self.recorded.start, *self.recorded.records, self.recorded.end]
         started = time.monotonic()
         for i, message in enumerate(messages):
@@ -102,12 +106,17 @@ class Pipeline:
         from foreshock.transport.topics import ensure_topics
 
         self.broker = EmbeddedBroker(log_path=self.root / "tansu.log").start()
-        self.settings = KafkaSettings(bootstrap_servers=self.broker.bootstrap, partitions=3,
-                                      spool_dir=str(self.root / "spool"))  # fmt: skip
+        self.settings = KafkaSettings(
+            bootstrap_servers=self.broker.bootstrap,
+            partitions=3,
+            spool_dir=str(self.root / "spool"),
+        )
         ensure_topics(self.settings)
-        env = {"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-               "FORESHOCK_KAFKA_PARTITIONS": "3",
-               "FORESHOCK_KAFKA_SPOOL_DIR": str(self.root / "service-spool")}  # fmt: skip
+        env = {
+            "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+            "FORESHOCK_KAFKA_PARTITIONS": "3",
+            "FORESHOCK_KAFKA_SPOOL_DIR": str(self.root / "service-spool"),
+        }
         self.group = ServiceGroup(env, self.root / "logs")
         self.ports = {"worker": free_port(), "sink": free_port(), "dashboard": free_port()}
         for part in ("worker", "sink", "dashboard"):
@@ -123,8 +132,9 @@ class Pipeline:
         if part == "worker":
             return foreshock_command("detect", "--group", "detectors", "--metrics-port", port)
         if part == "sink":
-            return foreshock_command("sink", "--store", str(self.store), "--group", "sink",
-                                     "--metrics-port", port)  # fmt: skip
+            return foreshock_command(
+                "sink", "--store", str(self.store), "--group", "sink", "--metrics-port", port
+            )
         return foreshock_command("dashboard", "--store", str(self.store), "--port", port)
 
     def start_part(self, part: str) -> None:
@@ -175,15 +185,19 @@ def stored_counts(store: Path) -> dict[str, Any]:
     if not store_exists(str(store)):
         return {"steps": {}, "distinct": {}, "events": [], "event_rows": 0, "messages": 0}
     with open_history(store) as history:
-        steps = history.sql("SELECT run_id, count(*) AS n, count(DISTINCT seq) AS d "
-                            "FROM steps GROUP BY run_id").to_pylist()  # fmt: skip
+        steps = history.sql(
+            "SELECT run_id, count(*) AS n, count(DISTINCT seq) AS d FROM steps GROUP BY run_id"
+        ).to_pylist()
         events = history.sql("SELECT id, event, divergence_step, cleared_step FROM warnings")
         lifecycle = history.sql("SELECT count(*) AS n FROM run_events").to_pylist()[0]["n"]
     rows = [tuple(r.values()) for r in events.to_pylist()]
-    return {"steps": {r["run_id"]: r["n"] for r in steps},
-            "distinct": {r["run_id"]: r["d"] for r in steps},
-            "events": rows, "event_rows": len(rows),
-            "messages": sum(r["n"] for r in steps) + lifecycle}  # fmt: skip
+    return {
+        "steps": {r["run_id"]: r["n"] for r in steps},
+        "distinct": {r["run_id"]: r["d"] for r in steps},
+        "events": rows,
+        "event_rows": len(rows),
+        "messages": sum(r["n"] for r in steps) + lifecycle,
+    }
 
 
 def expected_events(names: tuple[str, ...]) -> set[tuple]:
@@ -216,9 +230,15 @@ class Watch(threading.Thread):
             consumed, lag_w = _scrape(self.pipeline.ports["worker"])
             _, lag_s = _scrape(self.pipeline.ports["sink"])
             stored = stored_counts(self.pipeline.store)["messages"]
-            self.samples.append({"t": time.monotonic(), "worker": written - consumed,
-                                 "sink": written - stored, "lag_worker": lag_w,
-                                 "lag_sink": lag_s})  # fmt: skip
+            self.samples.append(
+                {
+                    "t": time.monotonic(),
+                    "worker": written - consumed,
+                    "sink": written - stored,
+                    "lag_worker": lag_w,
+                    "lag_sink": lag_s,
+                }
+            )
 
     def recovered_at(self, since: float, parts: tuple[str, ...], within: float) -> float | None:
         """The first sample after ``since`` where every part's backlog is below ``within``."""
@@ -260,14 +280,24 @@ def run_fault(fault: str, plan: Plan, root: Path) -> dict[str, Any]:
         failed = pipeline.group.failed()
     finally:
         pipeline.stop()
-    return _verdict(fault, plan, producers, pipeline, {
-        "killed_s": None if killed is None else round(killed - watch.samples[0]["t"], 1),
-        "recovery_s": recovery, "drain_s": None if drained is None else round(drained - closed, 1),
-        "lag_end": lag_end, "services_failed": failed})  # fmt: skip
+    return _verdict(
+        fault,
+        plan,
+        producers,
+        pipeline,
+        {
+            "killed_s": None if killed is None else round(killed - watch.samples[0]["t"], 1),
+            "recovery_s": recovery,
+            "drain_s": None if drained is None else round(drained - closed, 1),
+            "lag_end": lag_end,
+            "services_failed": failed,
+        },
+    )
 
 
-def _recovery(fault: str, pipeline: Pipeline, watch: Watch, restarted: float | None,
-              plan: Plan) -> float | None:  # fmt: skip
+def _recovery(
+    fault: str, pipeline: Pipeline, watch: Watch, restarted: float | None, plan: Plan
+) -> float | None:
     """Seconds from the restart until the part caught up (see the module docstring)."""
     if restarted is None:
         return None
@@ -326,34 +356,41 @@ def kept_unstored(spool_dir: Path, store: Path) -> int:
     if not kept:
         return 0
     with open_history(store) as history:
-        rows = history.sql("SELECT run_id, rank, seq FROM steps UNION ALL "
-                           "SELECT run_id, rank, seq FROM run_events").to_pylist()  # fmt: skip
+        rows = history.sql(
+            "SELECT run_id, rank, seq FROM steps UNION ALL SELECT run_id, rank, seq FROM run_events"
+        ).to_pylist()
     return len(kept - {(r["run_id"], r["rank"], r["seq"]) for r in rows})
 
 
-def _verdict(fault: str, plan: Plan, producers: list[Producer], pipeline: Pipeline,
-             timing: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _verdict(
+    fault: str, plan: Plan, producers: list[Producer], pipeline: Pipeline, timing: dict[str, Any]
+) -> dict[str, Any]:
     store = pipeline.store
     stored = stored_counts(store)
     produced = {p.run_id: p.written - 2 for p in producers}  # minus start and end
     expected = expected_events(plan.runs)
     got = set(stored["events"])
     return {
-        "fault": fault, **timing,
+        "fault": fault,
+        **timing,
         "records_produced": sum(produced.values()),
         "records_stored": sum(stored["steps"].values()),
         "runs_exact": sum(stored["steps"].get(r, 0) == n for r, n in produced.items()),
         "runs": len(produced),
-        "record_mismatch": {r: [n, stored["steps"].get(r, 0)] for r, n in produced.items()
-                            if stored["steps"].get(r, 0) != n},
+        "record_mismatch": {
+            r: [n, stored["steps"].get(r, 0)]
+            for r, n in produced.items()
+            if stored["steps"].get(r, 0) != n
+        },
         "duplicate_records": sum(stored["steps"].values()) - sum(stored["distinct"].values()),
-        "warning_events_expected": len(expected), "warning_events_stored": len(got),
+        "warning_events_expected": len(expected),
+        "warning_events_stored": len(got),
         "duplicate_warning_events": stored["event_rows"] - len(got),
         "missed_warning_events": sorted(expected - got),
         "extra_warning_events": sorted(got - expected),
         "producer_pending_bytes": sum(max(p.pending, 0) for p in producers),
         "producer_kept_unstored": kept_unstored(Path(pipeline.settings.spool_dir), store),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -373,19 +410,49 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"foreshock-reliability-{fault}-") as tmp:
             results.append(run_fault(fault, plan, Path(tmp)))
         print(json.dumps(results[-1]), flush=True)
-    rows = [[r["fault"], r["killed_s"], r["recovery_s"], r["drain_s"],
-             f"{r['records_stored']}/{r['records_produced']}", f"{r['runs_exact']}/{r['runs']}",
-             r["duplicate_records"], f"{r['warning_events_stored']}/{r['warning_events_expected']}",
-             len(r["missed_warning_events"]), len(r["extra_warning_events"]),
-             r["duplicate_warning_events"], r["lag_end"]["worker"], r["lag_end"]["sink"],
-             f"{r['producer_pending_bytes']} B / {r['producer_kept_unstored']}"]
-            for r in results]  # fmt: skip
-    print(format_table(["fault", "killed at s", "recovery s", "drain s", "records stored",
-                        "runs exact", "dup records", "warning events", "missed", "extra",
-                        "dup warnings", "end lag: worker", "end lag: sink",
-                        "kept by producers / of it unstored"], rows))  # fmt: skip
-    emit_json({"runs": len(plan.runs), "rate_per_run": plan.rate, "down_s": plan.down,
-               "faults": results})  # fmt: skip
+    rows = [
+        [
+            r["fault"],
+            r["killed_s"],
+            r["recovery_s"],
+            r["drain_s"],
+            f"{r['records_stored']}/{r['records_produced']}",
+            f"{r['runs_exact']}/{r['runs']}",
+            r["duplicate_records"],
+            f"{r['warning_events_stored']}/{r['warning_events_expected']}",
+            len(r["missed_warning_events"]),
+            len(r["extra_warning_events"]),
+            r["duplicate_warning_events"],
+            r["lag_end"]["worker"],
+            r["lag_end"]["sink"],
+            f"{r['producer_pending_bytes']} B / {r['producer_kept_unstored']}",
+        ]
+        for r in results
+    ]
+    print(
+        format_table(
+            [
+                "fault",
+                "killed at s",
+                "recovery s",
+                "drain s",
+                "records stored",
+                "runs exact",
+                "dup records",
+                "warning events",
+                "missed",
+                "extra",
+                "dup warnings",
+                "end lag: worker",
+                "end lag: sink",
+                "kept by producers / of it unstored",
+            ],
+            rows,
+        )
+    )
+    emit_json(
+        {"runs": len(plan.runs), "rate_per_run": plan.rate, "down_s": plan.down, "faults": results}
+    )
 
 
 if __name__ == "__main__":

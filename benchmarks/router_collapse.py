@@ -51,9 +51,13 @@ def _summary(runs: list[RecordedRun]) -> dict:
     losses = [x for x in map(_tail_loss, runs) if x is not None]
     entropy = [x for run in runs for x in _last(run, "router.token_entropy_norm")]
     dropped = [x for run in runs for x in _last(run, "router.dropped_fraction")]
-    return {"runs": len(runs), "diverged": sum(r.divergence_step is not None for r in runs),
-            "loss": _median(losses), "token_entropy": _median(entropy),
-            "dropped": _median(dropped)}  # fmt: skip
+    return {
+        "runs": len(runs),
+        "diverged": sum(r.divergence_step is not None for r in runs),
+        "loss": _median(losses),
+        "token_entropy": _median(entropy),
+        "dropped": _median(dropped),
+    }
 
 
 def profile_figures(folder: Path, quick: bool) -> tuple[str, dict[str, dict]]:
@@ -76,9 +80,13 @@ def profile_figures(folder: Path, quick: bool) -> tuple[str, dict[str, dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, action="append",
-                        help="a profile's folder of runs (repeatable; default: the shipped "
-                        "Mixtral and capacity-limited GPT-MoE folders)")  # fmt: skip
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        action="append",
+        help="a profile's folder of runs (repeatable; default: the shipped "
+        "Mixtral and capacity-limited GPT-MoE folders)",
+    )
     parser.add_argument("--quick", action="store_true", help="at most 3 runs per scenario")
     args = parser.parse_args()
     folders = args.runs or [RECORDED_DIR / "gpt-moe+capacity-1", RECORDED_DIR / "mixtral"]
@@ -87,13 +95,36 @@ def main() -> None:
         profile, figures = profile_figures(folder, args.quick)
         out[profile] = figures
         for scenario, f in figures.items():
-            rows.append([profile, f"{scenario} ({f['runs']})", f["diverged"], f["loss"],
-                         f["loss_gap"], f["token_entropy"], f["dropped"]])  # fmt: skip
-    print(f"loss = mean of the last {TAIL} steps' records, median over runs (nats/byte); "
-          "gap = minus the healthy median; token entropy H/ln E and dropped fraction at the "
-          "last record, median over runs and routers")  # fmt: skip
-    print(format_table(["profile", "scenario (runs)", "diverged", "loss at horizon", "gap",
-                        "token entropy", "dropped"], rows))  # fmt: skip
+            rows.append(
+                [
+                    profile,
+                    f"{scenario} ({f['runs']})",
+                    f["diverged"],
+                    f["loss"],
+                    f["loss_gap"],
+                    f["token_entropy"],
+                    f["dropped"],
+                ]
+            )
+    print(
+        f"loss = mean of the last {TAIL} steps' records, median over runs (nats/byte); "
+        "gap = minus the healthy median; token entropy H/ln E and dropped fraction at the "
+        "last record, median over runs and routers"
+    )
+    print(
+        format_table(
+            [
+                "profile",
+                "scenario (runs)",
+                "diverged",
+                "loss at horizon",
+                "gap",
+                "token entropy",
+                "dropped",
+            ],
+            rows,
+        )
+    )
     emit_json({"tail_steps": TAIL, "profiles": out})
 
 

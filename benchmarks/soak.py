@@ -109,8 +109,15 @@ def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
 
     def end(slot: int) -> None:
         nonlocal ended
-        sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": state[slot]["id"],
-                    "status": "finished", "divergence_step": None})  # fmt: skip
+        sink.write(
+            {
+                "schema": "foreshock.run/1",
+                "kind": "end",
+                "run_id": state[slot]["id"],
+                "status": "finished",
+                "divergence_step": None,
+            }
+        )
         ended += 1
 
     time.sleep(max(0.0, t0 - time.time()))
@@ -145,9 +152,15 @@ def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
         end(slot)
     _count(len(slots))
     sink.close(timeout=120)
-    return {"values": values, "records": records, "runs_started": started,
-            "runs_ended": ended, "pending": sink.pending(), "spooled": sink.spooled,
-            "rejected": sink.rejected}  # fmt: skip
+    return {
+        "values": values,
+        "records": records,
+        "runs_started": started,
+        "runs_ended": ended,
+        "pending": sink.pending(),
+        "spooled": sink.spooled,
+        "rejected": sink.rejected,
+    }
 
 
 # ---- measuring the services ------------------------------------------------------------------
@@ -204,9 +217,11 @@ def _pipeline(urls: dict[str, str], written: Any, store: Path) -> dict[str, Any]
     stored_messages, stored_values = _stored(store)
     detector, sink = scrape(urls["detector"]), scrape(urls["sink"])
     n = written.value
-    return {"detectors": {"lag": detector[1], "backlog": n - detector[0]},
-            "sink": {"lag": sink[1], "backlog": n - stored_messages},
-            "stored_values": stored_values}  # fmt: skip
+    return {
+        "detectors": {"lag": detector[1], "backlog": n - detector[0]},
+        "sink": {"lag": sink[1], "backlog": n - stored_messages},
+        "stored_values": stored_values,
+    }
 
 
 class PageProbe(threading.Thread):
@@ -223,9 +238,12 @@ class PageProbe(threading.Thread):
         self.stop = threading.Event()
 
     def _post(self, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.url}/_stcore/agent/interact",
-                                         data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/_stcore/agent/interact",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return json.loads(reply.read())
 
@@ -306,12 +324,18 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     target = args.values_per_s or args.fraction * saturation
     per_record = _mean_values_per_record()
     n_slots = max(1, round(target / (args.rate * per_record)))
-    warmup = args.warmup if args.warmup is not None else (
-        args.run_seconds if args.duration >= 300 else 0.2 * args.duration)  # fmt: skip
-    print(f"soak: {args.duration:.0f} s at {target:,.0f} values/s offered "
-          f"({target / saturation:.0%} of the saturation rate {saturation:,.0f}): {n_slots} "
-          f"concurrent runs × {args.rate:g} records/s × ~{per_record:.0f} values, each run "
-          f"{args.run_seconds:.0f} s; warm-up {warmup:.0f} s", flush=True)  # fmt: skip
+    warmup = (
+        args.warmup
+        if args.warmup is not None
+        else (args.run_seconds if args.duration >= 300 else 0.2 * args.duration)
+    )
+    print(
+        f"soak: {args.duration:.0f} s at {target:,.0f} values/s offered "
+        f"({target / saturation:.0%} of the saturation rate {saturation:,.0f}): {n_slots} "
+        f"concurrent runs × {args.rate:g} records/s × ~{per_record:.0f} values, each run "
+        f"{args.run_seconds:.0f} s; warm-up {warmup:.0f} s",
+        flush=True,
+    )
     root = Path(tempfile.mkdtemp(prefix="foreshock-soak-"))
     store = root / "history"
     broker = EmbeddedBroker(log_path=root / "broker.log", max_memory_mb=args.broker_max_mb or None)
@@ -319,32 +343,53 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     try:
         broker.start()
         name = f"soak-{uuid.uuid4().hex[:4]}"
-        settings = replace(KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=6),
-                           metrics_topic=f"{name}.metrics", warnings_topic=f"{name}.warnings",
-                           deadletter_topic=f"{name}.dead",
-                           spool_dir=str(root / "spool"))  # fmt: skip
+        settings = replace(
+            KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=6),
+            metrics_topic=f"{name}.metrics",
+            warnings_topic=f"{name}.warnings",
+            deadletter_topic=f"{name}.dead",
+            spool_dir=str(root / "spool"),
+        )
         ensure_topics(settings)
         broker.on_start = lambda _bootstrap: ensure_topics(settings)
-        env = {"FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-               "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-               "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-               "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-               "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-               "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
-               "STREAMLIT_SERVER_ENABLE_AGENT_API": "true"}  # fmt: skip
+        env = {
+            "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+            "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+            "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+            "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+            "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
+            "STREAMLIT_SERVER_ENABLE_AGENT_API": "true",
+        }
         with ServiceGroup(env, root / "logs") as group:
             ports = {"sink": free_port(), "detector": free_port(), "dashboard": free_port()}
             urls = {k: f"http://127.0.0.1:{ports[k]}/metrics" for k in ("detector", "sink")}
             processes = {
-                "sink": group.start("sink", foreshock_command(
-                    "sink", "--store", str(store), "--group", f"{name}-sink",
-                    "--metrics-port", str(ports["sink"]))),
-                "detector": group.start("detector", foreshock_command(
-                    "detect", "--group", f"{name}-det", "--metrics-port",
-                    str(ports["detector"]))),
-                "dashboard": group.start("dashboard", foreshock_command(
-                    "dashboard", "--store", str(store), "--port", str(ports["dashboard"]))),
-            }  # fmt: skip
+                "sink": group.start(
+                    "sink",
+                    foreshock_command(
+                        "sink",
+                        "--store",
+                        str(store),
+                        "--group",
+                        f"{name}-sink",
+                        "--metrics-port",
+                        str(ports["sink"]),
+                    ),
+                ),
+                "detector": group.start(
+                    "detector",
+                    foreshock_command(
+                        "detect", "--group", f"{name}-det", "--metrics-port", str(ports["detector"])
+                    ),
+                ),
+                "dashboard": group.start(
+                    "dashboard",
+                    foreshock_command(
+                        "dashboard", "--store", str(store), "--port", str(ports["dashboard"])
+                    ),
+                ),
+            }
             groups = {"broker": broker.process.pid, **{k: p.pid for k, p in processes.items()}}
             dash_url = f"http://127.0.0.1:{ports['dashboard']}"
             if not _wait_healthy(dash_url):
@@ -357,19 +402,28 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             chunks = [list(range(k, n_slots, procs)) for k in range(procs)]
             settings_dict = {**settings.__dict__}
             t0 = time.time() + 5  # the producers load the recorded runs meanwhile
-            opts = {"t0": t0, "rate": args.rate, "duration": args.duration,
-                    "run_seconds": args.run_seconds, "token": uuid.uuid4().hex[:4]}  # fmt: skip
+            opts = {
+                "t0": t0,
+                "rate": args.rate,
+                "duration": args.duration,
+                "run_seconds": args.run_seconds,
+                "token": uuid.uuid4().hex[:4],
+            }
             with context.Pool(procs, initializer=_init_producer, initargs=(written,)) as pool:
                 producer_pids = [p.pid for p in mp.active_children()]
-                pending = pool.map_async(_produce, [(c, n_slots, settings_dict, opts)
-                                                    for c in chunks])  # fmt: skip
+                pending = pool.map_async(
+                    _produce, [(c, n_slots, settings_dict, opts) for c in chunks]
+                )
 
                 def sample(phase: str) -> dict[str, Any]:
                     groups["broker"] = broker.process.pid
-                    row = {"t": round(time.time() - t0, 1), "phase": phase,
-                           "rss_mb": _rss_mb(groups, {"producers": producer_pids}),
-                           **_pipeline(urls, written, store),
-                           "failed": group.failed()}  # fmt: skip
+                    row = {
+                        "t": round(time.time() - t0, 1),
+                        "phase": phase,
+                        "rss_mb": _rss_mb(groups, {"producers": producer_pids}),
+                        **_pipeline(urls, written, store),
+                        "failed": group.failed(),
+                    }
                     samples.append(row)
                     return row
 
@@ -406,13 +460,25 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             print(f"kept {root}", flush=True)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    return _summary(args, samples, produced, probe, {
-        "saturation_values_per_s": saturation, "target_values_per_s": round(target),
-        "values_per_record": round(per_record, 1), "concurrent_runs": n_slots,
-        "warmup_s": warmup, "produce_s": produce_s, "total_s": total_s,
-        "failed_services": final["failed"], "failed_logs": tail,
-        "broker_max_mb": args.broker_max_mb or None,
-        "broker_recycles": broker.recycles})  # fmt: skip
+    return _summary(
+        args,
+        samples,
+        produced,
+        probe,
+        {
+            "saturation_values_per_s": saturation,
+            "target_values_per_s": round(target),
+            "values_per_record": round(per_record, 1),
+            "concurrent_runs": n_slots,
+            "warmup_s": warmup,
+            "produce_s": produce_s,
+            "total_s": total_s,
+            "failed_services": final["failed"],
+            "failed_logs": tail,
+            "broker_max_mb": args.broker_max_mb or None,
+            "broker_recycles": broker.recycles,
+        },
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -424,12 +490,19 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def _progress(row: dict[str, Any]) -> str:
     rss = ", ".join(f"{k} {v:.0f}" for k, v in row["rss_mb"].items() if v is not None)
-    return (f"t={row['t']:6.1f} s  RSS MB: {rss}  lag det {row['detectors']['lag']:.0f} "
-            f"sink {row['sink']['lag']:.0f}  stored {row['stored_values']:,} values")  # fmt: skip
+    return (
+        f"t={row['t']:6.1f} s  RSS MB: {rss}  lag det {row['detectors']['lag']:.0f} "
+        f"sink {row['sink']['lag']:.0f}  stored {row['stored_values']:,} values"
+    )
 
 
-def _summary(args: argparse.Namespace, samples: list[dict[str, Any]], produced: list[dict],
-             probe: PageProbe, info: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _summary(
+    args: argparse.Namespace,
+    samples: list[dict[str, Any]],
+    produced: list[dict],
+    probe: PageProbe,
+    info: dict[str, Any],
+) -> dict[str, Any]:
     warmup = info["warmup_s"]
     load = [s for s in samples if s["phase"] == "load"]
     steady = [s for s in load if s["t"] >= warmup] or load[-1:]
@@ -438,16 +511,20 @@ def _summary(args: argparse.Namespace, samples: list[dict[str, Any]], produced: 
     for service in (*SERVICES, "producers"):
         start, end = first["rss_mb"].get(service), last["rss_mb"].get(service)
         growth = end / start - 1 if start and end is not None else None
-        points = [(s["t"], s["rss_mb"][service]) for s in steady
-                  if s["rss_mb"].get(service) is not None]  # fmt: skip
+        points = [
+            (s["t"], s["rss_mb"][service]) for s in steady if s["rss_mb"].get(service) is not None
+        ]
         slope = _slope_per_min(points)
         memory[service] = {
-            "rss_start_mb": start, "rss_end_mb": end, "rss_max_mb": _finite_max(
-                [s["rss_mb"][service] for s in load if s["rss_mb"].get(service) is not None]),
+            "rss_start_mb": start,
+            "rss_end_mb": end,
+            "rss_max_mb": _finite_max(
+                [s["rss_mb"][service] for s in load if s["rss_mb"].get(service) is not None]
+            ),
             "growth": None if growth is None else round(growth, 4),
             "slope_mb_per_min": None if slope is None else round(slope, 2),
             "flat": None if growth is None or service == "producers" else growth <= args.flat,
-        }  # fmt: skip
+        }
     limit = info.get("broker_max_mb")
     if limit and memory["broker"]["rss_max_mb"] is not None:
         memory["broker"]["flat"] = memory["broker"]["rss_max_mb"] <= 1.2 * limit
@@ -457,23 +534,34 @@ def _summary(args: argparse.Namespace, samples: list[dict[str, Any]], produced: 
     for key, service in (("detectors", "detector"), ("sink", "sink")):
         series = [s[key]["lag"] for s in samples]
         backlog = [s[key]["backlog"] for s in samples]
-        lag[service] = {"lag_max": _finite_max(series), "lag_end_of_load": last[key]["lag"],
-                        "lag_drained": samples[-1][key]["lag"],
-                        "backlog_max": _finite_max(backlog),
-                        "backlog_end_of_load": last[key]["backlog"],
-                        "backlog_drained": samples[-1][key]["backlog"]}  # fmt: skip
+        lag[service] = {
+            "lag_max": _finite_max(series),
+            "lag_end_of_load": last[key]["lag"],
+            "lag_drained": samples[-1][key]["lag"],
+            "backlog_max": _finite_max(backlog),
+            "backlog_end_of_load": last[key]["backlog"],
+            "backlog_drained": samples[-1][key]["backlog"],
+        }
     span = last["t"] - first["t"]
     steady_rate = (last["stored_values"] - first["stored_values"]) / span if span > 0 else None
-    renders = {page: {"count": len(v), "median_s": round(median(v), 2) if v else None,
-                      "max_s": round(max(v), 2) if v else None}
-               for page, v in probe.renders.items()}  # fmt: skip
+    renders = {
+        page: {
+            "count": len(v),
+            "median_s": round(median(v), 2) if v else None,
+            "max_s": round(max(v), 2) if v else None,
+        }
+        for page, v in probe.renders.items()
+    }
     return {
-        "duration_s": args.duration, "quick": args.quick, **{k: v for k, v in info.items()
-                                                             if k not in ("produce_s", "total_s")},
-        "produce_s": round(info["produce_s"], 1), "total_s": round(info["total_s"], 1),
+        "duration_s": args.duration,
+        "quick": args.quick,
+        **{k: v for k, v in info.items() if k not in ("produce_s", "total_s")},
+        "produce_s": round(info["produce_s"], 1),
+        "total_s": round(info["total_s"], 1),
         "runs_started": sum(p["runs_started"] for p in produced),
         "records_offered": sum(p["records"] for p in produced),
-        "offered_values": offered, "stored_values": stored,
+        "offered_values": offered,
+        "stored_values": stored,
         "lost_values": offered - stored,
         "producer_spooled": sum(p["spooled"] for p in produced),
         "producer_pending_bytes": sum(p["pending"] for p in produced),
@@ -481,66 +569,152 @@ def _summary(args: argparse.Namespace, samples: list[dict[str, Any]], produced: 
         "offered_values_per_s": round(offered / info["produce_s"]),
         "stored_values_per_s_steady": None if steady_rate is None else round(steady_rate),
         "stored_values_per_s_overall": round(stored / info["total_s"]),
-        "memory": memory, "memory_flat_limit": args.flat,
+        "memory": memory,
+        "memory_flat_limit": args.flat,
         "memory_flat": all(m["flat"] for s, m in memory.items() if s != "producers"),
-        "lag": lag, "dashboard": {"renders": renders, "failures": probe.failures[:10],
-                                  "health_failures": probe.health_failures},
-        "series": [{"t": s["t"], "phase": s["phase"], "rss_mb": s["rss_mb"],
-                    "lag": {"detector": s["detectors"]["lag"], "sink": s["sink"]["lag"]},
-                    "backlog": {"detector": s["detectors"]["backlog"],
-                                "sink": s["sink"]["backlog"]},
-                    "stored_values": s["stored_values"]} for s in samples],
-    }  # fmt: skip
+        "lag": lag,
+        "dashboard": {
+            "renders": renders,
+            "failures": probe.failures[:10],
+            "health_failures": probe.health_failures,
+        },
+        "series": [
+            {
+                "t": s["t"],
+                "phase": s["phase"],
+                "rss_mb": s["rss_mb"],
+                "lag": {"detector": s["detectors"]["lag"], "sink": s["sink"]["lag"]},
+                "backlog": {"detector": s["detectors"]["backlog"], "sink": s["sink"]["backlog"]},
+                "stored_values": s["stored_values"],
+            }
+            for s in samples
+        ],
+    }
 
 
 def _fmt(value: float | None, spec: str = ".0f") -> str:
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else (
-        format(value, spec))  # fmt: skip
+    return (
+        "–"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else (format(value, spec))
+    )
 
 
 def print_tables(r: dict[str, Any]) -> None:
-    rows = [[s["t"], s["phase"], *(_fmt(s["rss_mb"].get(k)) for k in (*SERVICES, "producers")),
-             _fmt(s["lag"]["detector"]), _fmt(s["lag"]["sink"]), _fmt(s["backlog"]["detector"]),
-             _fmt(s["backlog"]["sink"]), f"{s['stored_values']:,}"]
-            for s in r["series"]]  # fmt: skip
-    print(format_table(["t s", "phase", "broker MB", "detector MB", "sink MB", "dashboard MB",
-                        "producers MB", "lag: detector", "lag: sink", "backlog: detector",
-                        "backlog: sink", "stored values"], rows))  # fmt: skip
+    rows = [
+        [
+            s["t"],
+            s["phase"],
+            *(_fmt(s["rss_mb"].get(k)) for k in (*SERVICES, "producers")),
+            _fmt(s["lag"]["detector"]),
+            _fmt(s["lag"]["sink"]),
+            _fmt(s["backlog"]["detector"]),
+            _fmt(s["backlog"]["sink"]),
+            f"{s['stored_values']:,}",
+        ]
+        for s in r["series"]
+    ]
+    print(
+        format_table(
+            [
+                "t s",
+                "phase",
+                "broker MB",
+                "detector MB",
+                "sink MB",
+                "dashboard MB",
+                "producers MB",
+                "lag: detector",
+                "lag: sink",
+                "backlog: detector",
+                "backlog: sink",
+                "stored values",
+            ],
+            rows,
+        )
+    )
     print()
-    rows = [[k, _fmt(m["rss_start_mb"], ".1f"), _fmt(m["rss_end_mb"], ".1f"),
-             _fmt(m["rss_max_mb"], ".1f"),
-             "–" if m["growth"] is None else f"{m['growth']:+.1%}",
-             _fmt(m["slope_mb_per_min"], "+.2f"),
-             {True: "yes", False: "NO", None: "(info)"}[m["flat"]]]
-            for k, m in r["memory"].items()]  # fmt: skip
-    print(format_table([f"service (RSS after {r['warmup_s']:.0f} s warm-up → end of load)",
-                        "start MB", "end MB", "max MB", "growth", "MB/min",
-                        f"flat (≤ {r['memory_flat_limit']:+.0%})"], rows))  # fmt: skip
+    rows = [
+        [
+            k,
+            _fmt(m["rss_start_mb"], ".1f"),
+            _fmt(m["rss_end_mb"], ".1f"),
+            _fmt(m["rss_max_mb"], ".1f"),
+            "–" if m["growth"] is None else f"{m['growth']:+.1%}",
+            _fmt(m["slope_mb_per_min"], "+.2f"),
+            {True: "yes", False: "NO", None: "(info)"}[m["flat"]],
+        ]
+        for k, m in r["memory"].items()
+    ]
+    print(
+        format_table(
+            [
+                f"service (RSS after {r['warmup_s']:.0f} s warm-up → end of load)",
+                "start MB",
+                "end MB",
+                "max MB",
+                "growth",
+                "MB/min",
+                f"flat (≤ {r['memory_flat_limit']:+.0%})",
+            ],
+            rows,
+        )
+    )
     print()
-    rows = [[k, _fmt(v["lag_max"]), _fmt(v["lag_end_of_load"]), _fmt(v["lag_drained"]),
-             _fmt(v["backlog_max"]), _fmt(v["backlog_end_of_load"]),
-             _fmt(v["backlog_drained"])] for k, v in r["lag"].items()]  # fmt: skip
-    print(format_table(["consumer", "max lag", "lag at end of load", "lag drained",
-                        "max backlog", "backlog at end of load", "backlog drained"],
-                       rows))  # fmt: skip
+    rows = [
+        [
+            k,
+            _fmt(v["lag_max"]),
+            _fmt(v["lag_end_of_load"]),
+            _fmt(v["lag_drained"]),
+            _fmt(v["backlog_max"]),
+            _fmt(v["backlog_end_of_load"]),
+            _fmt(v["backlog_drained"]),
+        ]
+        for k, v in r["lag"].items()
+    ]
+    print(
+        format_table(
+            [
+                "consumer",
+                "max lag",
+                "lag at end of load",
+                "lag drained",
+                "max backlog",
+                "backlog at end of load",
+                "backlog drained",
+            ],
+            rows,
+        )
+    )
     print()
     d = r["dashboard"]["renders"]
     rows = [
-        ["offered", f"{r['offered_values']:,} values, {r['offered_values_per_s']:,}/s "
-                    f"({r['runs_started']:,} runs, {r['concurrent_runs']} at a time)"],
-        ["stored", f"{r['stored_values']:,} values; steady "
-                   f"{_fmt(r['stored_values_per_s_steady'], ',.0f')}/s"],
+        [
+            "offered",
+            f"{r['offered_values']:,} values, {r['offered_values_per_s']:,}/s "
+            f"({r['runs_started']:,} runs, {r['concurrent_runs']} at a time)",
+        ],
+        [
+            "stored",
+            f"{r['stored_values']:,} values; steady "
+            f"{_fmt(r['stored_values_per_s_steady'], ',.0f')}/s",
+        ],
         ["lost values (offered − stored)", f"{r['lost_values']:,}"],
-        ["producers: spooled / left pending / rejected",
-         f"{r['producer_spooled']} / {r['producer_pending_bytes']} B / {r['producer_rejected']}"],
-        ["dashboard renders (fleet, run): n, median, max",
-         f"{d['fleet']['count']}, {_fmt(d['fleet']['median_s'], '.2f')} s, "
-         f"{_fmt(d['fleet']['max_s'], '.2f')} s; {d['run']['count']}, "
-         f"{_fmt(d['run']['median_s'], '.2f')} s, {_fmt(d['run']['max_s'], '.2f')} s; "
-         f"failures {len(r['dashboard']['failures'])}"],
+        [
+            "producers: spooled / left pending / rejected",
+            f"{r['producer_spooled']} / {r['producer_pending_bytes']} B / {r['producer_rejected']}",
+        ],
+        [
+            "dashboard renders (fleet, run): n, median, max",
+            f"{d['fleet']['count']}, {_fmt(d['fleet']['median_s'], '.2f')} s, "
+            f"{_fmt(d['fleet']['max_s'], '.2f')} s; {d['run']['count']}, "
+            f"{_fmt(d['run']['median_s'], '.2f')} s, {_fmt(d['run']['max_s'], '.2f')} s; "
+            f"failures {len(r['dashboard']['failures'])}",
+        ],
         ["memory flat (all services)", str(r["memory_flat"])],
         ["failed services", str(r["failed_services"] or "none")],
-    ]  # fmt: skip
+    ]
     print(format_table(["figure", "value"], rows))
 
 
@@ -548,8 +722,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s; runs of 20 s")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
-    parser.add_argument("--fraction", type=float, default=0.5,
-                        help="offered load as a fraction of the saturation rate")  # fmt: skip
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=0.5,
+        help="offered load as a fraction of the saturation rate",
+    )
     parser.add_argument("--values-per-s", type=float, help="offered values/s (overrides)")
     parser.add_argument("--rate", type=float, default=1.0, help="records/s per run")
     parser.add_argument("--run-seconds", type=float, default=120.0, help="lifetime of a run")

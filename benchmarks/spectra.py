@@ -213,22 +213,48 @@ def bench_width(d: int, plan: Plan, log: bool) -> dict[str, object]:
 
 def table(rows: list[dict[str, object]]) -> str:
     headers = [
-        "d", "H", "eigh s", "svd s", "loop s", "dense s", "dense heads",
-        "dense/eigh", "dense/svd", "loop/eigh", "loop/svd", "lib loop/eigh",
-        "err eigh", "err svd", "err loop", "err dense32", "ref heads",
-    ]  # fmt: skip
+        "d",
+        "H",
+        "eigh s",
+        "svd s",
+        "loop s",
+        "dense s",
+        "dense heads",
+        "dense/eigh",
+        "dense/svd",
+        "loop/eigh",
+        "loop/svd",
+        "lib loop/eigh",
+        "err eigh",
+        "err svd",
+        "err loop",
+        "err dense32",
+        "ref heads",
+    ]
     body = []
     for r in rows:
         heads = f"{r['dense_heads_timed']}/{r['heads']}" + ("*" if r["dense_extrapolated"] else "")
-        body.append([
-            r["d"], r["heads"], r["batched_eigh_s"], r["batched_svd_s"], r["loop_s"],
-            r["dense_s"], heads,
-            f"{r['speedup_dense_over_eigh']:.1f}x", f"{r['speedup_dense_over_svd']:.1f}x",
-            f"{r['speedup_loop_over_eigh']:.2f}x", f"{r['speedup_loop_over_svd']:.2f}x",
-            f"{r['speedup_lib_loop_over_eigh']:.2f}x",
-            f"{r['err_eigh']:.1e}", f"{r['err_svd']:.1e}", f"{r['err_loop']:.1e}",
-            f"{r['err_dense_f32']:.1e}", f"{r['ref_heads']}/{r['heads']}",
-        ])  # fmt: skip
+        body.append(
+            [
+                r["d"],
+                r["heads"],
+                r["batched_eigh_s"],
+                r["batched_svd_s"],
+                r["loop_s"],
+                r["dense_s"],
+                heads,
+                f"{r['speedup_dense_over_eigh']:.1f}x",
+                f"{r['speedup_dense_over_svd']:.1f}x",
+                f"{r['speedup_loop_over_eigh']:.2f}x",
+                f"{r['speedup_loop_over_svd']:.2f}x",
+                f"{r['speedup_lib_loop_over_eigh']:.2f}x",
+                f"{r['err_eigh']:.1e}",
+                f"{r['err_svd']:.1e}",
+                f"{r['err_loop']:.1e}",
+                f"{r['err_dense_f32']:.1e}",
+                f"{r['ref_heads']}/{r['heads']}",
+            ]
+        )
     return format_table(headers, body)
 
 
@@ -261,19 +287,21 @@ def main(argv: list[str] | None = None) -> None:
         f"best dense/batched speedup: {best['speedup_dense_over_best']:.0f}x at d={best['d']} "
         f"(paper: up to {PAPER_SPEEDUP:.0f}x); wall {wall:.0f}s"
     )
-    emit_json({
-        "benchmark": "spectra",
-        "quick": args.quick,
-        "d_head": D_HEAD,
-        "dtype": "float32",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "results": rows,
-        "best_speedup_dense_over_batched": best["speedup_dense_over_best"],
-        "best_speedup_at_d": best["d"],
-        "paper_speedup": PAPER_SPEEDUP,
-        "wall_s": wall,
-    })  # fmt: skip
+    emit_json(
+        {
+            "benchmark": "spectra",
+            "quick": args.quick,
+            "d_head": D_HEAD,
+            "dtype": "float32",
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "results": rows,
+            "best_speedup_dense_over_batched": best["speedup_dense_over_best"],
+            "best_speedup_at_d": best["d"],
+            "paper_speedup": PAPER_SPEEDUP,
+            "wall_s": wall,
+        }
+    )
 
 
 if __name__ == "__main__":

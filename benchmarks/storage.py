@@ -108,9 +108,13 @@ SEGMENT_STORE_BEFORE = {
     "history_values": 30000000,
     "history_bytes": 619980056,
     "arrow_write_values_per_s": 243725,
-    "query_seconds": {"fleet": 0.1962, "run page": 0.4274, "compare (5 runs)": 0.1792,
-                      "lead table": 0.1425},
-}  # fmt: skip
+    "query_seconds": {
+        "fleet": 0.1962,
+        "run page": 0.4274,
+        "compare (5 runs)": 0.1792,
+        "lead table": 0.1425,
+    },
+}
 
 
 def _template() -> list[dict]:
@@ -127,16 +131,28 @@ def produce(settings: KafkaSettings, runs: int, records: int) -> int:
 
     from foreshock.transport.wire import encode
 
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 50,
-                         "compression.type": "lz4", "batch.size": 1_000_000})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "linger.ms": 50,
+            "compression.type": "lz4",
+            "batch.size": 1_000_000,
+        }
+    )
     template, values = _template(), 0
     for r in range(runs):
         for n in range(records):
             record = template[n % len(template)]
-            message = {**record, "kind": "metrics", "run_id": f"ingest-{r}", "seq": n,
-                       "step": n * 25}  # fmt: skip
-            producer.produce(settings.metrics_topic, key=message["run_id"].encode(),
-                             value=encode(message))  # fmt: skip
+            message = {
+                **record,
+                "kind": "metrics",
+                "run_id": f"ingest-{r}",
+                "seq": n,
+                "step": n * 25,
+            }
+            producer.produce(
+                settings.metrics_topic, key=message["run_id"].encode(), value=encode(message)
+            )
             values += len(record["values"])
             if (r * records + n) % 1000 == 0:
                 producer.poll(0)
@@ -145,8 +161,16 @@ def produce(settings: KafkaSettings, runs: int, records: int) -> int:
     return values
 
 
-def _sink_process(settings: KafkaSettings, root: str, group: str, index: int, shared: Any,
-                  ready: Any, stop: Any, results: Any) -> None:  # fmt: skip
+def _sink_process(
+    settings: KafkaSettings,
+    root: str,
+    group: str,
+    index: int,
+    shared: Any,
+    ready: Any,
+    stop: Any,
+    results: Any,
+) -> None:
     """One sink (a spawned process): built, then all start polling together at ``ready``;
     ``shared[4 * index:]`` = first message, values stored, when last stored, batches. Reports
     its CPU seconds (all its threads) and the seconds spent in ``DeltaStore.write`` and in the
@@ -154,8 +178,9 @@ def _sink_process(settings: KafkaSettings, root: str, group: str, index: int, sh
     from foreshock.storage.sink import StorageSink
 
     sink = StorageSink(settings, root, group_id=group, compact_every=3600)
-    spent = dict.fromkeys(("write_seconds", "commit_seconds", "poll_seconds", "poll_idle_seconds"),
-                          0.0)  # fmt: skip
+    spent = dict.fromkeys(
+        ("write_seconds", "commit_seconds", "poll_seconds", "poll_idle_seconds"), 0.0
+    )
 
     def timed(fn: Callable, key: str) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -208,23 +233,34 @@ def _stored_counts(root: Path) -> dict[str, int]:
     """What the store holds: metric values, step rows, and records stored more than once
     (``queries.duplicate_records``, what ``foreshock store check`` fails on)."""
     with open_history(root) as h:
-        row = h.sql("SELECT (SELECT count(*) FROM metric_values) AS values_in_store, "
-                    "(SELECT count(*) FROM steps) AS records_in_store").to_pylist()[0]  # fmt: skip
+        row = h.sql(
+            "SELECT (SELECT count(*) FROM metric_values) AS values_in_store, "
+            "(SELECT count(*) FROM steps) AS records_in_store"
+        ).to_pylist()[0]
         twice = sum(r["extra"] for r in queries.duplicate_records(h))
     return {**{k: int(v) for k, v in row.items()}, "records_stored_twice": int(twice)}
 
 
-def ingest_case(settings: KafkaSettings, sinks: int, values: int, broker_pid: int | None = None,
-                timeout: float = 600) -> dict:  # fmt: skip
+def ingest_case(
+    settings: KafkaSettings,
+    sinks: int,
+    values: int,
+    broker_pid: int | None = None,
+    timeout: float = 600,
+) -> dict:
     """``sinks`` sink processes in a fresh group and store read the topic; see the docstring."""
     root = Path(tempfile.mkdtemp(prefix="foreshock-ingest-"))
     group = f"{settings.metrics_topic}-sinks{sinks}-{uuid.uuid4().hex[:4]}"
     context = mp.get_context("spawn")
     shared = context.Array("d", 4 * sinks)
     ready, stop, results = context.Barrier(sinks + 1), context.Event(), context.Queue()
-    procs = [context.Process(target=_sink_process, args=(settings, str(root / "history"), group,
-                                                         i, shared, ready, stop, results))
-             for i in range(sinks)]  # fmt: skip
+    procs = [
+        context.Process(
+            target=_sink_process,
+            args=(settings, str(root / "history"), group, i, shared, ready, stop, results),
+        )
+        for i in range(sinks)
+    ]
     try:
         DeltaStore(str(root / "history"))  # the tables exist before the sinks start
         for p in procs:
@@ -257,31 +293,43 @@ def ingest_case(settings: KafkaSettings, sinks: int, values: int, broker_pid: in
     streaming = end - min(firsts)
     hz, window = os.sysconf("SC_CLK_TCK"), time.perf_counter() - go
     busy = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
-    return {"sinks": sinks, "values": values, "stored": sum(stored),
-            "stored_per_sink": stored, "batches": sum(s["batches"] for s in stats),
-            "seconds_from_first_message": round(streaming, 3),
-            "seconds_with_group_join": round(end - go, 3),
-            "values_per_s": round(sum(stored) / streaming),
-            "read_backs_per_sink": [s["read_backs"] for s in stats],
-            "first_message_s_per_sink": [round(snapshot[4 * i] - min(firsts), 3)
-                                         for i in range(sinks)],
-            "last_stored_s_per_sink": [round(snapshot[4 * i + 2] - min(firsts), 3)
-                                       for i in range(sinks)],
-            "duplicates": sum(s["duplicates"] for s in stats),
-            "write_retries": sum(s["write_retries"] for s in stats),
-            "cpu_seconds_per_sink": [round(s.get("cpu_seconds", 0), 2) for s in stats],
-            "write_seconds_per_sink": [round(s.get("write_seconds", 0), 2) for s in stats],
-            "commit_seconds_per_sink": [round(s.get("commit_seconds", 0), 3) for s in stats],
-            "poll_seconds_per_sink": [round(s.get("poll_seconds", 0), 2) for s in stats],
-            "poll_idle_seconds_per_sink": [round(s.get("poll_idle_seconds", 0), 2)
-                                           for s in stats],
-            "broker_cpu_seconds": round((broker1 - broker0) / hz, 2) if broker_pid else None,
-            "machine_cores_busy": round(busy * (os.cpu_count() or 1), 2),
-            "window_seconds": round(window, 2), "store_bytes": size, **check}  # fmt: skip
+    return {
+        "sinks": sinks,
+        "values": values,
+        "stored": sum(stored),
+        "stored_per_sink": stored,
+        "batches": sum(s["batches"] for s in stats),
+        "seconds_from_first_message": round(streaming, 3),
+        "seconds_with_group_join": round(end - go, 3),
+        "values_per_s": round(sum(stored) / streaming),
+        "read_backs_per_sink": [s["read_backs"] for s in stats],
+        "first_message_s_per_sink": [round(snapshot[4 * i] - min(firsts), 3) for i in range(sinks)],
+        "last_stored_s_per_sink": [
+            round(snapshot[4 * i + 2] - min(firsts), 3) for i in range(sinks)
+        ],
+        "duplicates": sum(s["duplicates"] for s in stats),
+        "write_retries": sum(s["write_retries"] for s in stats),
+        "cpu_seconds_per_sink": [round(s.get("cpu_seconds", 0), 2) for s in stats],
+        "write_seconds_per_sink": [round(s.get("write_seconds", 0), 2) for s in stats],
+        "commit_seconds_per_sink": [round(s.get("commit_seconds", 0), 3) for s in stats],
+        "poll_seconds_per_sink": [round(s.get("poll_seconds", 0), 2) for s in stats],
+        "poll_idle_seconds_per_sink": [round(s.get("poll_idle_seconds", 0), 2) for s in stats],
+        "broker_cpu_seconds": round((broker1 - broker0) / hz, 2) if broker_pid else None,
+        "machine_cores_busy": round(busy * (os.cpu_count() or 1), 2),
+        "window_seconds": round(window, 2),
+        "store_bytes": size,
+        **check,
+    }
 
 
-def ingest(runs: int, records: int, bootstrap: str | None, partitions: int,
-           sink_counts: list[int], repeats: int = 1) -> dict[int, dict]:  # fmt: skip
+def ingest(
+    runs: int,
+    records: int,
+    bootstrap: str | None,
+    partitions: int,
+    sink_counts: list[int],
+    repeats: int = 1,
+) -> dict[int, dict]:
     """Produce once, then ``repeats`` rounds of one timed case per sink count (each its own
     group and store, the counts alternating); per count, the trial with the median rate."""
     from foreshock.transport.broker import EmbeddedBroker
@@ -289,9 +337,13 @@ def ingest(runs: int, records: int, bootstrap: str | None, partitions: int,
 
     broker = None if bootstrap else EmbeddedBroker().start()
     name = f"bench.{uuid.uuid4().hex[:6]}"
-    settings = KafkaSettings(bootstrap_servers=bootstrap or broker.bootstrap,
-                             metrics_topic=f"{name}.metrics", warnings_topic=f"{name}.warnings",
-                             deadletter_topic=f"{name}.dead", partitions=partitions)  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=bootstrap or broker.bootstrap,
+        metrics_topic=f"{name}.metrics",
+        warnings_topic=f"{name}.warnings",
+        deadletter_topic=f"{name}.dead",
+        partitions=partitions,
+    )
     try:
         ensure_topics(settings)
         values = produce(settings, runs, records)
@@ -303,8 +355,10 @@ def ingest(runs: int, records: int, bootstrap: str | None, partitions: int,
         out = {}
         for n, cases in trials.items():
             ranked = sorted(cases, key=lambda c: c["values_per_s"])
-            out[n] = {**ranked[(len(ranked) - 1) // 2],
-                      "trials_values_per_s": [c["values_per_s"] for c in cases]}  # fmt: skip
+            out[n] = {
+                **ranked[(len(ranked) - 1) // 2],
+                "trials_values_per_s": [c["values_per_s"] for c in cases],
+            }
         return out
     finally:
         if broker is not None:
@@ -318,10 +372,17 @@ def _conform(name: str, columns: dict[str, Any]) -> pa.Table:
     """``columns`` as table ``name``; a column of the schema not given is 0 if an integer
     (``rank``, ``attempt``: one stream per run), else null."""
     rows = len(next(iter(columns.values())))
-    return pa.table({f.name: columns[f.name] if f.name in columns
-                     else np.zeros(rows, np.int64) if pa.types.is_integer(f.type)
-                     else pa.nulls(rows, f.type) for f in TABLES[name]},
-                    schema=TABLES[name])  # fmt: skip
+    return pa.table(
+        {
+            f.name: columns[f.name]
+            if f.name in columns
+            else np.zeros(rows, np.int64)
+            if pa.types.is_integer(f.type)
+            else pa.nulls(rows, f.type)
+            for f in TABLES[name]
+        },
+        schema=TABLES[name],
+    )
 
 
 def _batches(runs: int, n: int, k: int, batch_values: int, order: str):
@@ -338,8 +399,15 @@ def _batches(runs: int, n: int, k: int, batch_values: int, order: str):
         raise ValueError(f"unknown order {order!r}")
 
 
-def build_history(root: Path, runs: int, steps: int, every: int, batch_values: int = 500_000,
-                  layout: str = "compact", order: str = "step") -> int:  # fmt: skip
+def build_history(
+    root: Path,
+    runs: int,
+    steps: int,
+    every: int,
+    batch_values: int = 500_000,
+    layout: str = "compact",
+    order: str = "step",
+) -> int:
     """A synthetic fleet with the lab's series and real-looking values (random walks around
     the template's levels); a few warnings per run and a divergence in every 4th run. Written
     through ``DeltaStore.write`` in sink-sized batches — ``order`` ``step``: each holding every
@@ -352,8 +420,12 @@ def build_history(root: Path, runs: int, steps: int, every: int, batch_values: i
     rng = np.random.default_rng(0)
     record_steps = np.arange(0, steps, every)
     n, k = len(record_steps), len(keys)
-    walks = np.stack([base + np.cumsum(rng.normal(0, 0.01, (n, k)), axis=0) * np.abs(base + 0.1)
-                      for _ in range(runs)])  # (run, record, key)  # fmt: skip
+    walks = np.stack(
+        [
+            base + np.cumsum(rng.normal(0, 0.01, (n, k)), axis=0) * np.abs(base + 0.1)
+            for _ in range(runs)
+        ]
+    )  # (run, record, key)
     run_ids = pa.array([f"fleet-{r:04d}" for r in range(runs)])
     metric, module = pa.array([s[0] for s in split]), pa.array([s[1] for s in split])
     head = pa.array([s[2] for s in split], pa.int64())
@@ -375,35 +447,73 @@ def build_history(root: Path, runs: int, steps: int, every: int, batch_values: i
             for r in rs:
                 run_id, diverges = f"fleet-{r:04d}", r % 4 == 0
                 if a == 0:
-                    tables.add_lifecycle({"kind": "start", "run_id": run_id, "seq": 0,
-                                          "time": times[r, 0] - 1,
-                                          "labels": {"scenario": "fa-lowprec" if diverges
-                                                     else "healthy", "project": f"p{r % 3}"}},
-                                         times[r, 0] - 1)  # fmt: skip
+                    tables.add_lifecycle(
+                        {
+                            "kind": "start",
+                            "run_id": run_id,
+                            "seq": 0,
+                            "time": times[r, 0] - 1,
+                            "labels": {
+                                "scenario": "fa-lowprec" if diverges else "healthy",
+                                "project": f"p{r % 3}",
+                            },
+                        },
+                        times[r, 0] - 1,
+                    )
                 if diverges and a <= middle < b:
-                    tables.add_warning({"id": f"{run_id}-w", "event": "opened",
-                                        "run_id": run_id, "family": "attention-numerics",
-                                        "module": "h.0.attn", "step": first, "role": "cause"},
-                                       times[r, middle])  # fmt: skip
+                    tables.add_warning(
+                        {
+                            "id": f"{run_id}-w",
+                            "event": "opened",
+                            "run_id": run_id,
+                            "family": "attention-numerics",
+                            "module": "h.0.attn",
+                            "step": first,
+                            "role": "cause",
+                        },
+                        times[r, middle],
+                    )
                 if diverges and b == n:
-                    tables.add_lifecycle({"kind": "end", "run_id": run_id, "seq": n + 1,
-                                          "time": now[r], "status": "diverged",
-                                          "divergence_step": first + 200, "last_seq": n + 1},
-                                         now[r])  # fmt: skip
+                    tables.add_lifecycle(
+                        {
+                            "kind": "end",
+                            "run_id": run_id,
+                            "seq": n + 1,
+                            "time": now[r],
+                            "status": "diverged",
+                            "divergence_step": first + 200,
+                            "last_seq": n + 1,
+                        },
+                        now[r],
+                    )
             batch = tables.take()
             key_of_row = pa.array(np.tile(np.arange(k), m * u))
             t = times[run_of_step, record_of_step]
-            batch["metric_values"] = _conform("metric_values", {
-                "run_id": run_ids.take(pa.array(np.repeat(run_of_step, k))),
-                "rank": np.zeros(m * u * k, np.int64),
-                "step": np.repeat(record_steps[record_of_step], k),
-                "metric": metric.take(key_of_row), "module": module.take(key_of_row),
-                "head": head.take(key_of_row), "value": values})  # fmt: skip
-            batch["steps"] = _conform("steps", {
-                "run_id": run_ids.take(pa.array(run_of_step)), "rank": np.zeros(m * u, np.int64),
-                "step": record_steps[record_of_step], "seq": record_of_step + 1, "time": t,
-                "received_at": t, "n_values": np.full(m * u, k),
-                "flags": pa.nulls(m * u, pa.string())})  # fmt: skip
+            batch["metric_values"] = _conform(
+                "metric_values",
+                {
+                    "run_id": run_ids.take(pa.array(np.repeat(run_of_step, k))),
+                    "rank": np.zeros(m * u * k, np.int64),
+                    "step": np.repeat(record_steps[record_of_step], k),
+                    "metric": metric.take(key_of_row),
+                    "module": module.take(key_of_row),
+                    "head": head.take(key_of_row),
+                    "value": values,
+                },
+            )
+            batch["steps"] = _conform(
+                "steps",
+                {
+                    "run_id": run_ids.take(pa.array(run_of_step)),
+                    "rank": np.zeros(m * u, np.int64),
+                    "step": record_steps[record_of_step],
+                    "seq": record_of_step + 1,
+                    "time": t,
+                    "received_at": t,
+                    "n_values": np.full(m * u, k),
+                    "flags": pa.nulls(m * u, pa.string()),
+                },
+            )
             store.write(batch)
     lay_out(root, layout)
     return runs * n * k
@@ -447,15 +557,21 @@ class DatasetHistory(History):
         return self.connection.from_arrow(dataset)
 
 
-OPENERS: dict[str, Callable[[Path], History]] = {"read_parquet": open_history,
-                                                 "pyarrow_dataset": DatasetHistory}  # fmt: skip
+OPENERS: dict[str, Callable[[Path], History]] = {
+    "read_parquet": open_history,
+    "pyarrow_dataset": DatasetHistory,
+}
 
 
 def _run_page(h: History, run_id: str) -> None:
     queries.summary(h, run_id)
     queries.series(h, run_id, "loss")
-    for metric in ("attn.d2.entropy_mean", "attn.dwq.entropy", "router.token_entropy_norm",
-                   "router.epsilon"):  # fmt: skip
+    for metric in (
+        "attn.d2.entropy_mean",
+        "attn.dwq.entropy",
+        "router.token_entropy_norm",
+        "router.epsilon",
+    ):
         queries.series(h, run_id, metric)
     queries.run_warnings(h, run_id)
 
@@ -467,8 +583,9 @@ def _read_back(h: History) -> None:
     queries.orphan_values(h)
 
 
-def time_queries(root: Path, runs: int, repeats: int, path: str = "read_parquet",
-                 read_back: bool = False) -> dict[str, float]:  # fmt: skip
+def time_queries(
+    root: Path, runs: int, repeats: int, path: str = "read_parquet", read_back: bool = False
+) -> dict[str, float]:
     """Median seconds of each page's queries, a fresh snapshot (``path``) per repetition."""
     opener = OPENERS[path]
     ids = [f"fleet-{i:04d}" for i in range(0, min(runs, 5))]
@@ -476,7 +593,8 @@ def time_queries(root: Path, runs: int, repeats: int, path: str = "read_parquet"
         "fleet": queries.fleet,
         "run page": lambda h: _run_page(h, f"fleet-{runs // 2:04d}"),
         "compare (5 runs)": lambda h: queries.series_across_runs(h, ids, "attn.d2.entropy_mean"),
-        "lead table": queries.lead_table}  # fmt: skip
+        "lead table": queries.lead_table,
+    }
     if read_back:
         jobs["sink read-back"] = _read_back
     out = {}
@@ -498,9 +616,12 @@ def _disk_bytes(root: Path, suffix: str = "") -> int:
 def _store_figures(root: Path) -> dict[str, Any]:
     with open_history(root) as h:
         files = dict(h.files)
-    return {"bytes_on_disk": _disk_bytes(root), "parquet_bytes": _disk_bytes(root, ".parquet"),
-            "metric_values_files": files["metric_values"],
-            "files": sum(files.values())}  # fmt: skip
+    return {
+        "bytes_on_disk": _disk_bytes(root),
+        "parquet_bytes": _disk_bytes(root, ".parquet"),
+        "metric_values_files": files["metric_values"],
+        "files": sum(files.values()),
+    }
 
 
 def history_figures(args: argparse.Namespace) -> dict[str, Any]:
@@ -509,8 +630,15 @@ def history_figures(args: argparse.Namespace) -> dict[str, Any]:
     try:
         written = work / "written"
         t0 = time.perf_counter()
-        values = build_history(written, args.runs, args.steps, args.every, args.batch_values,
-                               layout="uncompacted", order=args.order)  # fmt: skip
+        values = build_history(
+            written,
+            args.runs,
+            args.steps,
+            args.every,
+            args.batch_values,
+            layout="uncompacted",
+            order=args.order,
+        )
         build_s = time.perf_counter() - t0
         layouts: dict[str, Any] = {}
         for layout in args.layouts:
@@ -518,16 +646,22 @@ def history_figures(args: argparse.Namespace) -> dict[str, Any]:
             shutil.copytree(written, root)
             t0 = time.perf_counter()
             report = lay_out(root, layout)
-            layouts[layout] = {"optimize_seconds": round(time.perf_counter() - t0, 2),
-                               **_store_figures(root), "query_seconds": {}}  # fmt: skip
+            layouts[layout] = {
+                "optimize_seconds": round(time.perf_counter() - t0, 2),
+                **_store_figures(root),
+                "query_seconds": {},
+            }
             if "z_order" in report:
-                layouts[layout]["z_order_report"] = {k: v for k, v in report["z_order"].items()
-                                                     if isinstance(v, int | float)}  # fmt: skip
+                layouts[layout]["z_order_report"] = {
+                    k: v for k, v in report["z_order"].items() if isinstance(v, int | float)
+                }
             for path in READ_PATHS:
-                timings = time_queries(root, args.runs, args.repeats, path,
-                                       read_back=path == "read_parquet")  # fmt: skip
-                layouts[layout]["query_seconds"][path] = {k: round(v, 4)
-                                                          for k, v in timings.items()}  # fmt: skip
+                timings = time_queries(
+                    root, args.runs, args.repeats, path, read_back=path == "read_parquet"
+                )
+                layouts[layout]["query_seconds"][path] = {
+                    k: round(v, 4) for k, v in timings.items()
+                }
             shutil.rmtree(root, ignore_errors=True)
         return {"values": values, "build_seconds": build_s, "layouts": layouts}
     finally:
@@ -554,18 +688,31 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--batch-values", type=int, default=500_000,
-                        help="values per history batch (the sink's default batch)")  # fmt: skip
-    parser.add_argument("--order", choices=("step", "run"), default="step",
-                        help="history batches: every run over a range of steps (a concurrent "
-                        "fleet, default) or whole runs (as the segment store's benchmark "
-                        "wrote them)")  # fmt: skip
-    parser.add_argument("--layouts", default=",".join(LAYOUTS),
-                        help=f"comma-separated, of {', '.join(LAYOUTS)}")  # fmt: skip
+    parser.add_argument(
+        "--batch-values",
+        type=int,
+        default=500_000,
+        help="values per history batch (the sink's default batch)",
+    )
+    parser.add_argument(
+        "--order",
+        choices=("step", "run"),
+        default="step",
+        help="history batches: every run over a range of steps (a concurrent "
+        "fleet, default) or whole runs (as the segment store's benchmark "
+        "wrote them)",
+    )
+    parser.add_argument(
+        "--layouts", default=",".join(LAYOUTS), help=f"comma-separated, of {', '.join(LAYOUTS)}"
+    )
     parser.add_argument("--ingest-runs", type=int, default=100)
     parser.add_argument("--ingest-records", type=int, default=500)
-    parser.add_argument("--ingest-repeats", type=int, default=3,
-                        help="trials per sink count; the median is reported")  # fmt: skip
+    parser.add_argument(
+        "--ingest-repeats",
+        type=int,
+        default=3,
+        help="trials per sink count; the median is reported",
+    )
     parser.add_argument("--sinks", default="1,2", help="sink counts to time, comma-separated")
     parser.add_argument("--partitions", type=int, default=12, help="of the metrics topic")
     parser.add_argument("--repeats", type=int, default=7)
@@ -585,31 +732,64 @@ def main() -> None:
 
     cases: dict[int, dict] = {}
     if not args.skip_ingest:
-        cases = ingest(args.ingest_runs, args.ingest_records, args.bootstrap, args.partitions,
-                       sink_counts, args.ingest_repeats)  # fmt: skip
+        cases = ingest(
+            args.ingest_runs,
+            args.ingest_records,
+            args.bootstrap,
+            args.partitions,
+            sink_counts,
+            args.ingest_repeats,
+        )
 
         def per_sink(values: list, fmt: str = "{}") -> str:
             return " / ".join(fmt.format(v) for v in values)
 
-        print(format_table(
-            ["ingest (Kafka → Delta store)", "values", "s incl. group join",
-             "s from first message", "values/s (median)", "trials", "batches",
-             "values per sink", "CPU s per sink", "idle in poll s", "in write s", "read-backs"],
-            [[f"{c['sinks']} sink process{'es' if c['sinks'] > 1 else ''}", c["stored"],
-              c["seconds_with_group_join"], c["seconds_from_first_message"], c["values_per_s"],
-              per_sink(c["trials_values_per_s"], "{:,}"), c["batches"],
-              per_sink(c["stored_per_sink"], "{:,}"), per_sink(c["cpu_seconds_per_sink"]),
-              per_sink(c["poll_idle_seconds_per_sink"]), per_sink(c["write_seconds_per_sink"]),
-              per_sink(c["read_backs_per_sink"])]
-             for c in cases.values()]))  # fmt: skip
+        print(
+            format_table(
+                [
+                    "ingest (Kafka → Delta store)",
+                    "values",
+                    "s incl. group join",
+                    "s from first message",
+                    "values/s (median)",
+                    "trials",
+                    "batches",
+                    "values per sink",
+                    "CPU s per sink",
+                    "idle in poll s",
+                    "in write s",
+                    "read-backs",
+                ],
+                [
+                    [
+                        f"{c['sinks']} sink process{'es' if c['sinks'] > 1 else ''}",
+                        c["stored"],
+                        c["seconds_with_group_join"],
+                        c["seconds_from_first_message"],
+                        c["values_per_s"],
+                        per_sink(c["trials_values_per_s"], "{:,}"),
+                        c["batches"],
+                        per_sink(c["stored_per_sink"], "{:,}"),
+                        per_sink(c["cpu_seconds_per_sink"]),
+                        per_sink(c["poll_idle_seconds_per_sink"]),
+                        per_sink(c["write_seconds_per_sink"]),
+                        per_sink(c["read_backs_per_sink"]),
+                    ]
+                    for c in cases.values()
+                ],
+            )
+        )
         figures["ingest"] = {str(n): c for n, c in cases.items()}
         if 1 in cases:
             one = cases[1]
-            figures.update({"ingest_values_per_s": one["values_per_s"],
-                            "ingest_values": one["stored"],
-                            "ingest_seconds": one["seconds_from_first_message"],
-                            "ingest_seconds_with_group_join":
-                                one["seconds_with_group_join"]})  # fmt: skip
+            figures.update(
+                {
+                    "ingest_values_per_s": one["values_per_s"],
+                    "ingest_values": one["stored"],
+                    "ingest_seconds": one["seconds_from_first_message"],
+                    "ingest_seconds_with_group_join": one["seconds_with_group_join"],
+                }
+            )
         if 1 in cases and 2 in cases:
             figures["ingest_values_per_s_2_sinks"] = cases[2]["values_per_s"]
             figures["ingest_scaling_2_over_1"] = round(
@@ -621,41 +801,70 @@ def main() -> None:
     if not args.skip_queries:
         h = history_figures(args)
         values, build_s = h["values"], h["build_seconds"]
-        print(f"history: {args.runs} runs × {args.steps} steps (every {args.every}): "
-              f"{values:,} values in batches of ~{args.batch_values:,}, written in "
-              f"{build_s:.1f} s ({values / build_s:,.0f} values/s through "
-              "DeltaStore.write)")  # fmt: skip
+        print(
+            f"history: {args.runs} runs × {args.steps} steps (every {args.every}): "
+            f"{values:,} values in batches of ~{args.batch_values:,}, written in "
+            f"{build_s:.1f} s ({values / build_s:,.0f} values/s through "
+            "DeltaStore.write)"
+        )
         layouts = h["layouts"]
-        print(format_table(
-            ["layout", "optimize s", "MB on disk", "MB Parquet", "metric_values files"],
-            [[name, x["optimize_seconds"], round(x["bytes_on_disk"] / 1e6, 1),
-              round(x["parquet_bytes"] / 1e6, 1), x["metric_values_files"]]
-             for name, x in layouts.items()]))  # fmt: skip
+        print(
+            format_table(
+                ["layout", "optimize s", "MB on disk", "MB Parquet", "metric_values files"],
+                [
+                    [
+                        name,
+                        x["optimize_seconds"],
+                        round(x["bytes_on_disk"] / 1e6, 1),
+                        round(x["parquet_bytes"] / 1e6, 1),
+                        x["metric_values_files"],
+                    ]
+                    for name, x in layouts.items()
+                ],
+            )
+        )
         names = list(next(iter(layouts.values()))["query_seconds"]["read_parquet"])
         header = ["query: median s (fresh snapshot each)"] + [
             f"{layout}: {path}" for layout in layouts for path in READ_PATHS
         ]
-        rows = [[name] + [layouts[layout]["query_seconds"][path].get(name, "–")
-                          for layout in layouts for path in READ_PATHS]
-                for name in names]  # fmt: skip
+        rows = [
+            [name]
+            + [
+                layouts[layout]["query_seconds"][path].get(name, "–")
+                for layout in layouts
+                for path in READ_PATHS
+            ]
+            for name in names
+        ]
         print(format_table(header, rows))
         faster = {layout: _faster(x["query_seconds"]) for layout, x in layouts.items()}
         for layout, which in faster.items():
-            print(f"faster read path, {layout}: "
-                  + "; ".join(f"{q}: {w}" for q, w in which.items()))  # fmt: skip
+            print(
+                f"faster read path, {layout}: " + "; ".join(f"{q}: {w}" for q, w in which.items())
+            )
         main_layout = "compact" if "compact" in layouts else next(iter(layouts))
         chosen = layouts[main_layout]
-        figures.update({
-            "history_runs": args.runs, "history_steps": args.steps, "every": args.every,
-            "history_values": values, "history_batch_values": args.batch_values,
-            "history_order": args.order,
-            "history_layout": main_layout,
-            "history_bytes": chosen["bytes_on_disk"],
-            "history_parquet_bytes": chosen["parquet_bytes"],
-            "arrow_write_values_per_s": round(values / build_s),
-            "query_seconds": {k: v for k, v in chosen["query_seconds"]["read_parquet"].items()
-                              if k != "sink read-back"},
-            "layouts": layouts, "faster_read_path": faster})  # fmt: skip
+        figures.update(
+            {
+                "history_runs": args.runs,
+                "history_steps": args.steps,
+                "every": args.every,
+                "history_values": values,
+                "history_batch_values": args.batch_values,
+                "history_order": args.order,
+                "history_layout": main_layout,
+                "history_bytes": chosen["bytes_on_disk"],
+                "history_parquet_bytes": chosen["parquet_bytes"],
+                "arrow_write_values_per_s": round(values / build_s),
+                "query_seconds": {
+                    k: v
+                    for k, v in chosen["query_seconds"]["read_parquet"].items()
+                    if k != "sink read-back"
+                },
+                "layouts": layouts,
+                "faster_read_path": faster,
+            }
+        )
         if "z-order" in layouts and "compact" in layouts:
             z, c = layouts["z-order"]["query_seconds"], layouts["compact"]["query_seconds"]
             figures["run_page_z_order_over_compact"] = {

@@ -34,8 +34,12 @@ def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int
     from foreshock.producers.kafka_sink import KafkaSink
 
     ids, bootstrap, topic, per_producer, spool_dir, rate = args
-    settings = KafkaSettings(bootstrap_servers=bootstrap, metrics_topic=topic,
-                             deadletter_topic=f"{topic}.dead", spool_dir=spool_dir)  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        metrics_topic=topic,
+        deadletter_topic=f"{topic}.dead",
+        spool_dir=spool_dir,
+    )
     runs = [load_run(p).records for p in shipped_runs()]
     sinks = {i: KafkaSink(settings, name=f"bench-{i}") for i in ids}
     for sink in sinks.values():  # connected, topics checked: measure the steady state
@@ -76,8 +80,9 @@ def _joined_consumer(settings: KafkaSettings) -> Any:
     return consumer
 
 
-def _consume(consumer: Any, expected: int, timeout: float, producers: int,
-             finished: Any) -> tuple[list[float], int, float, list[str]]:  # fmt: skip
+def _consume(
+    consumer: Any, expected: int, timeout: float, producers: int, finished: Any
+) -> tuple[list[float], int, float, list[str]]:
     """Until every message arrived, or ``timeout``, or 30 s of silence after the producers
     finished (a message missing by then is counted lost)."""
     latencies: list[float] = []
@@ -102,14 +107,18 @@ def _consume(consumer: Any, expected: int, timeout: float, producers: int,
         for i in range(producers)
         for seq in consumer.dedup.missing(f"sim-{i}", 0, expected // producers)
     ]
-    print(f"consumer: {consumer.rereads} gap re-reads, {consumer.dedup.duplicates} duplicates "
-          f"dropped", file=sys.stderr)  # fmt: skip
+    print(
+        f"consumer: {consumer.rereads} gap re-reads, {consumer.dedup.duplicates} duplicates "
+        f"dropped",
+        file=sys.stderr,
+    )
     consumer.close()
     return latencies, seen, last, missing[:20]
 
 
-def run(producers: int, processes: int, per_producer: int, rate: float,
-        bootstrap: str | None) -> dict:  # fmt: skip
+def run(
+    producers: int, processes: int, per_producer: int, rate: float, bootstrap: str | None
+) -> dict:
     from foreshock.transport.broker import EmbeddedBroker
     from foreshock.transport.topics import ensure_topics
 
@@ -117,8 +126,12 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
     bootstrap = bootstrap or broker.bootstrap
     topic = f"bench.{uuid.uuid4().hex[:8]}"
     spool_dir = f"/tmp/foreshock-bench-spool-{uuid.uuid4().hex[:6]}"
-    settings = KafkaSettings(bootstrap_servers=bootstrap, metrics_topic=topic,
-                             deadletter_topic=f"{topic}.dead", spool_dir=spool_dir)  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        metrics_topic=topic,
+        deadletter_topic=f"{topic}.dead",
+        spool_dir=spool_dir,
+    )
     ensure_topics(settings, names=[topic, settings.deadletter_topic])
     groups = [list(range(producers))[k::processes] for k in range(processes)]
     expected = producers * (per_producer + 2)
@@ -128,7 +141,8 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
             jobs = [(g, bootstrap, topic, per_producer, spool_dir, rate) for g in groups]
             pending = pool.map_async(_replay, jobs)
             latencies, consumed, last, missing = _consume(
-                consumer, expected, 600, producers, pending.ready)  # fmt: skip
+                consumer, expected, 600, producers, pending.ready
+            )
             results = pending.get(timeout=600)
     finally:
         if broker is not None:
@@ -138,17 +152,22 @@ def run(producers: int, processes: int, per_producer: int, rate: float,
     first = min(r[2] for r in results)
     seconds = max(last - first, 1e-9)
     return {
-        "producers": producers, "processes": processes, "offered_per_producer_per_s": rate,
+        "producers": producers,
+        "processes": processes,
+        "offered_per_producer_per_s": rate,
         "messages": written,
-        "consumed": consumed, "lost": written - consumed, "missing": missing,
+        "consumed": consumed,
+        "lost": written - consumed,
+        "missing": missing,
         "sink": {k: sum(r[3][k] for r in results) for k in results[0][3]},
-        "seconds": round(seconds, 2), "messages_per_s": round(written / seconds, 1),
+        "seconds": round(seconds, 2),
+        "messages_per_s": round(written / seconds, 1),
         "values_per_s": round(values / seconds, 1),
         "latency_p50_s": round(quantile(latencies, 0.50), 4),
         "latency_p95_s": round(quantile(latencies, 0.95), 4),
         "latency_p99_s": round(quantile(latencies, 0.99), 4),
         "broker": "external" if broker is None else "tansu (embedded, memory)",
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

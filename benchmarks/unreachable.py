@@ -66,12 +66,22 @@ def train_once(mode: str, run_id: str, steps: int, settings: KafkaSettings) -> d
     tick = time.perf_counter()
     result = run_lab(RunConfig(steps=steps, name=run_id), None, progress=False, sink=sink)
     total = time.perf_counter() - tick
-    out = {"mode": mode, "run_id": run_id, "steps": len(result.losses),
-           "train_s": result.wall_seconds, "step_s": result.wall_seconds / len(result.losses),
-           "total_s": total, "close_s": closing.get("s", 0.0)}  # fmt: skip
+    out = {
+        "mode": mode,
+        "run_id": run_id,
+        "steps": len(result.losses),
+        "train_s": result.wall_seconds,
+        "step_s": result.wall_seconds / len(result.losses),
+        "total_s": total,
+        "close_s": closing.get("s", 0.0),
+    }
     if isinstance(sink, KafkaSink):
-        out |= {"delivered": sink.delivered, "spooled": sink.spooled, "rejected": sink.rejected,
-                "pending_bytes": sink.pending()}  # fmt: skip
+        out |= {
+            "delivered": sink.delivered,
+            "spooled": sink.spooled,
+            "rejected": sink.rejected,
+            "pending_bytes": sink.pending(),
+        }
     else:
         out |= {"records": len(sink.records)}
     return out
@@ -79,16 +89,23 @@ def train_once(mode: str, run_id: str, steps: int, settings: KafkaSettings) -> d
 
 def flush(settings: KafkaSettings, timeout: float) -> tuple[float, str]:
     """``foreshock spool flush`` for ``settings``' spool folder; (seconds, its output)."""
-    env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-           "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-           "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-           "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip
+    env = {
+        **os.environ,
+        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+        "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
+    }
     tick = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout",
-                           str(timeout)], env=env, capture_output=True, text=True,
-                          timeout=timeout + 60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", str(timeout)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )
     seconds = time.perf_counter() - tick
     if done.returncode != 0:
         raise RuntimeError(f"spool flush failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -99,11 +116,19 @@ def read_back(settings: KafkaSettings, expected: int, idle: float = 5.0) -> list
     """Every message of the metrics topic, from the beginning of each partition."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
-                         "group.id": f"unreachable-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False})  # fmt: skip
-    consumer.assign([TopicPartition(settings.metrics_topic, p, OFFSET_BEGINNING)
-                     for p in range(settings.partitions)])  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"unreachable-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [
+            TopicPartition(settings.metrics_topic, p, OFFSET_BEGINNING)
+            for p in range(settings.partitions)
+        ]
+    )
     messages: list[dict] = []
     last = time.monotonic()
     deadline = time.monotonic() + 120
@@ -125,8 +150,15 @@ def read_back(settings: KafkaSettings, expected: int, idle: float = 5.0) -> list
 
 def audit(runs: list[dict[str, Any]], messages: list[dict]) -> dict[str, Any]:
     """Per unreachable run: seq 0..last_seq each exactly once?"""
-    out = {"runs": len(runs), "spooled": 0, "delivered_later": 0, "duplicates": 0, "missing": 0,
-           "runs_complete": 0, "per_run": []}  # fmt: skip
+    out = {
+        "runs": len(runs),
+        "spooled": 0,
+        "delivered_later": 0,
+        "duplicates": 0,
+        "missing": 0,
+        "runs_complete": 0,
+        "per_run": [],
+    }
     for run in runs:
         mine = [m for m in messages if m["run_id"] == run["run_id"]]
         seqs = [m["seq"] for m in mine]
@@ -136,10 +168,18 @@ def audit(runs: list[dict[str, Any]], messages: list[dict]) -> dict[str, Any]:
         duplicates = len(seqs) - len(set(seqs))
         metrics = sum(1 for m in mine if m.get("kind") == "metrics")
         complete = bool(ends) and missing == 0 and duplicates == 0
-        out["per_run"].append({"run_id": run["run_id"], "spooled": run["spooled"],
-                               "delivered": len(set(seqs)), "last_seq": last_seq,
-                               "metrics_records": metrics, "missing": missing,
-                               "duplicates": duplicates, "complete": complete})  # fmt: skip
+        out["per_run"].append(
+            {
+                "run_id": run["run_id"],
+                "spooled": run["spooled"],
+                "delivered": len(set(seqs)),
+                "last_seq": last_seq,
+                "metrics_records": metrics,
+                "missing": missing,
+                "duplicates": duplicates,
+                "complete": complete,
+            }
+        )
         out["spooled"] += run["spooled"]
         out["delivered_later"] += len(set(seqs))
         out["duplicates"] += duplicates
@@ -162,19 +202,26 @@ def main() -> None:
     logging.getLogger("foreshock.producers.kafka_sink").setLevel(logging.ERROR)  # "kept in …"
     root = Path(tempfile.mkdtemp(prefix="foreshock-unreachable-"))
     token = uuid.uuid4().hex[:6]
-    topics = {"metrics_topic": f"unreach-{token}.metrics",
-              "warnings_topic": f"unreach-{token}.warnings",
-              "deadletter_topic": f"unreach-{token}.dead"}  # fmt: skip
+    topics = {
+        "metrics_topic": f"unreach-{token}.metrics",
+        "warnings_topic": f"unreach-{token}.warnings",
+        "deadletter_topic": f"unreach-{token}.dead",
+    }
     closed_port = free_port()  # nothing listens here until the flush
     live_broker = EmbeddedBroker(log_path=root / "live-broker.log")
     later_broker = EmbeddedBroker(port=closed_port, log_path=root / "later-broker.log")
     results: list[dict[str, Any]] = []
     try:
         live_broker.start()
-        live = KafkaSettings(bootstrap_servers=live_broker.bootstrap, partitions=3,
-                             spool_dir=str(root / "spool-live"), **topics)  # fmt: skip
-        away = replace(live, bootstrap_servers=f"127.0.0.1:{closed_port}",
-                       spool_dir=str(root / "spool-away"))  # fmt: skip
+        live = KafkaSettings(
+            bootstrap_servers=live_broker.bootstrap,
+            partitions=3,
+            spool_dir=str(root / "spool-live"),
+            **topics,
+        )
+        away = replace(
+            live, bootstrap_servers=f"127.0.0.1:{closed_port}", spool_dir=str(root / "spool-away")
+        )
         train_once("memory", f"warmup-{token}", 30, live)  # imports, allocator, caches: untimed
         for rep in range(args.repeats):
             order = MODES[rep % 3 :] + MODES[: rep % 3]  # rotate: drift hits each mode alike
@@ -182,9 +229,11 @@ def main() -> None:
                 settings = away if mode == "unreachable" else live
                 result = train_once(mode, f"{mode}-{rep}-{token}", args.steps, settings)
                 results.append({**result, "repeat": rep})
-                print(f"repeat {rep} {mode:11s}: {result['train_s']:6.2f} s training, "
-                      f"{result['step_s'] * 1000:6.1f} ms/step, close {result['close_s']:.2f} s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"repeat {rep} {mode:11s}: {result['train_s']:6.2f} s training, "
+                    f"{result['step_s'] * 1000:6.1f} ms/step, close {result['close_s']:.2f} s",
+                    flush=True,
+                )
         later_broker.start()
         flush_s, flush_out = flush(away, args.flush_timeout)
         away_runs = [r for r in results if r["mode"] == "unreachable"]
@@ -199,50 +248,89 @@ def main() -> None:
     per_mode = {}
     for mode in MODES:
         mine = [r for r in results if r["mode"] == mode]
-        per_mode[mode] = {"train_s_median": round(median([r["train_s"] for r in mine]), 3),
-                          "step_s_median": round(median([r["step_s"] for r in mine]), 5),
-                          "close_s_median": round(median([r["close_s"] for r in mine]), 3),
-                          "train_s": [round(r["train_s"], 3) for r in mine]}  # fmt: skip
+        per_mode[mode] = {
+            "train_s_median": round(median([r["train_s"] for r in mine]), 3),
+            "step_s_median": round(median([r["step_s"] for r in mine]), 5),
+            "close_s_median": round(median([r["close_s"] for r in mine]), 3),
+            "train_s": [round(r["train_s"], 3) for r in mine],
+        }
     live_s = per_mode["live"]["train_s_median"]
     away_s = per_mode["unreachable"]["train_s_median"]
     memory_s = per_mode["memory"]["train_s_median"]
-    paired = [b["train_s"] / a["train_s"] - 1 for a, b in zip(
-        [r for r in results if r["mode"] == "live"],
-        [r for r in results if r["mode"] == "unreachable"], strict=True)]  # fmt: skip
+    paired = [
+        b["train_s"] / a["train_s"] - 1
+        for a, b in zip(
+            [r for r in results if r["mode"] == "live"],
+            [r for r in results if r["mode"] == "unreachable"],
+            strict=True,
+        )
+    ]
     slowdown = away_s / live_s - 1
-    rows = [[mode, len(per_mode[mode]["train_s"]), f"{per_mode[mode]['train_s_median']:.2f}",
-             f"{per_mode[mode]['step_s_median'] * 1000:.1f}",
-             f"{per_mode[mode]['close_s_median']:.2f}",
-             " ".join(f"{x:.2f}" for x in per_mode[mode]["train_s"]),
-             "–" if mode == "live" else f"{per_mode[mode]['train_s_median'] / live_s - 1:+.1%}"]
-            for mode in MODES]  # fmt: skip
-    print(format_table(["sink", "runs", "training s (median)", "ms/step", "close s",
-                        "training s (each)", "vs live"], rows))  # fmt: skip
+    rows = [
+        [
+            mode,
+            len(per_mode[mode]["train_s"]),
+            f"{per_mode[mode]['train_s_median']:.2f}",
+            f"{per_mode[mode]['step_s_median'] * 1000:.1f}",
+            f"{per_mode[mode]['close_s_median']:.2f}",
+            " ".join(f"{x:.2f}" for x in per_mode[mode]["train_s"]),
+            "–" if mode == "live" else f"{per_mode[mode]['train_s_median'] / live_s - 1:+.1%}",
+        ]
+        for mode in MODES
+    ]
+    print(
+        format_table(
+            [
+                "sink",
+                "runs",
+                "training s (median)",
+                "ms/step",
+                "close s",
+                "training s (each)",
+                "vs live",
+            ],
+            rows,
+        )
+    )
     print()
-    rows = [["records spooled while unreachable", delivered["spooled"]],
-            ["delivered later (unique seq)", delivered["delivered_later"]],
-            ["duplicates", delivered["duplicates"]], ["missing", delivered["missing"]],
-            ["runs complete (seq 0..last_seq once each)",
-             f"{delivered['runs_complete']} of {delivered['runs']}"],
-            ["spool flush", f"{flush_s:.1f} s: {flush_out}"]]  # fmt: skip
+    rows = [
+        ["records spooled while unreachable", delivered["spooled"]],
+        ["delivered later (unique seq)", delivered["delivered_later"]],
+        ["duplicates", delivered["duplicates"]],
+        ["missing", delivered["missing"]],
+        [
+            "runs complete (seq 0..last_seq once each)",
+            f"{delivered['runs_complete']} of {delivered['runs']}",
+        ],
+        ["spool flush", f"{flush_s:.1f} s: {flush_out}"],
+    ]
     print(format_table(["after a broker came up on the unreachable port", "value"], rows))
-    emit_json({
-        "steps": args.steps, "repeats": args.repeats, "every": 25,
-        "modes": per_mode,
-        "slowdown_unreachable_vs_live": round(slowdown, 4),
-        "slowdown_paired_median": round(median(paired), 4),
-        "slowdown_unreachable_vs_memory": round(away_s / memory_s - 1, 4),
-        "slowdown_live_vs_memory": round(live_s / memory_s - 1, 4),
-        "target": TARGET, "within_target": slowdown <= TARGET,
-        "live_delivered": sum(r["delivered"] for r in results if r["mode"] == "live"),
-        "live_spooled": sum(r["spooled"] for r in results if r["mode"] == "live"),
-        "unreachable_delivered_during_run": sum(
-            r["delivered"] for r in results if r["mode"] == "unreachable"),
-        "spooled": delivered["spooled"], "delivered_later": delivered["delivered_later"],
-        "duplicates": delivered["duplicates"], "missing": delivered["missing"],
-        "runs_complete": delivered["runs_complete"], "flush_s": round(flush_s, 2),
-        "per_run": delivered["per_run"],
-    })  # fmt: skip
+    emit_json(
+        {
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "every": 25,
+            "modes": per_mode,
+            "slowdown_unreachable_vs_live": round(slowdown, 4),
+            "slowdown_paired_median": round(median(paired), 4),
+            "slowdown_unreachable_vs_memory": round(away_s / memory_s - 1, 4),
+            "slowdown_live_vs_memory": round(live_s / memory_s - 1, 4),
+            "target": TARGET,
+            "within_target": slowdown <= TARGET,
+            "live_delivered": sum(r["delivered"] for r in results if r["mode"] == "live"),
+            "live_spooled": sum(r["spooled"] for r in results if r["mode"] == "live"),
+            "unreachable_delivered_during_run": sum(
+                r["delivered"] for r in results if r["mode"] == "unreachable"
+            ),
+            "spooled": delivered["spooled"],
+            "delivered_later": delivered["delivered_later"],
+            "duplicates": delivered["duplicates"],
+            "missing": delivered["missing"],
+            "runs_complete": delivered["runs_complete"],
+            "flush_s": round(flush_s, 2),
+            "per_run": delivered["per_run"],
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ PAGES = (
 )  # not "pages/": that name turns on Streamlit's legacy multipage mode
 
 st.set_page_config(page_title="foreshock", page_icon="⚡", layout="wide")
-navigation = st.navigation([
-    st.Page(PAGES / "fleet.py", title="Fleet", default=True),  # served at /
-    st.Page(PAGES / "run.py", title="Run", url_path="run"),
-    st.Page(PAGES / "compare.py", title="Compare", url_path="compare"),
-    st.Page(PAGES / "tuning.py", title="Tuning", url_path="tuning"),
-])  # fmt: skip
+navigation = st.navigation(
+    [
+        st.Page(PAGES / "fleet.py", title="Fleet", default=True),  # served at /
+        st.Page(PAGES / "run.py", title="Run", url_path="run"),
+        st.Page(PAGES / "compare.py", title="Compare", url_path="compare"),
+        st.Page(PAGES / "tuning.py", title="Tuning", url_path="tuning"),
+    ]
+)
 navigation.run()

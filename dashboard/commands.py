@@ -21,11 +21,31 @@ def streamlit_command(host: str, port: int) -> list[str]:
     in viewer mode (no developer menu: no "Deploy", no rerun or settings for the app's
     source); Streamlit's own log at the level ``foreshock --log-level`` set, in its format."""
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    return [sys.executable, "-m", "streamlit", "run", str(APP),
-            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
-            "--logger.level", level, "--logger.messageFormat", LOG_FORMAT]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+        "--global.developmentMode",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        "--logger.level",
+        level,
+        "--logger.messageFormat",
+        LOG_FORMAT,
+    ]
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -34,9 +54,12 @@ def _dashboard(args: argparse.Namespace) -> int:
     location = load_location(args.store, getattr(args, "config", None))
     store = location.uri if not location.is_local else str(Path(location.uri).resolve())
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"foreshock dashboard: listening on {args.host}: anyone who can reach this "
-              "address reads the whole history (no authentication) — put a reverse proxy "
-              "with authentication in front of it", file=sys.stderr)  # fmt: skip
+        print(
+            f"foreshock dashboard: listening on {args.host}: anyone who can reach this "
+            "address reads the whole history (no authentication) — put a reverse proxy "
+            "with authentication in front of it",
+            file=sys.stderr,
+        )
     print(f"foreshock dashboard: http://{args.host}:{args.port}  (store {store})", flush=True)
     env = {**os.environ, "FORESHOCK_STORE": str(store)}
     command = streamlit_command(args.host, args.port)
@@ -45,10 +68,16 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 def add_dashboard_commands(sub: argparse._SubParsersAction) -> None:
     dash = sub.add_parser("dashboard", help="the fleet dashboard (Streamlit) over a store")
-    dash.add_argument("--store", help="folder or URI to read (default: [store] uri in --config, "
-                      "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
-    dash.add_argument("--host", default="127.0.0.1",
-                      help="address to bind (default 127.0.0.1: this machine only; another "
-                      "address exposes the history to that network, unauthenticated)")  # fmt: skip
+    dash.add_argument(
+        "--store",
+        help="folder or URI to read (default: [store] uri in --config, "
+        "$FORESHOCK_STORE, else ./foreshock-history)",
+    )
+    dash.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only; another "
+        "address exposes the history to that network, unauthenticated)",
+    )
     dash.add_argument("--port", type=int, default=8501)
     dash.set_defaults(func=_dashboard)

@@ -24,8 +24,19 @@ from foreshock.storage.reader import open_history
 from foreshock.storage.store import store_exists as _exists
 from foreshock.storage.store import table_versions
 
-__all__ = ["MONITORS", "TTL", "compare", "fleet", "live_config", "projects", "run_ids", "run_page",
-           "store_exists", "store_path", "tune_reports"]  # fmt: skip
+__all__ = [
+    "MONITORS",
+    "TTL",
+    "compare",
+    "fleet",
+    "live_config",
+    "projects",
+    "run_ids",
+    "run_page",
+    "store_exists",
+    "store_path",
+    "tune_reports",
+]
 
 TTL = 2.0  # seconds between reads of the store's versions
 KEEP = 600.0  # seconds an answer for one version stays cached
@@ -59,8 +70,12 @@ def _pinned(store: str, versions: tuple[tuple[str, int], ...]):
     return open_history(store, dict(versions))
 
 
-def fleet(project: str | None = None, status: str | None = None, family: str | None = None,
-          window_s: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def fleet(
+    project: str | None = None,
+    status: str | None = None,
+    family: str | None = None,
+    window_s: float | None = None,
+) -> list[dict[str, Any]]:
     """The fleet table's rows, most urgent first (see :func:`queries.fleet`)."""
     store = store_path()
     return _fleet(store, _versions(store), project, status, family, window_s)
@@ -75,8 +90,9 @@ def projects() -> list[str]:
     return sorted({r["project"] for r in rows if r["project"]})
 
 
-def run_page(run_id: str, metrics: tuple[str, ...], heads: bool = False,
-             max_points: int = 1000) -> dict[str, Any]:  # fmt: skip
+def run_page(
+    run_id: str, metrics: tuple[str, ...], heads: bool = False, max_points: int = 1000
+) -> dict[str, Any]:
     """Everything the run page draws, from one snapshot."""
     store = store_path()
     return _run_page(store, _versions(store), run_id, metrics, heads, max_points)
@@ -88,16 +104,23 @@ def compare(run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _fleet(store: str, versions: tuple, project: str | None, status: str | None,
-           family: str | None, window_s: float | None) -> list[dict[str, Any]]:  # fmt: skip
+def _fleet(
+    store: str,
+    versions: tuple,
+    project: str | None,
+    status: str | None,
+    family: str | None,
+    window_s: float | None,
+) -> list[dict[str, Any]]:
     since = None if window_s is None else time.time() - window_s  # moves: cached for TTL only
     with _pinned(store, versions) as history:
         return queries.fleet(history, project, status, family, since)
 
 
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=256)
-def _run_page(store: str, versions: tuple, run_id: str, metrics: tuple[str, ...], heads: bool,
-              max_points: int) -> dict[str, Any]:  # fmt: skip
+def _run_page(
+    store: str, versions: tuple, run_id: str, metrics: tuple[str, ...], heads: bool, max_points: int
+) -> dict[str, Any]:
     with _pinned(store, versions) as history:
         summary = queries.summary(history, run_id)
         if summary is None:
@@ -107,18 +130,27 @@ def _run_page(store: str, versions: tuple, run_id: str, metrics: tuple[str, ...]
         per_head = [n for n in names.values() if n in PER_HEAD.values()]
         lines = queries.series_many(history, run_id, per_module, max_points=max_points)
         if per_head:
-            lines |= queries.series_many(history, run_id, per_head, heads=True,
-                                         max_points=max_points)  # fmt: skip
+            lines |= queries.series_many(
+                history, run_id, per_head, heads=True, max_points=max_points
+            )
         series = {m: lines[n] for m, n in names.items()}
         loss = queries.series_many(history, run_id, ["loss"], max_points=max_points)["loss"]
-        return {"summary": summary, "warnings": queries.run_warnings(history, run_id),
-                "loss": loss, "attempts": queries.run_attempts(history, run_id),
-                "series": series}  # fmt: skip
+        return {
+            "summary": summary,
+            "warnings": queries.run_warnings(history, run_id),
+            "loss": loss,
+            "attempts": queries.run_attempts(history, run_id),
+            "series": series,
+        }
 
 
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=64)
-def _compare(store: str, versions: tuple, run_ids: tuple[str, ...], metric: str,
-             ) -> dict[str, Any]:  # fmt: skip
+def _compare(
+    store: str,
+    versions: tuple,
+    run_ids: tuple[str, ...],
+    metric: str,
+) -> dict[str, Any]:
     with _pinned(store, versions) as history:
         lines = queries.series_across_runs(history, list(run_ids), metric)
         leads = [r for r in queries.lead_table(history) if r["run_id"] in run_ids]

@@ -71,8 +71,11 @@ def healthy_bands(runs: Sequence[Recorded], metrics: set[str] | None = None) -> 
     bands = {}
     for key, by_step in sorted(values.items()):
         steps = sorted(s for s, xs in by_step.items() if len(xs) >= MIN_RUNS)
-        bands[key] = {"steps": steps, "lo": [min(by_step[s]) for s in steps],
-                      "hi": [max(by_step[s]) for s in steps]}  # fmt: skip
+        bands[key] = {
+            "steps": steps,
+            "lo": [min(by_step[s]) for s in steps],
+            "hi": [max(by_step[s]) for s in steps],
+        }
     return bands
 
 
@@ -119,8 +122,9 @@ class BandStandardizer(base.Base):
         return (x - lo) / width if x < lo else 0.0
 
 
-def band_thresholds(runs: Sequence[Recorded], config: DetectorConfig, margin: float,
-                    replay: Any) -> DetectorConfig:  # fmt: skip
+def band_thresholds(
+    runs: Sequence[Recorded], config: DetectorConfig, margin: float, replay: Any
+) -> DetectorConfig:
     """``config`` with the bands of all ``runs`` and leave-one-out thresholds for its band
     rules (see the module docstring); ``replay(run, config) -> report with .peaks``."""
     metrics = {r.metric for r in config.rules if r.kind == "band"} | {INFLATION_METRIC}
@@ -129,24 +133,37 @@ def band_thresholds(runs: Sequence[Recorded], config: DetectorConfig, margin: fl
     for i, run in enumerate(runs):
         others = [r for j, r in enumerate(runs) if j != i]
         bands = healthy_bands(others, metrics)
-        bare = replace(config, bands=bands,
-                       thresholds={**thresholds, **{m: math.inf for m in metrics}})  # fmt: skip
+        bare = replace(
+            config, bands=bands, thresholds={**thresholds, **{m: math.inf for m in metrics}}
+        )
         report = replay(run, bare)
         for m in metrics - {INFLATION_METRIC}:
             peaks[m].append(report.peaks.get(m, 0.0))
         peaks[INFLATION_METRIC].append(_sustained_peak(run, bands, config))
     h = {m: round(max(BAND_FLOOR, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
     thresholds |= {m: h[m] for m in metrics - {INFLATION_METRIC}}
-    calibration = {**config.calibration, "bands": {
-        "method": "leave-one-out max excursion", "margin": margin, "floor": BAND_FLOOR,
-        "runs": len(runs), "peaks": {m: round(max(p, default=0.0), 4) for m, p in peaks.items()},
-    }}  # fmt: skip
-    return replace(config, bands=healthy_bands(runs, metrics), thresholds=thresholds,
-                   calibration=calibration, inflation_h=h[INFLATION_METRIC])  # fmt: skip
+    calibration = {
+        **config.calibration,
+        "bands": {
+            "method": "leave-one-out max excursion",
+            "margin": margin,
+            "floor": BAND_FLOOR,
+            "runs": len(runs),
+            "peaks": {m: round(max(p, default=0.0), 4) for m, p in peaks.items()},
+        },
+    }
+    return replace(
+        config,
+        bands=healthy_bands(runs, metrics),
+        thresholds=thresholds,
+        calibration=calibration,
+        inflation_h=h[INFLATION_METRIC],
+    )
 
 
-def _sustained_peak(run: Recorded, bands: dict[str, dict[str, list]],
-                    config: DetectorConfig) -> float:  # fmt: skip
+def _sustained_peak(
+    run: Recorded, bands: dict[str, dict[str, list]], config: DetectorConfig
+) -> float:
     """The largest excursion of the weight norm above its band held for ``confirm`` records."""
     if INFLATION_METRIC not in bands:
         return 0.0

@@ -28,8 +28,12 @@ MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 LEVEL_FLOOR = 0.01
 
 
-def calibrate(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
-              margin: float | dict[str, float] = 0.1) -> DetectorConfig:  # fmt: skip
+def calibrate(
+    healthy: Sequence[RunReport],
+    config: DetectorConfig,
+    k: int = 1,
+    margin: float | dict[str, float] = 0.1,
+) -> DetectorConfig:
     """A config whose thresholds put each family's healthy maxima under h (see above).
 
     ``healthy`` must be replayed with ``config`` *without* thresholds (peaks only).
@@ -45,13 +49,22 @@ def calibrate(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
     for family in FAMILIES:
         size = sum(rule.family == family for rule in config.rules)
         rates[family] = round(min(1.0, size * k / (n + 1)), 4)
-    calibration = {"method": "conformal max-statistic", "healthy_runs": n, "k": k,
-                   "margin": margin, "runs": sorted(r.run_id for r in healthy)}  # fmt: skip
+    calibration = {
+        "method": "conformal max-statistic",
+        "healthy_runs": n,
+        "k": k,
+        "margin": margin,
+        "runs": sorted(r.run_id for r in healthy),
+    }
     return config.with_thresholds(thresholds, rates, calibration)
 
 
-def leave_one_out_margin(healthy: Sequence[RunReport], config: DetectorConfig, k: int = 1,
-                         margins: Sequence[float] = MARGINS) -> dict[str, float]:  # fmt: skip
+def leave_one_out_margin(
+    healthy: Sequence[RunReport],
+    config: DetectorConfig,
+    k: int = 1,
+    margins: Sequence[float] = MARGINS,
+) -> dict[str, float]:
     """Per metric, the smallest margin under which no calibration run, left out in turn,
     exceeds the threshold set by the others.
 
@@ -69,15 +82,17 @@ def leave_one_out_margin(healthy: Sequence[RunReport], config: DetectorConfig, k
         for margin in margins:
             exceed = sum(
                 peak > _threshold([*peaks[:i], *peaks[i + 1 :]], k, margin, _floor(rule, config))
-                for i, peak in enumerate(peaks))  # fmt: skip
+                for i, peak in enumerate(peaks)
+            )
             if exceed == 0:
                 break
         chosen[rule.metric] = margin
     return chosen
 
 
-def calibrate_profile(healthy: Sequence[Any], base: DetectorConfig, replay: Any,
-                      band_margin: float = 0.5) -> DetectorConfig:  # fmt: skip
+def calibrate_profile(
+    healthy: Sequence[Any], base: DetectorConfig, replay: Any, band_margin: float = 0.5
+) -> DetectorConfig:
     """Thresholds for one profile from its healthy runs (objects with ``records``): the
     conformal max-statistic with leave-one-out margins for run-relative rules, healthy bands
     with leave-one-out thresholds for band rules (:mod:`foreshock.detectors.bands`).

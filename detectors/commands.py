@@ -35,8 +35,11 @@ def _detect_config(args: argparse.Namespace) -> DetectorConfig | ProfileConfigs:
 
     config = live_config(args.store)
     if config is None:
-        print(f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
-              "using the shipped one", file=sys.stderr)  # fmt: skip
+        print(
+            f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
+            "using the shipped one",
+            file=sys.stderr,
+        )
         return default_config()
     return config
 
@@ -52,11 +55,17 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         for report in reports:
-            print(json.dumps({
-                "run_id": report.run_id, "scenario": report.labels.get("scenario"),
-                "divergence_step": report.divergence_step, "config_version": config.version,
-                "warnings": [a.to_message() for a in report.alerts],
-            }))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "run_id": report.run_id,
+                        "scenario": report.labels.get("scenario"),
+                        "divergence_step": report.divergence_step,
+                        "config_version": config.version,
+                        "warnings": [a.to_message() for a in report.alerts],
+                    }
+                )
+            )
         return 0
     rows = []
     for report in reports:
@@ -66,10 +75,24 @@ def _replay(args: argparse.Namespace) -> int:
                 rows.append([report.run_id, "-", "-", "-", "-", "-", div, "-"])
                 continue
             lead = None if div is None else div - alert.step
-            rows.append([report.run_id, alert.family, alert.module or "-", alert.role,
-                         alert.step, alert.false_alarm_rate, div, lead])  # fmt: skip
-    print(format_table(["run", "family", "module", "role", "step", "false-alarm rate",
-                        "divergence", "lead"], rows))  # fmt: skip
+            rows.append(
+                [
+                    report.run_id,
+                    alert.family,
+                    alert.module or "-",
+                    alert.role,
+                    alert.step,
+                    alert.false_alarm_rate,
+                    div,
+                    lead,
+                ]
+            )
+    print(
+        format_table(
+            ["run", "family", "module", "role", "step", "false-alarm rate", "divergence", "lead"],
+            rows,
+        )
+    )
     print(f"detector config {config.version}")
     return 0
 
@@ -81,9 +104,13 @@ def _live(args: argparse.Namespace) -> int:
     from .worker import DetectorWorker
 
     try:
-        worker = DetectorWorker(load_settings(args.config), _detect_config(args),
-                                group_id=args.group, metrics_port=args.metrics_port,
-                                metrics_host=args.metrics_host)  # fmt: skip
+        worker = DetectorWorker(
+            load_settings(args.config),
+            _detect_config(args),
+            group_id=args.group,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+        )
     except MetricsPortError as exc:
         print(f"foreshock detect: {exc}", file=sys.stderr)
         return 2
@@ -125,29 +152,62 @@ def _progress(done: int, total: int) -> None:
 def _tune_table(report: dict) -> str:
     """The chosen point's per-family figures, then one line per grid point."""
     chosen = report["points"][report["chosen"]["index"]]
-    rows = [[f["family"], f["runs"], f["detected"], f["lead_median"], f["lead_p10"],
-             f["lead_p90"], f["attribution_ok"], f["false_warnings"], f["healthy_runs"]]
-            for f in chosen["families"]]  # fmt: skip
-    families = format_table(["family", "faulty runs", "warned before divergence",
-                             "lead median", "p10", "p90", "attribution ok",
-                             "false warnings", "healthy runs"], rows)  # fmt: skip
+    rows = [
+        [
+            f["family"],
+            f["runs"],
+            f["detected"],
+            f["lead_median"],
+            f["lead_p10"],
+            f["lead_p90"],
+            f["attribution_ok"],
+            f["false_warnings"],
+            f["healthy_runs"],
+        ]
+        for f in chosen["families"]
+    ]
+    families = format_table(
+        [
+            "family",
+            "faulty runs",
+            "warned before divergence",
+            "lead median",
+            "p10",
+            "p90",
+            "attribution ok",
+            "false warnings",
+            "healthy runs",
+        ],
+        rows,
+    )
     names = list(report["grid"])
     grid = []
     for i, point in enumerate(report["points"]):
         figures = [f for f in point["families"] if f["detection_rate"] is not None]
-        grid.append(["*" if i == report["chosen"]["index"] else "",
-                     *(point["params"][n] for n in names),
-                     sum(f["false_warnings"] or 0 for f in point["families"]),
-                     min(f["detection_rate"] for f in figures),
-                     min((f["lead_median"] for f in figures if f["lead_median"] is not None),
-                         default=None), point["version"]])  # fmt: skip
-    points = format_table(["", *names, "false warnings", "worst detection rate",
-                           "shortest median lead", "version"], grid)  # fmt: skip
+        grid.append(
+            [
+                "*" if i == report["chosen"]["index"] else "",
+                *(point["params"][n] for n in names),
+                sum(f["false_warnings"] or 0 for f in point["families"]),
+                min(f["detection_rate"] for f in figures),
+                min(
+                    (f["lead_median"] for f in figures if f["lead_median"] is not None),
+                    default=None,
+                ),
+                point["version"],
+            ]
+        )
+    points = format_table(
+        ["", *names, "false warnings", "worst detection rate", "shortest median lead", "version"],
+        grid,
+    )
     split = report["split"]
-    return (f"{families}\n\n{points}\n\ncalibrated on {len(split['calibration'])} healthy "
-            f"runs, judged on {len(split['judged'])} (held out: {split['held_out_seeds']})\n"
-            f"rule: {report['rule']}\nstore versions read (--store-versions to reproduce): "
-            f"{json.dumps(report['store_versions'])}")  # fmt: skip
+    return (
+        f"{families}\n\n{points}\n\ncalibrated on {len(split['calibration'])} healthy "
+        f"runs, judged on {len(split['judged'])} (held out: {split['held_out_seeds']})\n"
+        f"rule: {report['rule']}\nstore versions read (--store-versions to reproduce): "
+        f"{json.dumps(report['store_versions'])}"
+    )
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -163,12 +223,18 @@ def _tune(args: argparse.Namespace) -> int:
             for entry in history(args.store):
                 print(json.dumps(entry))
             return 0
-        grid = {"k": args.grid_k or DEFAULT_GRID["k"],
-                "confirm": args.grid_confirm or DEFAULT_GRID["confirm"],
-                "trend_beta": args.grid_trend_beta or DEFAULT_GRID["trend_beta"]}  # fmt: skip
-        config, report = tune(args.store, grid, args.held_out_seeds,
-                              progress=None if args.json else _progress,
-                              versions=args.store_versions)  # fmt: skip
+        grid = {
+            "k": args.grid_k or DEFAULT_GRID["k"],
+            "confirm": args.grid_confirm or DEFAULT_GRID["confirm"],
+            "trend_beta": args.grid_trend_beta or DEFAULT_GRID["trend_beta"],
+        }
+        config, report = tune(
+            args.store,
+            grid,
+            args.held_out_seeds,
+            progress=None if args.json else _progress,
+            versions=args.store_versions,
+        )
         published = None if args.dry_run else publish(args.store, config, report, args.note)
     except (TuneError, RegistryError) as exc:
         print(f"foreshock tune: {exc}", file=sys.stderr)
@@ -177,8 +243,10 @@ def _tune(args: argparse.Namespace) -> int:
         print(json.dumps({**report, "config": config.to_dict(), "published": published}))
         return 0
     print(_tune_table(report))
-    print(f"-> {'published, live' if published else 'not published (--dry-run)'}: "
-          f"detector config {config.version}")  # fmt: skip
+    print(
+        f"-> {'published, live' if published else 'not published (--dry-run)'}: "
+        f"detector config {config.version}"
+    )
     return 0
 
 
@@ -196,9 +264,13 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
     tune = sub.add_parser("tune", help="tune detectors on a store's runs; publish or roll back")
     tune.add_argument("--store", default=DEFAULT_STORE, help="store folder (runs and configs)")
-    tune.add_argument("--store-versions", type=json.loads, metavar="JSON",
-                      help='the table versions to read, e.g. {"steps": 12, ...}: an earlier '
-                      "tune's store_versions, to reproduce it exactly")  # fmt: skip
+    tune.add_argument(
+        "--store-versions",
+        type=json.loads,
+        metavar="JSON",
+        help='the table versions to read, e.g. {"steps": 12, ...}: an earlier '
+        "tune's store_versions, to reproduce it exactly",
+    )
     tune.add_argument(
         "--held-out-seeds",
         type=_seed_range,
@@ -206,10 +278,20 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="healthy seeds kept out of calibration (default: seed %% 3 == 0)",
     )
     tune.add_argument("--grid-k", nargs="+", type=float, metavar="K", help="CUSUM allowances")
-    tune.add_argument("--grid-confirm", nargs="+", type=int, metavar="N",
-                      help="records in alarm before a warning opens")  # fmt: skip
-    tune.add_argument("--grid-trend-beta", nargs="+", type=float, metavar="B",
-                      help="EMA weights of the trend baseline")  # fmt: skip
+    tune.add_argument(
+        "--grid-confirm",
+        nargs="+",
+        type=int,
+        metavar="N",
+        help="records in alarm before a warning opens",
+    )
+    tune.add_argument(
+        "--grid-trend-beta",
+        nargs="+",
+        type=float,
+        metavar="B",
+        help="EMA weights of the trend baseline",
+    )
     tune.add_argument("--dry-run", action="store_true", help="report only; publish nothing")
     tune.add_argument("--json", action="store_true", help="the whole report as one JSON object")
     tune.add_argument("--note", default="", help="why: kept in the registry's history")
@@ -233,20 +315,34 @@ def _notify(args: argparse.Namespace) -> int:
 
     targets = notify_targets(args.webhook + args.slack + args.alertmanager, args.config)
     if not targets:
-        print("foreshock notify: no target; give at least one --webhook, --slack or "
-              "--alertmanager URL (each may be repeated), or [[notify.receivers]] in the "
-              "settings file", file=sys.stderr)  # fmt: skip
+        print(
+            "foreshock notify: no target; give at least one --webhook, --slack or "
+            "--alertmanager URL (each may be repeated), or [[notify.receivers]] in the "
+            "settings file",
+            file=sys.stderr,
+        )
         return 2
-    notifier = Notifier(load_settings(args.config), targets, args.dashboard_url,
-                        group_id=args.group, updates=args.updates, retries=args.retries,
-                        patience=args.patience, refresh=args.am_refresh)  # fmt: skip
+    notifier = Notifier(
+        load_settings(args.config),
+        targets,
+        args.dashboard_url,
+        group_id=args.group,
+        updates=args.updates,
+        retries=args.retries,
+        patience=args.patience,
+        refresh=args.am_refresh,
+    )
     stop = stop_on_signals()
-    print(f"foreshock notify: group {args.group} -> "
-          f"{', '.join(t.where for t in targets)}", flush=True)  # fmt: skip
+    print(
+        f"foreshock notify: group {args.group} -> {', '.join(t.where for t in targets)}", flush=True
+    )
     notifier.run(stop, idle_exit=args.idle_exit)
     s = notifier.stats
-    print(f"foreshock notify: {s['delivered']} delivered, {s['failed']} failed, "
-          f"{s['duplicates']} duplicates", flush=True)  # fmt: skip
+    print(
+        f"foreshock notify: {s['delivered']} delivered, {s['failed']} failed, "
+        f"{s['duplicates']} duplicates",
+        flush=True,
+    )
     return 0
 
 
@@ -264,16 +360,29 @@ def _add_notify(sub: argparse._SubParsersAction) -> None:
         return parse
 
     notify = sub.add_parser("notify", help="deliver warnings to webhooks, Slack, Alertmanager")
-    for kind, what in (("webhook", "POST each warning event as JSON to URL"),
-                       ("slack", "a Slack(-compatible) incoming-webhook URL"),
-                       ("alertmanager", "an Alertmanager base URL (v2 API)")):  # fmt: skip
-        notify.add_argument(f"--{kind}", action="append", default=[], type=target(kind),
-                            metavar="URL", help=f"{what}; repeatable")  # fmt: skip
-    notify.add_argument("--dashboard-url", default=DEFAULT_DASHBOARD, metavar="URL",
-                        help=f"linked from each warning (default {DEFAULT_DASHBOARD})")  # fmt: skip
+    for kind, what in (
+        ("webhook", "POST each warning event as JSON to URL"),
+        ("slack", "a Slack(-compatible) incoming-webhook URL"),
+        ("alertmanager", "an Alertmanager base URL (v2 API)"),
+    ):
+        notify.add_argument(
+            f"--{kind}",
+            action="append",
+            default=[],
+            type=target(kind),
+            metavar="URL",
+            help=f"{what}; repeatable",
+        )
+    notify.add_argument(
+        "--dashboard-url",
+        default=DEFAULT_DASHBOARD,
+        metavar="URL",
+        help=f"linked from each warning (default {DEFAULT_DASHBOARD})",
+    )
     notify.add_argument("--group", default="foreshock-notify", help="consumer group")
-    notify.add_argument("--updates", action="store_true",
-                        help="also send the lead time once the loss diverged")  # fmt: skip
+    notify.add_argument(
+        "--updates", action="store_true", help="also send the lead time once the loss diverged"
+    )
     notify.add_argument(
         "--retries",
         type=int,
@@ -288,16 +397,26 @@ def _add_notify(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="keep retrying a receiver that is down for S s (default 900)",
     )
-    notify.add_argument("--am-refresh", type=float, default=60.0, metavar="S",
-                        help="re-post open warnings to Alertmanager every S s")  # fmt: skip
+    notify.add_argument(
+        "--am-refresh",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="re-post open warnings to Alertmanager every S s",
+    )
     notify.add_argument("--idle-exit", type=float, metavar="S", help="stop after S idle s")
     notify.set_defaults(func=_notify)
 
 
 def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     detect = sub.add_parser("detect", help="online detectors: live worker, or --replay runs")
-    detect.add_argument("--replay", nargs="+", type=Path, metavar="RUN",
-                        help="run files written by `foreshock lab run --out`")  # fmt: skip
+    detect.add_argument(
+        "--replay",
+        nargs="+",
+        type=Path,
+        metavar="RUN",
+        help="run files written by `foreshock lab run --out`",
+    )
     detect.add_argument("--json", action="store_true", help="one JSON object per run")
     source = detect.add_mutually_exclusive_group()
     source.add_argument("--detector-config", help="calibrated config (default: shipped)")

@@ -80,8 +80,14 @@ DEFAULT_RULES: tuple[SeriesRule, ...] = (
 # Compared with the healthy runs of the run's profile at the same step where a profile's
 # calibration has them (``foreshock.detectors.bands``): the series whose slow faults a
 # run-relative rule sees late. Capacity-limited routers add their dropped fraction.
-BAND_METRICS = ("attn.d2.entropy_mean", "attn.dwq.entropy", "attn.dwk.entropy", "max_logit",
-                "router.token_entropy_norm", "router.load_entropy")  # fmt: skip
+BAND_METRICS = (
+    "attn.d2.entropy_mean",
+    "attn.dwq.entropy",
+    "attn.dwk.entropy",
+    "max_logit",
+    "router.token_entropy_norm",
+    "router.load_entropy",
+)
 BAND_RULES: tuple[SeriesRule, ...] = (
     *(replace(r, kind="band") if r.metric in BAND_METRICS else r for r in DEFAULT_RULES),
     SeriesRule("router.dropped_fraction", "router", "up", "band"),
@@ -117,10 +123,15 @@ class DetectorConfig:
     def rule_for(self, metric: str) -> SeriesRule | None:
         return next((r for r in self.rules if r.metric == metric), None)
 
-    def with_thresholds(self, thresholds: dict[str, float], false_alarm: dict[str, float],
-                        calibration: dict[str, Any]) -> DetectorConfig:  # fmt: skip
-        return replace(self, thresholds=thresholds, false_alarm=false_alarm,
-                       calibration=calibration)  # fmt: skip
+    def with_thresholds(
+        self,
+        thresholds: dict[str, float],
+        false_alarm: dict[str, float],
+        calibration: dict[str, Any],
+    ) -> DetectorConfig:
+        return replace(
+            self, thresholds=thresholds, false_alarm=false_alarm, calibration=calibration
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

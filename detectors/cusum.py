@@ -50,8 +50,9 @@ class OneSidedCUSUM(base.DriftDetector):
     [False, False, False, False, True]
     """
 
-    def __init__(self, direction: str = "up", k: float = 0.5, h: float = 5.0,
-                 confirm: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self, direction: str = "up", k: float = 0.5, h: float = 5.0, confirm: int = 1
+    ) -> None:
         super().__init__()
         if direction not in ("up", "down"):
             raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")

@@ -29,8 +29,9 @@ class LossDivergence(base.Base):
     600
     """
 
-    def __init__(self, margin: float = 0.5, patience: int = 50, ema: float = 0.05,
-                 warmup: int = 100) -> None:  # fmt: skip
+    def __init__(
+        self, margin: float = 0.5, patience: int = 50, ema: float = 0.05, warmup: int = 100
+    ) -> None:
         self.margin, self.patience, self.ema, self.warmup = margin, patience, ema, warmup
         self.smoothed: float | None = None
         self.best: float | None = None
@@ -48,8 +49,9 @@ class LossDivergence(base.Base):
         gap = 1 if self.last_step is None else max(1, step - self.last_step)
         self.last_step = step
         weight = 1 - (1 - self.ema) ** gap
-        self.smoothed = loss if self.smoothed is None else (
-            (1 - weight) * self.smoothed + weight * loss)  # fmt: skip
+        self.smoothed = (
+            loss if self.smoothed is None else ((1 - weight) * self.smoothed + weight * loss)
+        )
         self.best = self.smoothed if self.best is None else min(self.best, self.smoothed)
         if step >= self.warmup and self.smoothed - self.best > self.margin:
             self.above_since = step if self.above_since is None else self.above_since

@@ -228,8 +228,10 @@ class RunDetector:
         if c.inflation_h is None or INFLATION_METRIC not in c.bands:
             return
         if self._inflation is None:
-            self._inflation = (BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start),
-                               SustainedLevel("up", c.inflation_h, c.confirm))  # fmt: skip
+            self._inflation = (
+                BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start),
+                SustainedLevel("up", c.inflation_h, c.confirm),
+            )
         band, level = self._inflation
         z = band.update(step, value)
         if z is not None:
@@ -249,8 +251,14 @@ class RunDetector:
         if rule.kind == "band" and key not in self.config.bands:
             return None  # no healthy reference for this series: nothing to compare with
         h = self.config.thresholds.get(rule.metric, math.inf)
-        series = _Series(key, metric, rule.family, module, self._standardizer(rule, key),
-                         {d: self._detector(rule, d, h) for d in rule.directions()})  # fmt: skip
+        series = _Series(
+            key,
+            metric,
+            rule.family,
+            module,
+            self._standardizer(rule, key),
+            {d: self._detector(rule, d, h) for d in rule.directions()},
+        )
         self._series[key] = series
         return series
 
@@ -269,31 +277,46 @@ class RunDetector:
             return TrendStandardizer(c.warmup_start, c.warmup_records, c.trend_beta)
         return WarmupStandardizer(c.warmup_start, c.warmup_records)
 
-    def _open_alert(self, series: _Series, direction: str, cusum: OneSidedCUSUM,
-                    step: int) -> Alert:  # fmt: skip
+    def _open_alert(
+        self, series: _Series, direction: str, cusum: OneSidedCUSUM, step: int
+    ) -> Alert:
         family = series.family
         if family in MECHANISMS:
             if self.cause is None:
                 self.cause = self._attribute(family)
-            role = (self.cause if self.cause in ("ambiguous", "optimizer")
-                    else "cause" if self.cause == family else "secondary")  # fmt: skip
+            role = (
+                self.cause
+                if self.cause in ("ambiguous", "optimizer")
+                else "cause"
+                if self.cause == family
+                else "secondary"
+            )
         else:
             role = "symptom"
         alert = Alert(
             id=alert_id(self.run_id, family, series.module, step, self.config.version),
-            run_id=self.run_id, family=family, module=series.module, series=series.key,
-            direction=direction, step=step, role=role, statistic=round(cusum.statistic, 3),
-            threshold=cusum.h, false_alarm_rate=self.config.false_alarm.get(family),
+            run_id=self.run_id,
+            family=family,
+            module=series.module,
+            series=series.key,
+            direction=direction,
+            step=step,
+            role=role,
+            statistic=round(cusum.statistic, 3),
+            threshold=cusum.h,
+            false_alarm_rate=self.config.false_alarm.get(family),
             config_version=self.config.version,
-            evidence={"detector": self.config.rule_for(series.metric).kind,
-                      "warmup_mean": series.standardizer.mean,
-                      "warmup_scale": series.standardizer.scale,
-                      "recent": [list(r) for r in series.recent],
-                      "cause": self.cause if family in MECHANISMS else None,
-                      "check": CHECK.get(self.cause if family in MECHANISMS else family)},
+            evidence={
+                "detector": self.config.rule_for(series.metric).kind,
+                "warmup_mean": series.standardizer.mean,
+                "warmup_scale": series.standardizer.scale,
+                "recent": [list(r) for r in series.recent],
+                "cause": self.cause if family in MECHANISMS else None,
+                "check": CHECK.get(self.cause if family in MECHANISMS else family),
+            },
             divergence_step=self.divergence_step,
             lead_time=_lead(self.divergence_step, step),
-        )  # fmt: skip
+        )
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
         return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
@@ -308,8 +331,13 @@ class RunDetector:
 
     def _pressure(self, family: str) -> float:
         """How close ``family`` is to firing: its largest sustained statistic / threshold."""
-        ratios = [c.sustained / c.h for s in self._series.values() if s.family == family
-                  for c in s.cusums.values() if math.isfinite(c.h)]  # fmt: skip
+        ratios = [
+            c.sustained / c.h
+            for s in self._series.values()
+            if s.family == family
+            for c in s.cusums.values()
+            if math.isfinite(c.h)
+        ]
         return max(ratios, default=0.0)
 
     def _clear(self, step: int, ended: str | None = None) -> list[Alert]:
@@ -317,9 +345,12 @@ class RunDetector:
         ``ended`` (its end status), every open warning."""
         events = []
         for (family, module), alert in list(self._open.items()):
-            alarmed = any(c.in_alarm for s in self._series.values()
-                          if s.family == family and s.module == module
-                          for c in s.cusums.values())  # fmt: skip
+            alarmed = any(
+                c.in_alarm
+                for s in self._series.values()
+                if s.family == family and s.module == module
+                for c in s.cusums.values()
+            )
             if not alarmed or ended is not None:
                 del self._open[(family, module)]
                 alert.cleared_step = step

@@ -46,8 +46,13 @@ class SeqOrderer:
         held[seq] = message
         if expected not in held and len(held) > self.max_held:
             gap_end = min(held)
-            log.warning("foreshock: run %s rank %s: seqs %d..%d never arrived; skipping",
-                        stream[0], stream[1], expected, gap_end - 1)  # fmt: skip
+            log.warning(
+                "foreshock: run %s rank %s: seqs %d..%d never arrived; skipping",
+                stream[0],
+                stream[1],
+                expected,
+                gap_end - 1,
+            )
             self.skipped += gap_end - expected
             expected = gap_end
         ready = []

@@ -31,8 +31,15 @@ from typing import Any
 
 from .config import DetectorConfig
 
-__all__ = ["REGISTRY", "RegistryError", "history", "live_config", "live_version", "publish",
-           "rollback"]  # fmt: skip
+__all__ = [
+    "REGISTRY",
+    "RegistryError",
+    "history",
+    "live_config",
+    "live_version",
+    "publish",
+    "rollback",
+]
 
 REGISTRY = "detector-configs"
 _LIVE, _HISTORY, _LOCK = "live.json", "history.jsonl", ".lock"
@@ -42,8 +49,12 @@ class RegistryError(RuntimeError):
     """The registry cannot do what was asked (nothing to roll back to, unknown version...)."""
 
 
-def publish(root: str | Path, config: DetectorConfig, tune_report: dict[str, Any] | None = None,
-            note: str = "") -> str:  # fmt: skip
+def publish(
+    root: str | Path,
+    config: DetectorConfig,
+    tune_report: dict[str, Any] | None = None,
+    note: str = "",
+) -> str:
     """Save ``config`` (and the report that chose it), make it live; returns its version."""
     folder = _folder(root, create=True)
     version = config.version
@@ -76,9 +87,14 @@ def rollback(root: str | Path, version: str | None = None, note: str = "") -> st
         if version is None:
             stack = _stack(history(root), current)
             if len(stack) < 2:
-                raise RegistryError(f"nothing to roll back to in {folder}: "
-                                    + ("no config was ever published" if not stack else
-                                       f"{current} is the first live config"))  # fmt: skip
+                raise RegistryError(
+                    f"nothing to roll back to in {folder}: "
+                    + (
+                        "no config was ever published"
+                        if not stack
+                        else f"{current} is the first live config"
+                    )
+                )
             target, undo = stack[-2], True
         else:
             target, undo = version, False
@@ -117,8 +133,13 @@ def _stack(entries: list[dict[str, Any]], current: str | None) -> list[str]:
 
 def _make_live(folder: Path, version: str, action: str, note: str, undo: bool) -> None:
     _write_atomic(folder / _LIVE, {"version": version})
-    entry = {"time": datetime.now(UTC).isoformat(timespec="seconds"), "version": version,
-             "action": action, "note": note, "undo": undo}  # fmt: skip
+    entry = {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "version": version,
+        "action": action,
+        "note": note,
+        "undo": undo,
+    }
     with (folder / _HISTORY).open("a") as file:
         file.write(json.dumps(entry) + "\n")
 
@@ -126,8 +147,11 @@ def _make_live(folder: Path, version: str, action: str, note: str, undo: bool) -
 def _load(folder: Path, version: str) -> DetectorConfig:
     path = folder / f"{version}.json"
     if not path.exists():
-        known = sorted(p.stem for p in folder.glob("*.json")
-                       if p.name != _LIVE and not p.name.endswith(".tune.json"))  # fmt: skip
+        known = sorted(
+            p.stem
+            for p in folder.glob("*.json")
+            if p.name != _LIVE and not p.name.endswith(".tune.json")
+        )
         raise RegistryError(f"no config {version} in {folder} (known: {', '.join(known) or '-'})")
     config = DetectorConfig.load(path)
     if config.version != version:

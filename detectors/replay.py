@@ -26,8 +26,9 @@ class RunReport:
 
     def first(self, family: str, before: int | None = None) -> Alert | None:
         """The first warning of ``family`` (optionally only those before step ``before``)."""
-        hits = [a for a in self.alerts if a.family == family
-                and (before is None or a.step < before)]  # fmt: skip
+        hits = [
+            a for a in self.alerts if a.family == family and (before is None or a.step < before)
+        ]
         return min(hits, key=lambda a: a.step, default=None)
 
 
@@ -40,8 +41,9 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
     if run.end is not None:
         events += detector.update({**run.end, "kind": "end"})
     exact = (run.end or {}).get("divergence_step")
-    return RunReport(run_id, run.start.get("labels", {}), exact, detector.alerts,
-                     detector.peaks, events)  # fmt: skip
+    return RunReport(
+        run_id, run.start.get("labels", {}), exact, detector.alerts, detector.peaks, events
+    )
 
 
 def replay(paths: list[str | Path], config: DetectorConfig | ProfileConfigs) -> list[RunReport]:

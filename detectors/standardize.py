@@ -75,8 +75,9 @@ class WarmupStandardizer(base.Base):
     (True, False)
     """
 
-    def __init__(self, start: int, records: int, rel_floor: float = 0.01,
-                 abs_floor: float = 1e-6) -> None:  # fmt: skip
+    def __init__(
+        self, start: int, records: int, rel_floor: float = 0.01, abs_floor: float = 1e-6
+    ) -> None:
         if records < 2:
             raise ValueError("the warm-up needs at least 2 records")
         self.start, self.records = start, records
@@ -120,8 +121,14 @@ class TrendStandardizer(base.Base):
     (0.9, -6.6)
     """
 
-    def __init__(self, start: int, records: int, beta: float = 0.2, rel_floor: float = 0.01,
-                 abs_floor: float = 1e-6) -> None:  # fmt: skip
+    def __init__(
+        self,
+        start: int,
+        records: int,
+        beta: float = 0.2,
+        rel_floor: float = 0.01,
+        abs_floor: float = 1e-6,
+    ) -> None:
         if records < 3:
             raise ValueError("the warm-up needs at least 3 records")
         self.start, self.records, self.beta = start, records, beta

@@ -38,27 +38,50 @@ from .config import MECHANISMS, DetectorConfig
 from .engine import RunDetector
 from .replay import RunReport
 
-__all__ = ["DEFAULT_GRID", "OWN", "RULE", "StoredRun", "TuneError", "TuneResult",
-           "load_runs", "parse_seed_range", "replay_messages", "tune"]  # fmt: skip
+__all__ = [
+    "DEFAULT_GRID",
+    "OWN",
+    "RULE",
+    "StoredRun",
+    "TuneError",
+    "TuneResult",
+    "load_runs",
+    "parse_seed_range",
+    "replay_messages",
+    "tune",
+]
 
 # the family whose warning detects each fault (combined: both); as benchmarks.detection_table
 OWN: dict[str, tuple[str, ...]] = {
-    "fa-lowprec": ("attention-numerics",), "lr-high": ("router",), "gbs-small": ("router",),
+    "fa-lowprec": ("attention-numerics",),
+    "lr-high": ("router",),
+    "gbs-small": ("router",),
     "combined": ("attention-numerics", "router"),
-}  # fmt: skip
+}
 NOT_FAULTY = ("healthy", "fa-noise")  # any mechanism warning on these is a false warning
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
-    "k": (0.25, 0.5, 1.0), "confirm": (1, 2, 3), "trend_beta": (0.1, 0.2, 0.4),
-}  # fmt: skip
-RULE = ("fewest held-out false warnings (zero when any point has none); then the highest "
-        "detection rate of the worst-detected family (ties: the next worst, and so on); then "
-        "the longest median lead of the family with the shortest (ties: the next); then "
-        "grid order")  # fmt: skip
+    "k": (0.25, 0.5, 1.0),
+    "confirm": (1, 2, 3),
+    "trend_beta": (0.1, 0.2, 0.4),
+}
+RULE = (
+    "fewest held-out false warnings (zero when any point has none); then the highest "
+    "detection rate of the worst-detected family (ties: the next worst, and so on); then "
+    "the longest median lead of the family with the shortest (ties: the next); then "
+    "grid order"
+)
 
 Progress = Callable[[int, int], None]
-_VERDICT = {"run": pl.String, "scenario": pl.String, "family": pl.String, "faulty": pl.Boolean,
-            "detected": pl.Boolean, "lead": pl.Int64, "attribution_ok": pl.Boolean,
-            "false_warnings": pl.Int64}  # fmt: skip
+_VERDICT = {
+    "run": pl.String,
+    "scenario": pl.String,
+    "family": pl.String,
+    "faulty": pl.Boolean,
+    "detected": pl.Boolean,
+    "lead": pl.Int64,
+    "attribution_ok": pl.Boolean,
+    "false_warnings": pl.Int64,
+}
 
 
 class TuneError(ValueError):
@@ -86,8 +109,13 @@ class TuneResult(NamedTuple):
     report: dict[str, Any]  # split, grid, rule, every point's per-family figures, chosen
 
 
-def replay_messages(run_id: str, start: dict[str, Any] | None, records: Sequence[dict],
-                    end: dict[str, Any] | None, config: DetectorConfig) -> RunReport:  # fmt: skip
+def replay_messages(
+    run_id: str,
+    start: dict[str, Any] | None,
+    records: Sequence[dict],
+    end: dict[str, Any] | None,
+    config: DetectorConfig,
+) -> RunReport:
     """:func:`~foreshock.detectors.replay.replay_run` for a run read back from a store.
 
     The divergence step is the producer's when its ``end`` says (even "none"), else the
@@ -105,9 +133,11 @@ def replay_messages(run_id: str, start: dict[str, Any] | None, records: Sequence
     return RunReport(run_id, labels, divergence, detector.alerts, detector.peaks, events)
 
 
-def load_runs(root: str | Path, progress: Progress | None = None,
-              versions: dict[str, int] | None = None,
-              ) -> tuple[list[StoredRun], dict[str, list[str]], dict[str, int]]:  # fmt: skip
+def load_runs(
+    root: str | Path,
+    progress: Progress | None = None,
+    versions: dict[str, int] | None = None,
+) -> tuple[list[StoredRun], dict[str, list[str]], dict[str, int]]:
     """Every finished, labelled run in the store (at table ``versions``, default the newest);
     the ids left out, by reason; the table versions read (what reproduces this exactly).
     ``progress(loaded, runs)`` after each run read."""
@@ -164,14 +194,18 @@ def _split(runs: list[StoredRun], held_out: range | None) -> tuple[list, list]:
     if not any(r.scenario == "healthy" for r in runs):
         raise TuneError("no healthy runs in the store: thresholds are calibrated on them")
     if not any(r.faulty for r in runs):
-        raise TuneError("no labelled faulty runs in the store (a scenario other than "
-                        f"{' or '.join(NOT_FAULTY)}): nothing to judge detection on")  # fmt: skip
+        raise TuneError(
+            "no labelled faulty runs in the store (a scenario other than "
+            f"{' or '.join(NOT_FAULTY)}): nothing to judge detection on"
+        )
     calibration = [r for r in runs if r.scenario == "healthy" and not _held(r.seed, held_out)]
     judged = [r for r in runs if r not in calibration]
     where = f"seeds {_describe(held_out)}"
     if len(calibration) < 2:
-        raise TuneError(f"{len(calibration)} healthy runs left to calibrate with {where} held "
-                        "out; leave-one-out needs at least 2")  # fmt: skip
+        raise TuneError(
+            f"{len(calibration)} healthy runs left to calibrate with {where} held "
+            "out; leave-one-out needs at least 2"
+        )
     if not any(not r.faulty for r in judged):
         raise TuneError(f"no held-out healthy runs ({where}): false warnings cannot be judged")
     return calibration, judged
@@ -183,14 +217,20 @@ def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     >>> _points({"k": (0.5, 1.0), "confirm": (2,)})
     [{'k': 0.5, 'confirm': 2}, {'k': 1.0, 'confirm': 2}]
     """
-    known = {f.name for f in fields(DetectorConfig)} - {"rules", "thresholds", "false_alarm",
-                                                         "calibration"}  # fmt: skip
+    known = {f.name for f in fields(DetectorConfig)} - {
+        "rules",
+        "thresholds",
+        "false_alarm",
+        "calibration",
+    }
     unknown = sorted(set(grid) - known)
     if unknown or not grid or not all(grid.values()):
         raise TuneError(f"bad grid {dict(grid)}: give values for any of {sorted(known)}")
     names = list(grid)
-    return [dict(zip(names, values, strict=True))
-            for values in itertools.product(*(grid[n] for n in names))]  # fmt: skip
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(grid[n] for n in names))
+    ]
 
 
 def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
@@ -198,21 +238,37 @@ def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
     family (false warnings) for a healthy or fa-noise run."""
     div = report.divergence_step
     if not run.faulty:
-        return [{"run": run.run_id, "scenario": run.scenario, "family": f, "faulty": False,
-                 "false_warnings": sum(a.family == f for a in report.alerts)}
-                for f in MECHANISMS]  # fmt: skip
+        return [
+            {
+                "run": run.run_id,
+                "scenario": run.scenario,
+                "family": f,
+                "faulty": False,
+                "false_warnings": sum(a.family == f for a in report.alerts),
+            }
+            for f in MECHANISMS
+        ]
     before = [a for a in report.alerts if a.family in MECHANISMS and (div is None or a.step < div)]
     own = OWN.get(run.scenario)
     first = before[0] if before else None
-    attribution = None if first is None or own is None else (
-        first.role == "cause" and first.family in own)  # fmt: skip
+    attribution = (
+        None if first is None or own is None else (first.role == "cause" and first.family in own)
+    )
     rows = []
     for family in own or ("unknown",):
         hits = [a for a in before if own is None or a.family == family]
         lead = div - hits[0].step if hits and div is not None else None
-        rows.append({"run": run.run_id, "scenario": run.scenario, "family": family,
-                     "faulty": True, "detected": bool(hits), "lead": lead,
-                     "attribution_ok": attribution})  # fmt: skip
+        rows.append(
+            {
+                "run": run.run_id,
+                "scenario": run.scenario,
+                "family": family,
+                "faulty": True,
+                "detected": bool(hits),
+                "lead": lead,
+                "attribution_ok": attribution,
+            }
+        )
     return rows
 
 
@@ -247,13 +303,21 @@ def _score(families: list[dict[str, Any]]) -> tuple:
     """Larger is better; the selection rule (:data:`RULE`) as a sort key."""
     false = sum(f["false_warnings"] or 0 for f in families)
     rates = sorted(f["detection_rate"] for f in families if f["detection_rate"] is not None)
-    leads = sorted(-math.inf if f["lead_median"] is None else f["lead_median"]
-                   for f in families if f["detection_rate"] is not None)  # fmt: skip
+    leads = sorted(
+        -math.inf if f["lead_median"] is None else f["lead_median"]
+        for f in families
+        if f["detection_rate"] is not None
+    )
     return (-false, rates, leads)
 
 
-def _judge_point(point: dict[str, Any], base: DetectorConfig, calibration: list[StoredRun],
-                 judged: list[StoredRun], tick: Callable[[], None]) -> tuple:  # fmt: skip
+def _judge_point(
+    point: dict[str, Any],
+    base: DetectorConfig,
+    calibration: list[StoredRun],
+    judged: list[StoredRun],
+    tick: Callable[[], None],
+) -> tuple:
     """Calibrate at ``point``, replay the judged runs: (config, margins, per-family rows)."""
     trial = replace(base, **point)
     bare, peaks = uncalibrated(trial), []
@@ -296,10 +360,14 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
-def tune(root: str | Path, grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
-         held_out: range | None = None, base: DetectorConfig | None = None,
-         progress: Progress | None = None,
-         versions: dict[str, int] | None = None) -> TuneResult:  # fmt: skip
+def tune(
+    root: str | Path,
+    grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
+    held_out: range | None = None,
+    base: DetectorConfig | None = None,
+    progress: Progress | None = None,
+    versions: dict[str, int] | None = None,
+) -> TuneResult:
     """Choose detector parameters on a store's runs (the rule: :data:`RULE`).
 
     ``held_out``: the healthy seeds kept out of calibration (default: seed % 3 == 0);
@@ -323,12 +391,19 @@ def tune(root: str | Path, grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
     scores = [_score(families) for _, _, families in results]
     best = max(range(len(points)), key=lambda i: (scores[i], -i))
     report = {
-        "rule": RULE, "grid": {k: list(v) for k, v in grid.items()}, "store_versions": read,
-        "split": {"held_out_seeds": _describe(held_out),
-                  "calibration": [r.run_id for r in calibration],
-                  "judged": [r.run_id for r in judged], **skipped},
-        "points": [{"params": p, "version": c.version, "margin": m, "families": f}
-                   for p, (c, m, f) in zip(points, results, strict=True)],
+        "rule": RULE,
+        "grid": {k: list(v) for k, v in grid.items()},
+        "store_versions": read,
+        "split": {
+            "held_out_seeds": _describe(held_out),
+            "calibration": [r.run_id for r in calibration],
+            "judged": [r.run_id for r in judged],
+            **skipped,
+        },
+        "points": [
+            {"params": p, "version": c.version, "margin": m, "families": f}
+            for p, (c, m, f) in zip(points, results, strict=True)
+        ],
         "chosen": {"index": best, "params": points[best], "version": results[best][0].version},
-    }  # fmt: skip
+    }
     return TuneResult(results[best][0], report)

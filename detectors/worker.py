@@ -48,9 +48,15 @@ class DetectorWorker:
     """``metrics_port``: serve this worker's health at ``http://metrics_host:PORT/metrics``
     (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off)."""
 
-    def __init__(self, settings: KafkaSettings, config: DetectorConfig,
-                 group_id: str = "foreshock-detectors", metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1", resend_window: int = 10_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        config: DetectorConfig,
+        group_id: str = "foreshock-detectors",
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        resend_window: int = 10_000,
+    ) -> None:
         from confluent_kafka import Producer
 
         self.settings, self.config = settings, config
@@ -63,11 +69,15 @@ class DetectorWorker:
         self._resume_at: dict[int, int] = {}
         self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=resend_window)
         self.resent = 0
-        self.consumer = MetricsConsumer(settings, group_id, on_assign=self._on_assign,
-                                        on_rewind=self._on_rewind)  # fmt: skip
-        self.producer = Producer(settings.librdkafka(
-            {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False},
-            logger=RDKAFKA_LOG))  # fmt: skip
+        self.consumer = MetricsConsumer(
+            settings, group_id, on_assign=self._on_assign, on_rewind=self._on_rewind
+        )
+        self.producer = Producer(
+            settings.librdkafka(
+                {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False},
+                logger=RDKAFKA_LOG,
+            )
+        )
         self.runs: dict[str, RunDetector] = {}
         self._live_ranks: dict[str, set[int]] = {}
         self.orderer = SeqOrderer()
@@ -93,8 +103,10 @@ class DetectorWorker:
             for key, value in self._recent:
                 self._produce(key, value)
             self.resent += len(self._recent)
-            log.info("foreshock detect: broker restarted; re-sent %d recent warning events",
-                     len(self._recent))  # fmt: skip
+            log.info(
+                "foreshock detect: broker restarted; re-sent %d recent warning events",
+                len(self._recent),
+            )
 
     def process(self, message: dict[str, Any]) -> int:
         """Feed one message (and any it released) to its run; produce events. Returns count."""
@@ -102,7 +114,8 @@ class DetectorWorker:
         for ready in self.orderer.push(message):
             run_id = ready["run_id"]
             detector = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, RunDetector(run_id, self.config))  # fmt: skip
+                run_id, RunDetector(run_id, self.config)
+            )
             events = detector.update(ready)
             self._forget_if_ended(ready)
             self.messages += 1
@@ -189,6 +202,11 @@ class DetectorWorker:
             return
         if final:
             self.telemetry.refresh_lag(self.consumer, force=True)
-        self.telemetry.update(self.consumer, messages=self.messages, values=self.values,
-                              warnings=self.warnings, dead_letters=self.consumer.dead_letters,
-                              duplicates=self.consumer.dedup.duplicates)  # fmt: skip
+        self.telemetry.update(
+            self.consumer,
+            messages=self.messages,
+            values=self.values,
+            warnings=self.warnings,
+            dead_letters=self.consumer.dead_letters,
+            duplicates=self.consumer.dedup.duplicates,
+        )

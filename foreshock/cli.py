@@ -34,8 +34,10 @@ def _needs_torch(command: Callable[[argparse.Namespace], int]) -> Callable[..., 
         except ModuleNotFoundError as exc:
             if exc.name != "torch":
                 raise
-            print(f"foreshock {args.command} needs torch: pip install 'foreshock[torch]'",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"foreshock {args.command} needs torch: pip install 'foreshock[torch]'",
+                file=sys.stderr,
+            )
             return 2
 
     return run
@@ -73,12 +75,25 @@ def _lab_run(args: argparse.Namespace) -> int:
     model = default_model(args.arch, capacity)
     layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
     fault = Fault.default(
-        args.scenario, args.onset, args.magnitude,
-        ramp=args.ramp, bits=args.bits, layers=layers, lr_target=args.lr_target,
-    )  # fmt: skip
-    config = RunConfig(fault=fault, seed=args.seed, steps=args.steps, every=args.every,
-                       after_divergence=None if args.to_horizon else 250, model=model,
-                       name=args.run_id, project=args.project, arch=args.arch)  # fmt: skip
+        args.scenario,
+        args.onset,
+        args.magnitude,
+        ramp=args.ramp,
+        bits=args.bits,
+        layers=layers,
+        lr_target=args.lr_target,
+    )
+    config = RunConfig(
+        fault=fault,
+        seed=args.seed,
+        steps=args.steps,
+        every=args.every,
+        after_divergence=None if args.to_horizon else 250,
+        model=model,
+        name=args.run_id,
+        project=args.project,
+        arch=args.arch,
+    )
     sink = None
     if args.kafka is not None:
         from foreshock.producers.kafka_sink import KafkaSink
@@ -94,8 +109,10 @@ def _lab_run(args: argparse.Namespace) -> int:
         f"{result.cpu_seconds:.0f} s CPU -> {result.path or 'kafka'}"
     )
     if sink is not None:
-        print(f"kafka: {sink.delivered} delivered, {sink.spooled} spooled"
-              + (f" (kept in {sink.spool_path})" if sink.pending() else ""))  # fmt: skip
+        print(
+            f"kafka: {sink.delivered} delivered, {sink.spooled} spooled"
+            + (f" (kept in {sink.spool_path})" if sink.pending() else "")
+        )
     return 0
 
 
@@ -107,14 +124,18 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     run = lab_sub.add_parser("run", help="train one labelled run with a fault scenario")
     run.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     run.add_argument(
-        "--arch", choices=("gpt-moe", "mixtral"), default="gpt-moe",
+        "--arch",
+        choices=("gpt-moe", "mixtral"),
+        default="gpt-moe",
         help="the lab's own GPT-MoE, or a tiny transformers Mixtral (GQA, 2 key/value heads)",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--capacity", type=float, metavar="FACTOR",
+        "--capacity",
+        type=float,
+        metavar="FACTOR",
         help="expert capacity factor c (gpt-moe): each expert takes ceil(c*tokens*top_k/E) "
         "assignments, the rest are dropped; 0 = dropless (default: 1.0 for router-*, else 0)",
-    )  # fmt: skip
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=1600, help="training steps (default 1600)")
     run.add_argument("--onset", type=int, help="fault onset step (scenario default)")
@@ -123,9 +144,11 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--bits", type=int, default=1, help="combined: mantissa bits (default 1)")
     run.add_argument("--layers", help="fa-*: comma-separated attention layers (default all)")
     run.add_argument(
-        "--lr-target", choices=("model", "router"), default="model",
+        "--lr-target",
+        choices=("model", "router"),
+        default="model",
         help="lr-high: raise every learning rate (model) or only the routers' (router)",
-    )  # fmt: skip
+    )
     run.add_argument("--every", type=int, default=25, help="monitor every δ steps (default 25)")
     run.add_argument(
         "--to-horizon",
@@ -134,9 +157,14 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     )
     out = run.add_mutually_exclusive_group(required=True)
     out.add_argument("--out", help="JSON Lines output path")
-    out.add_argument("--kafka", nargs="?", const="", metavar="BOOTSTRAP",
-                     help="send the run to Kafka (settings from --config/environment, or "
-                     "these bootstrap servers)")  # fmt: skip
+    out.add_argument(
+        "--kafka",
+        nargs="?",
+        const="",
+        metavar="BOOTSTRAP",
+        help="send the run to Kafka (settings from --config/environment, or "
+        "these bootstrap servers)",
+    )
     run.add_argument("--run-id", help="run id (default <scenario>-s<seed>)")
     run.add_argument("--project", help="project label (the dashboard filters on it)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -146,9 +174,17 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from foreshock.demo import DemoConfig, run_demo
 
-    return run_demo(DemoConfig(live=args.live, replayed=args.replayed, speed=args.speed,
-                               duration=args.duration, workers=args.workers, port=args.port,
-                               store=args.store))  # fmt: skip
+    return run_demo(
+        DemoConfig(
+            live=args.live,
+            replayed=args.replayed,
+            speed=args.speed,
+            duration=args.duration,
+            workers=args.workers,
+            port=args.port,
+            store=args.store,
+        )
+    )
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

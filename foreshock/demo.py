@@ -63,14 +63,23 @@ class Replayer(threading.Thread):
             self.stop_event.wait(max(0.0, due - time.monotonic()))
             run_id, run = self._runs[i]
             if j == -1:
-                self.sink.write({**run.start, "run_id": run_id,
-                                 "labels": {**run.start.get("labels", {}), "project": "demo",
-                                            "source": "replayed"}})  # fmt: skip
+                self.sink.write(
+                    {
+                        **run.start,
+                        "run_id": run_id,
+                        "labels": {
+                            **run.start.get("labels", {}),
+                            "project": "demo",
+                            "source": "replayed",
+                        },
+                    }
+                )
             elif j < len(run.records):
                 self.sink.write({**run.records[j], "run_id": run_id, "time": time.time()})
             else:
-                self.sink.write({**(run.end or {"status": "finished"}), "kind": "end",
-                                 "run_id": run_id})  # fmt: skip
+                self.sink.write(
+                    {**(run.end or {"status": "finished"}), "kind": "end", "run_id": run_id}
+                )
                 continue
             self.written += 1
             heapq.heappush(self._heap, (due + self._interval[i], i, j + 1))
@@ -104,26 +113,45 @@ def _progress(store: Path) -> dict[str, Any]:
         return {"runs": 0, "ended": 0, "records": 0, "warned": 0, "diverged": 0}
     with open_history(store) as history:
         rows = queries.fleet(history)
-    return {"runs": len(rows), "ended": sum(r["lifecycle"] != "running" for r in rows),
-            "records": sum(r["records"] for r in rows),
-            "warned": sum(r["first_warning_step"] is not None for r in rows),
-            "diverged": sum(r["divergence_step"] is not None for r in rows)}  # fmt: skip
+    return {
+        "runs": len(rows),
+        "ended": sum(r["lifecycle"] != "running" for r in rows),
+        "records": sum(r["records"] for r in rows),
+        "warned": sum(r["first_warning_step"] is not None for r in rows),
+        "diverged": sum(r["divergence_step"] is not None for r in rows),
+    }
 
 
 def _start_services(group: ServiceGroup, store: Path, config: DemoConfig) -> None:
     group.start("sink", foreshock_command("sink", "--store", str(store)))
     for i in range(config.workers):
         group.start(f"detect-{i}", foreshock_command("detect"))
-    group.start("dashboard", foreshock_command("dashboard", "--store", str(store), "--port",
-                                               str(config.port)))  # fmt: skip
+    group.start(
+        "dashboard",
+        foreshock_command("dashboard", "--store", str(store), "--port", str(config.port)),
+    )
 
 
 def _start_live(group: ServiceGroup, config: DemoConfig, bootstrap: str, tag: str) -> None:
     for scenario, seed in LIVE[: config.live]:
-        group.start(f"live-{scenario}-s{seed}", foreshock_command(
-            "lab", "run", "--scenario", scenario, "--seed", str(seed), "--quiet",
-            "--run-id", f"live-{scenario}-s{seed}-{tag}", "--project", "demo",
-            "--kafka", bootstrap))  # fmt: skip
+        group.start(
+            f"live-{scenario}-s{seed}",
+            foreshock_command(
+                "lab",
+                "run",
+                "--scenario",
+                scenario,
+                "--seed",
+                str(seed),
+                "--quiet",
+                "--run-id",
+                f"live-{scenario}-s{seed}-{tag}",
+                "--project",
+                "demo",
+                "--kafka",
+                bootstrap,
+            ),
+        )
 
 
 def _interrupt(*_: object) -> None:
@@ -155,12 +183,16 @@ def run_demo(config: DemoConfig) -> int:
         ensure_topics(settings)
         with ServiceGroup(env, store.parent / f"logs-{store.name}") as group:
             _start_services(group, store, config)
-            print(f"foreshock demo: dashboard at http://127.0.0.1:{config.port}  "
-                  f"(history: {store}; logs: {group.log_dir})", flush=True)  # fmt: skip
+            print(
+                f"foreshock demo: dashboard at http://127.0.0.1:{config.port}  "
+                f"(history: {store}; logs: {group.log_dir})",
+                flush=True,
+            )
             _start_live(group, config, broker.bootstrap, tag)
             sink = KafkaSink(settings, name=f"demo-{tag}")
-            replayer = Replayer(sink, _replay_plan(config.replayed, tag), config.speed,
-                                spread=config.duration / 3)  # fmt: skip
+            replayer = Replayer(
+                sink, _replay_plan(config.replayed, tag), config.speed, spread=config.duration / 3
+            )
             replayer.start()
             try:
                 _watch(group, replayer, store, config, t0)
@@ -181,8 +213,9 @@ def run_demo(config: DemoConfig) -> int:
     return 1 if failed else 0
 
 
-def _watch(group: ServiceGroup, replayer: Replayer, store: Path, config: DemoConfig,
-           t0: float) -> None:  # fmt: skip
+def _watch(
+    group: ServiceGroup, replayer: Replayer, store: Path, config: DemoConfig, t0: float
+) -> None:
     """Print progress until every run has ended and is stored, or the duration is up."""
     expected = config.replayed + config.live
     settled_since = None
@@ -190,9 +223,12 @@ def _watch(group: ServiceGroup, replayer: Replayer, store: Path, config: DemoCon
         time.sleep(config.progress_every)
         p = _progress(store)
         live = len(group.running("live-"))
-        print(f"[{time.monotonic() - t0:5.0f} s] runs {p['runs']}/{expected} "
-              f"(ended {p['ended']}, live training {live}) · records stored {p['records']:,} · "
-              f"runs warned {p['warned']} · diverged {p['diverged']}", flush=True)  # fmt: skip
+        print(
+            f"[{time.monotonic() - t0:5.0f} s] runs {p['runs']}/{expected} "
+            f"(ended {p['ended']}, live training {live}) · records stored {p['records']:,} · "
+            f"runs warned {p['warned']} · diverged {p['diverged']}",
+            flush=True,
+        )
         finished = replayer.done.is_set() and live == 0 and p["ended"] >= expected
         settled_since = (settled_since or time.monotonic()) if finished else None
         if settled_since and time.monotonic() - settled_since >= 2 * config.progress_every:
@@ -214,8 +250,14 @@ def _print_leads(store: Path) -> None:
         return
     with open_history(store) as history:
         rows = queries.lead_table(history)
-    cols = ["mechanism_step", "first_mechanism", "symptom_step", "divergence_step",
-            "mechanism_lead", "symptom_lead"]  # fmt: skip
+    cols = [
+        "mechanism_step",
+        "first_mechanism",
+        "symptom_step",
+        "divergence_step",
+        "mechanism_lead",
+        "symptom_lead",
+    ]
     print("\nLead time per run (steps; lead = divergence − first warning before it):")
     header = [
         "run",
@@ -227,10 +269,15 @@ def _print_leads(store: Path) -> None:
         "lead: mechanism",
         "lead: symptom",
     ]
-    print(format_table(header, [[r["run_id"], r["scenario"], *(r[c] for c in cols)]
-                                for r in rows]))  # fmt: skip
+    print(format_table(header, [[r["run_id"], r["scenario"], *(r[c] for c in cols)] for r in rows]))
     summary = lead_report(rows)
     print("\nPer scenario (medians):")
-    print(format_table(["scenario", "runs", "diverged", "lead: mechanism", "lead: symptom"],
-                       [[s, v["runs"], v["diverged"], v["mechanism_lead"], v["symptom_lead"]]
-                        for s, v in summary.items()]))  # fmt: skip
+    print(
+        format_table(
+            ["scenario", "runs", "diverged", "lead: mechanism", "lead: symptom"],
+            [
+                [s, v["runs"], v["diverged"], v["mechanism_lead"], v["symptom_lead"]]
+                for s, v in summary.items()
+            ],
+        )
+    )

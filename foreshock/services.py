@@ -45,8 +45,13 @@ class ServiceGroup:
     def start(self, name: str, command: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         self.processes[name] = process
         return process
@@ -56,8 +61,11 @@ class ServiceGroup:
 
     def failed(self) -> dict[str, int]:
         """Services that exited with an error (a finished lab run exits 0)."""
-        return {n: p.returncode for n, p in self.processes.items()
-                if p.poll() is not None and p.returncode not in (0, -signal.SIGTERM)}  # fmt: skip
+        return {
+            n: p.returncode
+            for n, p in self.processes.items()
+            if p.poll() is not None and p.returncode not in (0, -signal.SIGTERM)
+        }
 
     def stop(self, timeout: float = 15.0) -> None:
         for process in self.processes.values():

@@ -79,27 +79,43 @@ class ServiceTelemetry:
     True
     """
 
-    def __init__(self, service: str, port: int | None = None, host: str = "127.0.0.1",
-                 lag_interval: float = 5.0, lag_timeout: float = 0.5,
-                 rate_window: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        service: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        lag_interval: float = 5.0,
+        lag_timeout: float = 0.5,
+        rate_window: float = 10.0,
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.service = service
         self.lag_interval, self.lag_timeout = lag_interval, lag_timeout
         self.rate_window = rate_window
         self.registry = CollectorRegistry()
-        self._counters = {key: Counter(name, text, ["service"], registry=self.registry)
-                          for key, (name, text) in _COUNTERS.items()}  # fmt: skip
+        self._counters = {
+            key: Counter(name, text, ["service"], registry=self.registry)
+            for key, (name, text) in _COUNTERS.items()
+        }
         self._children: dict[str, Any] = {}  # created on first report: absent metrics stay out
         self._totals: dict[str, float] = {}
         self._lock = threading.Lock()
         self._samples: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])
-        rate = Gauge("foreshock_values_per_second", "Metric values handled per second over a "
-                     "sliding window", ["service"], registry=self.registry)  # fmt: skip
+        rate = Gauge(
+            "foreshock_values_per_second",
+            "Metric values handled per second over a sliding window",
+            ["service"],
+            registry=self.registry,
+        )
         rate.labels(service).set_function(self._rate)
-        self._lag = Gauge("foreshock_consumer_lag", "Messages not yet consumed: high watermark "
-                          "minus position, per assigned topic-partition",
-                          ["service", "topic", "partition"], registry=self.registry)  # fmt: skip
+        self._lag = Gauge(
+            "foreshock_consumer_lag",
+            "Messages not yet consumed: high watermark "
+            "minus position, per assigned topic-partition",
+            ["service", "topic", "partition"],
+            registry=self.registry,
+        )
         self._lag_keys: set[tuple[str, int]] = set()
         self._lag_at = float("-inf")
         self.host, self.port = host, None
@@ -109,11 +125,13 @@ class ServiceTelemetry:
             from prometheus_client import start_http_server
 
             try:
-                self._server, self._thread = start_http_server(port, addr=host,
-                                                               registry=self.registry)  # fmt: skip
+                self._server, self._thread = start_http_server(
+                    port, addr=host, registry=self.registry
+                )
             except OSError as exc:
-                raise MetricsPortError(exc.errno, f"cannot serve metrics at {host}:{port}: "
-                                       f"{exc.strerror or exc}") from exc  # fmt: skip
+                raise MetricsPortError(
+                    exc.errno, f"cannot serve metrics at {host}:{port}: {exc.strerror or exc}"
+                ) from exc
             self.port = self._server.server_port
 
     @property
@@ -245,9 +263,17 @@ class ServiceTelemetry:
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     """``--metrics-port`` and ``--metrics-host`` of a service's command line."""
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics "
-                        "(default: off; 0 picks a free port)")  # fmt: skip
-    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="address the metrics endpoint binds (default 127.0.0.1: this "
-                        "machine only; 0.0.0.0 for a Prometheus elsewhere)")  # fmt: skip
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics "
+        "(default: off; 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics endpoint binds (default 127.0.0.1: this "
+        "machine only; 0.0.0.0 for a Prometheus elsewhere)",
+    )

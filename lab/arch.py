@@ -113,9 +113,16 @@ def _mixtral(config: GPTConfig) -> LabModel:
     )
 
 
-def lab_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
-                  value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
-                  dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+def lab_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature over the lab's causal FlashAttention.
 
     query (B, H, T, d_h), key/value (B, H_kv, T, d_h) → output (B, T, H, d_h). Causal, no

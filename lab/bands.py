@@ -66,11 +66,14 @@ def band_exit(
         lo, hi = min(bands[step]), max(bands[step])
         width = pad * (hi - lo)
         now = (
-            "null" if value is None
-            else "below" if value < lo - width
-            else "above" if value > hi + width
+            "null"
+            if value is None
+            else "below"
+            if value < lo - width
+            else "above"
+            if value > hi + width
             else ""
-        )  # fmt: skip
+        )
         if now and now == side:
             streak += 1
         elif now:

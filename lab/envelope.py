@@ -67,8 +67,11 @@ def healthy_envelope(healthy_runs: Iterable[RecordedRun]) -> Envelope:
     """Per series key and monitoring step, (min, max) over the healthy runs' non-null values
     (the detectors' healthy bands of every module-level key, read as a step → band map)."""
     bands = healthy_bands(list(healthy_runs))
-    return {key: dict(zip(b["steps"], zip(b["lo"], b["hi"], strict=True), strict=True))
-            for key, b in bands.items() if b["steps"]}  # fmt: skip
+    return {
+        key: dict(zip(b["steps"], zip(b["lo"], b["hi"], strict=True), strict=True))
+        for key, b in bands.items()
+        if b["steps"]
+    }
 
 
 def _outside(value: float | None, band: tuple[float, float]) -> bool:

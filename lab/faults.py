@@ -94,8 +94,12 @@ class Fault:
         """The scenario with its default onset and magnitude unless given; ``more`` sets the
         other fields (ramp, bits, layers, lr_target)."""
         d_onset, d_mag = DEFAULTS.get(scenario, (0, 0.0))
-        return cls(scenario, d_onset if onset is None else onset,
-                   d_mag if magnitude is None else magnitude, **more)  # fmt: skip
+        return cls(
+            scenario,
+            d_onset if onset is None else onset,
+            d_mag if magnitude is None else magnitude,
+            **more,
+        )
 
     def labels(self) -> dict[str, Any]:
         return asdict(self)

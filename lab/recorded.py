@@ -107,8 +107,7 @@ def _check_record(record: dict, where: str) -> None:
     for name in ("step", "attempt"):
         value = record.get(name, 0)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-            raise ValueError(f"{where}: {name} must be an integer in 0..2**63-1, "
-                             f"got {value!r:.80}")  # fmt: skip
+            raise ValueError(f"{where}: {name} must be an integer in 0..2**63-1, got {value!r:.80}")
     if "step" not in record:
         raise ValueError(f"{where}: a monitoring record without a step")
     if not isinstance(record.get("values", {}), dict):

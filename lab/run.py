@@ -80,8 +80,12 @@ class _Progress:
         elapsed = time.perf_counter() - self.start
         eta = elapsed / done * (self.total - done)
         bar = "#" * (30 * done // self.total)
-        print(f"\r[{bar:<30}] {done}/{self.total} loss {loss:6.3f} ETA {eta:5.0f}s",
-              end="", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"\r[{bar:<30}] {done}/{self.total} loss {loss:6.3f} ETA {eta:5.0f}s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.enabled:
@@ -170,8 +174,9 @@ def _past_divergence(losses: list[float], config: RunConfig) -> bool:
     return diverged_at is not None and len(losses) - 1 >= diverged_at + config.after_divergence
 
 
-def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
-            sink: Sink | None = None) -> LabResult:  # fmt: skip
+def run_lab(
+    config: RunConfig, out: str | Path | None, progress: bool = True, sink: Sink | None = None
+) -> LabResult:
     """Train one run and write it to ``sink``, or to the JSON Lines file ``out`` (replaced)."""
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
@@ -192,9 +197,16 @@ def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
     monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
     _attach(lab, monitor)
-    sink.write({"schema": RUN_SCHEMA, "kind": "start", "run_id": config.run_id,
-                "time": time.time(), "labels": _labels(config),
-                "monitor": monitor.describe()})  # fmt: skip
+    sink.write(
+        {
+            "schema": RUN_SCHEMA,
+            "kind": "start",
+            "run_id": config.run_id,
+            "time": time.time(),
+            "labels": _labels(config),
+            "monitor": monitor.describe(),
+        }
+    )
     bar = _Progress(config.steps, progress)
     losses: list[float] = []
     cpu0, wall0, monitor_seconds = time.process_time(), time.perf_counter(), 0.0
@@ -226,15 +238,23 @@ def run_lab(config: RunConfig, out: str | Path | None, progress: bool = True,
     bar.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     diverged_at = divergence_step(losses, config.divergence)
-    sink.write({
-        "schema": RUN_SCHEMA, "kind": "end", "run_id": config.run_id, "time": time.time(),
-        "status": "diverged" if diverged_at is not None else "finished",
-        "divergence_step": diverged_at, "last_step": len(losses) - 1,
-        "records": monitor.records_written, "monitor_errors": monitor.errors,
-        "final_loss": finite_or_none(losses[-1]),
-        "best_loss": min((x for x in losses if math.isfinite(x)), default=None),
-        "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2),
-        "monitor_seconds": round(monitor_seconds, 3),
-    })  # fmt: skip
+    sink.write(
+        {
+            "schema": RUN_SCHEMA,
+            "kind": "end",
+            "run_id": config.run_id,
+            "time": time.time(),
+            "status": "diverged" if diverged_at is not None else "finished",
+            "divergence_step": diverged_at,
+            "last_step": len(losses) - 1,
+            "records": monitor.records_written,
+            "monitor_errors": monitor.errors,
+            "final_loss": finite_or_none(losses[-1]),
+            "best_loss": min((x for x in losses if math.isfinite(x)), default=None),
+            "cpu_seconds": round(cpu, 2),
+            "wall_seconds": round(wall, 2),
+            "monitor_seconds": round(monitor_seconds, 3),
+        }
+    )
     monitor.close()
     return LabResult(config.run_id, path, diverged_at, losses, cpu, wall)

@@ -147,11 +147,20 @@ def _fused_spec(
         return f"{name}: fused qkv has {out_features} outputs, not (H + 2·H_kv)·d_h"
     q_scale, k_scale = _qk_scales(module)
     return AttentionSpec(
-        name, heads, kv_heads, head_dim, weight, weight,
-        q_rows=slice(0, q_end), k_rows=slice(q_end, k_end), transposed=transposed,
-        q_bias=_bias(proj), k_bias=_bias(proj),
-        q_scale=q_scale, k_scale=k_scale,
-    )  # fmt: skip
+        name,
+        heads,
+        kv_heads,
+        head_dim,
+        weight,
+        weight,
+        q_rows=slice(0, q_end),
+        k_rows=slice(q_end, k_end),
+        transposed=transposed,
+        q_bias=_bias(proj),
+        k_bias=_bias(proj),
+        q_scale=q_scale,
+        k_scale=k_scale,
+    )
 
 
 def _separate_spec(name: str, module: nn.Module, q: nn.Module, k: nn.Module) -> AttentionSpec | str:
@@ -167,10 +176,18 @@ def _separate_spec(name: str, module: nn.Module, q: nn.Module, k: nn.Module) -> 
     if q_found[1] != k_found[1]:
         return f"{name}: q and k projections are stored in different orders"
     return AttentionSpec(
-        name, heads, kv_heads, head_dim, q_found[0], k_found[0], transposed=q_found[1],
-        q_bias=_bias(q), k_bias=_bias(k),
-        q_scale=q_scale, k_scale=k_scale,
-    )  # fmt: skip
+        name,
+        heads,
+        kv_heads,
+        head_dim,
+        q_found[0],
+        k_found[0],
+        transposed=q_found[1],
+        q_bias=_bias(q),
+        k_bias=_bias(k),
+        q_scale=q_scale,
+        k_scale=k_scale,
+    )
 
 
 def _query_key_value_spec(name: str, module: nn.Module, proj: nn.Module) -> AttentionSpec | str:
@@ -199,10 +216,20 @@ def _query_key_value_spec(name: str, module: nn.Module, proj: nn.Module) -> Atte
         return f"{name}: query_key_value has {out_features} outputs, not (H + 2·H_kv)·d_h"
     q_scale, k_scale = _qk_scales(module)
     return AttentionSpec(
-        name, heads, kv_heads, head_dim, weight, weight, q_rows=q_rows, k_rows=k_rows,
-        transposed=transposed, q_bias=_bias(proj), k_bias=_bias(proj),
-        q_scale=q_scale, k_scale=k_scale,
-    )  # fmt: skip
+        name,
+        heads,
+        kv_heads,
+        head_dim,
+        weight,
+        weight,
+        q_rows=q_rows,
+        k_rows=k_rows,
+        transposed=transposed,
+        q_bias=_bias(proj),
+        k_bias=_bias(proj),
+        q_scale=q_scale,
+        k_scale=k_scale,
+    )
 
 
 def _mla_spec(name: str, module: nn.Module) -> AttentionSpec | str:
@@ -233,11 +260,19 @@ def _mla_spec(name: str, module: nn.Module) -> AttentionSpec | str:
         kv_down.weight, rows=slice(0, kv_rank), scale=kv_norm, bias=_bias(kv_down)
     )
     return AttentionSpec(
-        name, heads, heads, nope, q_up.weight, kv_up.weight,
+        name,
+        heads,
+        heads,
+        nope,
+        q_up.weight,
+        kv_up.weight,
         q_rows=head_rows(torch.arange(heads) * (nope + rope), nope),
         k_rows=head_rows(torch.arange(heads) * (nope + v_dim), nope),
-        q_bias=_bias(q_up), k_bias=_bias(kv_up), q_latent=q_latent, k_latent=k_latent,
-    )  # fmt: skip
+        q_bias=_bias(q_up),
+        k_bias=_bias(kv_up),
+        q_latent=q_latent,
+        k_latent=k_latent,
+    )
 
 
 def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
@@ -329,9 +364,14 @@ def _router_spec(name: str, module: nn.Module) -> RouterSpec | str | None:
     if top_k is not None and top_k > count:
         return f"{prefix}{gate_name}: top_k={top_k} exceeds its {count} experts"
     return RouterSpec(
-        f"{prefix}{gate_name}", gate, weight, count, top_k,
-        bias=_router_bias(gate, count), scoring=_scoring(gate, module),
-    )  # fmt: skip
+        f"{prefix}{gate_name}",
+        gate,
+        weight,
+        count,
+        top_k,
+        bias=_router_bias(gate, count),
+        scoring=_scoring(gate, module),
+    )
 
 
 def _centring_norm_note(name: str, module: nn.Module) -> str | None:

@@ -128,13 +128,21 @@ class KafkaSink:
     not being written, or None).
     """
 
-    def __init__(self, settings: KafkaSettings | None = None, *, queue_size: int = 10_000,
-                 probe_interval: float = 2.0, max_probe_interval: float = 30.0,
-                 close_timeout: float = 10.0,
-                 replay_bytes: int = 64 << 20, name: str | None = None,
-                 confirm_group: str | None = "foreshock-sink",
-                 confirm_timeout: float = 5.0, memory_bytes: int = 64 << 20,
-                 attempt: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: KafkaSettings | None = None,
+        *,
+        queue_size: int = 10_000,
+        probe_interval: float = 2.0,
+        max_probe_interval: float = 30.0,
+        close_timeout: float = 10.0,
+        replay_bytes: int = 64 << 20,
+        name: str | None = None,
+        confirm_group: str | None = "foreshock-sink",
+        confirm_timeout: float = 5.0,
+        memory_bytes: int = 64 << 20,
+        attempt: int | None = None,
+    ) -> None:
         self.settings = settings or load_settings()
         # which incarnation of its runs this producer is (foreshock.transport.wire): a run
         # resumed under the same run id by a new process gets a new, higher one
@@ -176,19 +184,27 @@ class KafkaSink:
             return Spool(self.settings.spool_dir, name)
         except OSError as exc:
             self.spool_error = str(exc)
-            log.error("foreshock: cannot write the spool folder %s (%s): messages the broker "
-                      "has not taken are kept in memory (up to %s) and lost if this process "
-                      "ends before the broker takes them; set FORESHOCK_KAFKA_SPOOL_DIR to a "
-                      "writable folder", self.settings.spool_dir, exc,
-                      _size(self._memory.max_bytes))  # fmt: skip
+            log.error(
+                "foreshock: cannot write the spool folder %s (%s): messages the broker "
+                "has not taken are kept in memory (up to %s) and lost if this process "
+                "ends before the broker takes them; set FORESHOCK_KAFKA_SPOOL_DIR to a "
+                "writable folder",
+                self.settings.spool_dir,
+                exc,
+                _size(self._memory.max_bytes),
+            )
             return None
 
     def _adopt_orphans(self) -> list[Spool]:
         try:
             return list(orphaned_spools(self.settings.spool_dir))
         except OSError as exc:
-            log.warning("foreshock: cannot read the spool folder %s (%s); earlier runs' spools "
-                        "there are not re-sent", self.settings.spool_dir, exc)  # fmt: skip
+            log.warning(
+                "foreshock: cannot read the spool folder %s (%s); earlier runs' spools "
+                "there are not re-sent",
+                self.settings.spool_dir,
+                exc,
+            )
             return []
 
     # ---- the training thread ------------------------------------------------------------
@@ -232,24 +248,30 @@ class KafkaSink:
             return self._stand_in(message, kind, str(exc), text)
         item = SpooledMessage(self.settings.metrics_topic, message["run_id"].encode(), value)
         if not self.fits(item):
-            return self._stand_in(message, "too large", self._size_detail(item),
-                                  item.value.decode())  # fmt: skip
+            return self._stand_in(
+                message, "too large", self._size_detail(item), item.value.decode()
+            )
         return item
 
-    def _stand_in(self, message: dict[str, Any], kind: str, detail: str,
-                  text: str) -> SpooledMessage | None:  # fmt: skip
+    def _stand_in(
+        self, message: dict[str, Any], kind: str, detail: str, text: str
+    ) -> SpooledMessage | None:
         self._reject(kind, detail, message=message, text=text)
         item = self._stand_in_item(message, kind, self.settings.metrics_topic)
         if item is None:
             self._unnumber(message)
         return item
 
-    def _stand_in_item(self, message: dict[str, Any], kind: str,
-                       topic: str) -> SpooledMessage | None:  # fmt: skip
+    def _stand_in_item(
+        self, message: dict[str, Any], kind: str, topic: str
+    ) -> SpooledMessage | None:
         """A valid message with the refused one's seq: values emptied, flagged, the reason.
         Its other small fields stay (run, rank, step, time, labels, any the wire adds later)."""
-        stand_in = {k: v for k, v in message.items() if k not in ("values", "flags", "error")
-                    and len(_dumps(v)) <= _STAND_IN_FIELD_BYTES}  # fmt: skip
+        stand_in = {
+            k: v
+            for k, v in message.items()
+            if k not in ("values", "flags", "error") and len(_dumps(v)) <= _STAND_IN_FIELD_BYTES
+        }
         if message.get("kind") == "metrics":
             stand_in["values"] = {}
         stand_in["flags"] = [_STAND_IN_FLAG]
@@ -271,18 +293,26 @@ class KafkaSink:
         return min(MAX_MESSAGE_BYTES, self._max_message_bytes - RECORD_OVERHEAD - len(key))
 
     def _size_detail(self, item: SpooledMessage) -> str:
-        return (f"message of {len(item.value):,} bytes; at most {self.max_value_bytes(item.key):,}"
-                f" fit under key {item.key[:40]!r} (message.max.bytes "
-                f"{self._max_message_bytes:,} less {RECORD_OVERHEAD} bytes of framing and the "
-                f"key; the wire format's limit is {MAX_MESSAGE_BYTES:,})")  # fmt: skip
+        return (
+            f"message of {len(item.value):,} bytes; at most {self.max_value_bytes(item.key):,}"
+            f" fit under key {item.key[:40]!r} (message.max.bytes "
+            f"{self._max_message_bytes:,} less {RECORD_OVERHEAD} bytes of framing and the "
+            f"key; the wire format's limit is {MAX_MESSAGE_BYTES:,})"
+        )
 
     def _to_wire(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         kind = record.get("kind") or ("metrics" if record.get("schema") == METRICS_SCHEMA else "")
         stream = (str(record.get("run_id", "")), int(record.get("rank", 0)))
         out = []
         if stream not in self._seq and kind != "start":
-            start = {"schema": RUN_SCHEMA, "kind": "start", "run_id": stream[0],
-                     "rank": stream[1], "time": time.time(), "labels": {}}  # fmt: skip
+            start = {
+                "schema": RUN_SCHEMA,
+                "kind": "start",
+                "run_id": stream[0],
+                "rank": stream[1],
+                "time": time.time(),
+                "labels": {},
+            }
             out.append(self._number(start))
         out.append(self._number({**record, "kind": kind, "rank": stream[1]}))
         return out
@@ -294,16 +324,22 @@ class KafkaSink:
         message["seq"] = seq
         message["attempt"] = self.attempt  # one producer is one incarnation of its runs
         if message["kind"] == "start":
-            message["producer"] = {"foreshock": __version__, "host": socket.gethostname(),
-                                   "pid": os.getpid()}  # fmt: skip
+            message["producer"] = {
+                "foreshock": __version__,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
         elif message["kind"] == "end":
             message["last_seq"] = seq
             message.setdefault("status", "closed")
             self._ended.add(stream)
             refused = self._refused_in.get(stream)
             if refused:  # the run's flag: this producer refused some of its records
-                message["rejected"] = {"count": sum(refused.values()), "reasons": dict(refused),
-                                       "file": str(self.rejects_path)}  # fmt: skip
+                message["rejected"] = {
+                    "count": sum(refused.values()),
+                    "reasons": dict(refused),
+                    "file": str(self.rejects_path),
+                }
         return message
 
     def _unnumber(self, message: dict[str, Any]) -> None:
@@ -319,15 +355,26 @@ class KafkaSink:
         if self._closing.is_set():
             return
         for run_id, rank in [s for s in self._seq if s not in self._ended]:
-            self.write({"schema": RUN_SCHEMA, "kind": "end", "run_id": run_id, "rank": rank,
-                        "time": time.time(), "status": "closed"})  # fmt: skip
+            self.write(
+                {
+                    "schema": RUN_SCHEMA,
+                    "kind": "end",
+                    "run_id": run_id,
+                    "rank": rank,
+                    "time": time.time(),
+                    "status": "closed",
+                }
+            )
         self.close_timeout = self.close_timeout if timeout is None else timeout
         self._closing.set()
         limit = self.close_timeout + self.confirm_timeout + 60.0
         self._thread.join(limit)
         if self._thread.is_alive():
-            log.error("foreshock: the Kafka sink's sending thread did not stop within %.0f s; "
-                      "what it still holds may be lost", limit)  # fmt: skip
+            log.error(
+                "foreshock: the Kafka sink's sending thread did not stop within %.0f s; "
+                "what it still holds may be lost",
+                limit,
+            )
             return
         try:
             self._close_spools()
@@ -347,13 +394,21 @@ class KafkaSink:
                 left_bytes = self._spool.pending_bytes()
                 self._spool.close()
         if left_bytes:
-            log.warning("foreshock: %d bytes of undelivered messages are kept in %s; they are "
-                        "re-sent by the next run or `foreshock spool flush`", left_bytes,
-                        self.spool_path)  # fmt: skip
+            log.warning(
+                "foreshock: %d bytes of undelivered messages are kept in %s; they are "
+                "re-sent by the next run or `foreshock spool flush`",
+                left_bytes,
+                self.spool_path,
+            )
         if self.rejected or self.dropped:
-            log.warning("foreshock: Kafka sink closed with %d records refused and %d messages "
-                        "dropped (%s); rejects file: %s", self.rejected, self.dropped,
-                        dict(self.reasons), self.rejects_path)  # fmt: skip
+            log.warning(
+                "foreshock: Kafka sink closed with %d records refused and %d messages "
+                "dropped (%s); rejects file: %s",
+                self.rejected,
+                self.dropped,
+                dict(self.reasons),
+                self.rejects_path,
+            )
 
     def wait_delivered(self, timeout: float) -> bool:
         """Block until the queue, the producer and every spool are empty, or ``timeout``."""
@@ -375,8 +430,15 @@ class KafkaSink:
         return str(self._spool.path) if self._spool is not None else "memory (no spool file)"
 
     # ---- failures: refused, dropped, unexpected ------------------------------------------
-    def _reject(self, kind: str, detail: str, *, message: Any = None,
-                item: SpooledMessage | None = None, text: str | None = None) -> None:  # fmt: skip
+    def _reject(
+        self,
+        kind: str,
+        detail: str,
+        *,
+        message: Any = None,
+        item: SpooledMessage | None = None,
+        text: str | None = None,
+    ) -> None:
         """Count, log and keep one refused record (whole, while the rejects file is small)."""
         info = _identify(message, item)
         with self._rejects_lock:
@@ -388,13 +450,21 @@ class KafkaSink:
             count = self.reasons[kind]
             if text is None:
                 text = item.value.decode("utf-8", "replace") if item else _dumps(message)
-            self._keep_rejected({"time": time.time(), "reason": kind, "detail": detail, **info,
-                                 "bytes": len(text)}, text)  # fmt: skip
+            self._keep_rejected(
+                {"time": time.time(), "reason": kind, "detail": detail, **info, "bytes": len(text)},
+                text,
+            )
         if _often(count):
             kept = "not kept" if self._rejects_failed else f"kept in {self.rejects_path}"
-            log.warning("foreshock: record refused (%s, %d so far): %s %s; %s; %s", kind, count,
-                        info.get("run_id"), {k: info[k] for k in ("kind", "seq", "step")
-                                             if k in info}, detail, kept)  # fmt: skip
+            log.warning(
+                "foreshock: record refused (%s, %d so far): %s %s; %s; %s",
+                kind,
+                count,
+                info.get("run_id"),
+                {k: info[k] for k in ("kind", "seq", "step") if k in info},
+                detail,
+                kept,
+            )
 
     def _keep_rejected(self, line: dict[str, Any], text: str) -> None:
         """Append one JSON line to the rejects file, fsynced; a failure is logged once."""
@@ -421,8 +491,12 @@ class KafkaSink:
     def _rejects_unwritable(self, exc: OSError) -> None:
         if not self._rejects_failed:
             self._rejects_failed = True
-            log.error("foreshock: cannot write the rejects file %s (%s); refused records are "
-                      "only counted and logged", self.rejects_path, exc)  # fmt: skip
+            log.error(
+                "foreshock: cannot write the rejects file %s (%s); refused records are "
+                "only counted and logged",
+                self.rejects_path,
+                exc,
+            )
 
     def _drop(self, item: SpooledMessage, reason: str) -> None:
         """A valid message no spool can hold: counted, logged (the caller holds the spool lock)."""
@@ -431,16 +505,24 @@ class KafkaSink:
             self.reasons[reason] += 1
             count = self.reasons[reason]
         if _often(count):
-            log.error("foreshock: message of run %s dropped (%s; %d so far): the spool can't be "
-                      "written and the memory buffer (%s) is full", item.key[:200].decode(
-                          "utf-8", "replace"), reason, count,
-                      _size(self._memory.max_bytes))  # fmt: skip
+            log.error(
+                "foreshock: message of run %s dropped (%s; %d so far): the spool can't be "
+                "written and the memory buffer (%s) is full",
+                item.key[:200].decode("utf-8", "replace"),
+                reason,
+                count,
+                _size(self._memory.max_bytes),
+            )
 
     def _count_error(self, where: str, exc: BaseException) -> None:
         self.errors += 1
         if _often(self.errors):
-            log.error("foreshock: unexpected error in the Kafka sink's %s (%d so far); it carries "
-                      "on", where, self.errors, exc_info=exc)  # fmt: skip
+            log.error(
+                "foreshock: unexpected error in the Kafka sink's %s (%d so far); it carries on",
+                where,
+                self.errors,
+                exc_info=exc,
+            )
 
     def _quarantine(self, item: SpooledMessage, kind: str, detail: str) -> SpooledMessage | None:
         """The sending thread's refusal of an already numbered message: keep it in the rejects
@@ -477,11 +559,15 @@ class KafkaSink:
             self._spool.append_many(items)
         except Exception as exc:  # ENOSPC, EIO, EACCES; a value that is no UTF-8
             if self.spool_error is None:
-                log.error("foreshock: cannot write the spool %s (%s): messages the broker has "
-                          "not taken are kept in memory (up to %s) and lost if this process "
-                          "ends before the broker takes them; free space there or set "
-                          "FORESHOCK_KAFKA_SPOOL_DIR", self._spool.path, exc,
-                          _size(self._memory.max_bytes))  # fmt: skip
+                log.error(
+                    "foreshock: cannot write the spool %s (%s): messages the broker has "
+                    "not taken are kept in memory (up to %s) and lost if this process "
+                    "ends before the broker takes them; free space there or set "
+                    "FORESHOCK_KAFKA_SPOOL_DIR",
+                    self._spool.path,
+                    exc,
+                    _size(self._memory.max_bytes),
+                )
             self.spool_error = str(exc)
             return False
         if self.spool_error is not None:
@@ -567,8 +653,9 @@ class KafkaSink:
             item, stand_in = self._quarantine(item, "too large", self._size_detail(item)), True
         while item is not None:
             try:
-                self._producer.produce(item.topic, key=item.key, value=item.value,
-                                       on_delivery=callback)  # fmt: skip
+                self._producer.produce(
+                    item.topic, key=item.key, value=item.value, on_delivery=callback
+                )
                 return True
             except BufferError:
                 if not wait:
@@ -609,11 +696,12 @@ class KafkaSink:
     def _connect(self, timeout: float = float("inf")) -> bool:
         """Reach the broker and (re-)create the topics, within ``timeout`` and one probe's time."""
         try:
-            topics = ensure_topics(self.settings,
-                                   timeout=min(timeout, 5.0, self.probe_interval + 1.0),
-                                   quiet=True,
-                                   names=[self.settings.metrics_topic,
-                                          self.settings.deadletter_topic])  # fmt: skip
+            topics = ensure_topics(
+                self.settings,
+                timeout=min(timeout, 5.0, self.probe_interval + 1.0),
+                quiet=True,
+                names=[self.settings.metrics_topic, self.settings.deadletter_topic],
+            )
         except Exception:
             self._lost_brokers = self._lost_brokers or self._producer is not None
             return False
@@ -625,8 +713,11 @@ class KafkaSink:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            self._producer = Producer(self.settings.librdkafka(
-                PRODUCER_DEFAULTS, error_cb=self._on_error, logger=RDKAFKA_LOG))  # fmt: skip
+            self._producer = Producer(
+                self.settings.librdkafka(
+                    PRODUCER_DEFAULTS, error_cb=self._on_error, logger=RDKAFKA_LOG
+                )
+            )
         return True
 
     def _drain_spools(self, time_budget: float) -> None:
@@ -721,9 +812,11 @@ class KafkaSink:
             return
         from confluent_kafka import Consumer
 
-        consumer = Consumer(self.settings.librdkafka(
-            {"group.id": self.confirm_group, "enable.auto.commit": False},
-            logger=RDKAFKA_LOG))  # fmt: skip
+        consumer = Consumer(
+            self.settings.librdkafka(
+                {"group.id": self.confirm_group, "enable.auto.commit": False}, logger=RDKAFKA_LOG
+            )
+        )
         deadline = time.monotonic() + self.confirm_timeout
         try:
             while (left := self._unconfirmed(consumer)) and time.monotonic() < deadline:
@@ -734,8 +827,12 @@ class KafkaSink:
             self._to_spool(left)
         self.unconfirmed = len(left or [])
         if left:
-            log.warning("foreshock: %d messages not yet confirmed stored by consumer group %r; "
-                        "kept in %s", len(left), self.confirm_group, self._spool.path)  # fmt: skip
+            log.warning(
+                "foreshock: %d messages not yet confirmed stored by consumer group %r; kept in %s",
+                len(left),
+                self.confirm_group,
+                self._spool.path,
+            )
 
     def _unconfirmed(self, consumer: Any) -> list[SpooledMessage] | None:
         """Window messages at or past the group's committed offsets; None when the group has
@@ -786,8 +883,9 @@ def _identify(message: Any, item: SpooledMessage | None) -> dict[str, Any]:
         info = {k: message[k] for k in ("run_id", "rank", "kind", "seq", "step") if k in message}
     if "run_id" not in info and item is not None:
         info["run_id"] = item.key.decode("utf-8", "replace")
-    return {k: v if isinstance(v, int | float | str | None) else repr(v)[:200]
-            for k, v in info.items()}  # fmt: skip
+    return {
+        k: v if isinstance(v, int | float | str | None) else repr(v)[:200] for k, v in info.items()
+    }
 
 
 def _size(n: int) -> str:

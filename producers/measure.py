@@ -34,9 +34,12 @@ _STATS = ("entropy", "erank", "srank", "fro")
 ATTENTION_LAYER_METRICS = (
     *(f"attn.dwq.{s}" for s in _STATS),
     *(f"attn.dwk.{s}" for s in _STATS),
-    *(f"attn.{inc}.{s}" for inc in ("d2", "d3")
-      for s in ("entropy_mean", "entropy_min", "erank_mean", "srank_mean", "fro")),
-)  # fmt: skip
+    *(
+        f"attn.{inc}.{s}"
+        for inc in ("d2", "d3")
+        for s in ("entropy_mean", "entropy_min", "erank_mean", "srank_mean", "fro")
+    ),
+)
 _LAYER_ONLY = tuple(m for m in ATTENTION_LAYER_METRICS if not m.startswith("attn.dw"))
 
 
@@ -47,8 +50,11 @@ def _layer_keys(names: tuple[str, ...], n_heads: int, per_head: bool, with_dw: b
     for name in names:
         keys += [series_key(m, name) for m in metrics]
         if per_head:
-            keys += [series_key(f"attn.{inc}.entropy", name, h)
-                     for inc in ("d2", "d3") for h in range(n_heads)]  # fmt: skip
+            keys += [
+                series_key(f"attn.{inc}.entropy", name, h)
+                for inc in ("d2", "d3")
+                for h in range(n_heads)
+            ]
     return keys
 
 
@@ -59,9 +65,12 @@ def _stack_stats(s: SpectrumStats) -> list[torch.Tensor]:
 def _increment_layer_stats(s: SpectrumStats) -> list[torch.Tensor]:
     """Per-layer aggregates over heads (…, H) → (…): mean/min entropy, total Frobenius."""
     return [
-        s.entropy.mean(-1), s.entropy.amin(-1), s.effective_rank.mean(-1),
-        s.stable_rank.mean(-1), s.frobenius.square().sum(-1).sqrt(),
-    ]  # fmt: skip
+        s.entropy.mean(-1),
+        s.entropy.amin(-1),
+        s.effective_rank.mean(-1),
+        s.stable_rank.mean(-1),
+        s.frobenius.square().sum(-1).sqrt(),
+    ]
 
 
 def _weight_update_stats(

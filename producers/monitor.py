@@ -200,8 +200,9 @@ class Monitor:
         try:
             dropped = torch.as_tensor(dropped).detach().float().sum()
             old = self._drops.get(name)
-            self._drops[name] = (dropped, assigned) if old is None else (
-                old[0] + dropped, old[1] + assigned)  # fmt: skip
+            self._drops[name] = (
+                (dropped, assigned) if old is None else (old[0] + dropped, old[1] + assigned)
+            )
         except Exception as exc:  # called from the model's forward: never break it
             self._fail_hook(name, exc)
 
@@ -282,8 +283,10 @@ class Monitor:
                 self._fail_part(step, part, exc)
                 flags.add(f"monitor_error@{part}")
 
-        gather("attention", lambda: attention_chunks(
-            self.discovery.attention, self._snapshots, self.config))  # fmt: skip
+        gather(
+            "attention",
+            lambda: attention_chunks(self.discovery.attention, self._snapshots, self.config),
+        )
         flags.update(f"monitor_error@{name}" for name in self._hook_errors)
         for router in self.discovery.routers:
             # A router whose hook failed in this forward keeps only its weight geometry.
@@ -306,9 +309,12 @@ class Monitor:
         if nonfinite:
             self.nonfinite_records += 1
             if self.nonfinite_records == 1:
-                log.warning("foreshock monitor: non-finite values at step %s (%s); they are "
-                            "emitted as null with these flags, and this is logged once",
-                            step, ", ".join(nonfinite))  # fmt: skip
+                log.warning(
+                    "foreshock monitor: non-finite values at step %s (%s); they are "
+                    "emitted as null with these flags, and this is logged once",
+                    step,
+                    ", ".join(nonfinite),
+                )
         return {
             "schema": METRICS_SCHEMA,
             "run_id": self.run_id,
@@ -348,10 +354,18 @@ class Monitor:
             if stamp < 0:
                 stamp = max(self._last_step, 0)
             self.sink.write(
-                {"schema": METRICS_SCHEMA, "run_id": self.run_id, "step": stamp,
-                 "time": time.time(), "rank": self.rank, "world_size": self.world_size,
-                 "values": {}, "flags": ["monitor_error"], "error": repr(exc)[:500]}
-            )  # fmt: skip
+                {
+                    "schema": METRICS_SCHEMA,
+                    "run_id": self.run_id,
+                    "step": stamp,
+                    "time": time.time(),
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                    "values": {},
+                    "flags": ["monitor_error"],
+                    "error": repr(exc)[:500],
+                }
+            )
 
     # ---- lifecycle ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -178,8 +178,11 @@ class Spool:
             os.replace(tmp, self.cursor_path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            log.warning("foreshock: cannot write %s (%s); the cursor is kept in memory",
-                        self.cursor_path, exc)  # fmt: skip
+            log.warning(
+                "foreshock: cannot write %s (%s); the cursor is kept in memory",
+                self.cursor_path,
+                exc,
+            )
 
     def close(self, delete_if_empty: bool = True) -> None:
         if self._file.closed:
@@ -247,8 +250,11 @@ class MemorySpool:
 
 
 def _line(message: SpooledMessage) -> bytes:
-    line = {"t": message.topic, "k": message.key.decode("utf-8", "replace"),
-            "v": message.value.decode()}  # fmt: skip
+    line = {
+        "t": message.topic,
+        "k": message.key.decode("utf-8", "replace"),
+        "v": message.value.decode(),
+    }
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 

@@ -50,8 +50,10 @@ class AttemptTracker:
             pair = (*key, *sorted((attempt, other)))
             if pair not in self._reported:
                 self._reported.add(pair)
-                return (f"run id collision: run {key[0]} rank {key[1]}: attempts {pair[2]} and "
-                        f"{pair[3]} send at the same time (two jobs under one run id)")  # fmt: skip
+                return (
+                    f"run id collision: run {key[0]} rank {key[1]}: attempts {pair[2]} and "
+                    f"{pair[3]} send at the same time (two jobs under one run id)"
+                )
         return None
 
 

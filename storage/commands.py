@@ -33,10 +33,15 @@ def _sink(args: argparse.Namespace) -> int:
 
     location = _location(args)
     try:
-        sink = StorageSink(load_settings(args.config), location, group_id=args.group,
-                           retention_days=args.retention_days, retain_hours=args.retain_hours,
-                           metrics_port=args.metrics_port,
-                           metrics_host=args.metrics_host)  # fmt: skip
+        sink = StorageSink(
+            load_settings(args.config),
+            location,
+            group_id=args.group,
+            retention_days=args.retention_days,
+            retain_hours=args.retain_hours,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+        )
     except MetricsPortError as exc:
         print(f"foreshock sink: {exc}", file=sys.stderr)
         return 2
@@ -54,9 +59,15 @@ def _info(args: argparse.Namespace) -> int:
     from .reader import open_history
 
     with open_history(_location(args)) as history:
-        rows = [[table, history.versions[table], history.files[table],
-                 history.sql(f"SELECT count(*) AS n FROM {table}")["n"][0].as_py()]
-                for table in history.versions]  # fmt: skip
+        rows = [
+            [
+                table,
+                history.versions[table],
+                history.files[table],
+                history.sql(f"SELECT count(*) AS n FROM {table}")["n"][0].as_py(),
+            ]
+            for table in history.versions
+        ]
         runs = queries.run_count(history)
     print(format_table(["table", "version", "files", "rows"], rows))
     print(f"runs: {runs}; snapshot {history.version}; store {history.location.uri}")
@@ -74,14 +85,34 @@ def _check(args: argparse.Namespace) -> int:
         doubled = queries.duplicate_records(history)
         mismatched = queries.value_count_mismatches(history)
     if args.json:
-        print(json.dumps({"streams": [c.to_dict() for c in checks], "duplicated": doubled,
-                          "value_mismatches": mismatched}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "streams": [c.to_dict() for c in checks],
+                    "duplicated": doubled,
+                    "value_mismatches": mismatched,
+                }
+            )
+        )
     else:
-        rows = [[c.run_id, c.rank, c.attempt, c.status, c.stored, c.expected,
-                 " ".join(f"{a}-{b}" if a != b else str(a) for a, b in c.missing)]
-                for c in checks if args.all or c.status != "complete"]  # fmt: skip
-        print(format_table(["run", "rank", "attempt", "status", "stored", "expected",
-                            "missing seqs"], rows))  # fmt: skip
+        rows = [
+            [
+                c.run_id,
+                c.rank,
+                c.attempt,
+                c.status,
+                c.stored,
+                c.expected,
+                " ".join(f"{a}-{b}" if a != b else str(a) for a, b in c.missing),
+            ]
+            for c in checks
+            if args.all or c.status != "complete"
+        ]
+        print(
+            format_table(
+                ["run", "rank", "attempt", "status", "stored", "expected", "missing seqs"], rows
+            )
+        )
         counts = {s: sum(c.status == s for c in checks) for s in ("complete", "incomplete", "open")}
         print(", ".join(f"{n} {s}" for s, n in counts.items()) + " streams")
         for row in doubled:
@@ -110,8 +141,11 @@ def _prune(args: argparse.Namespace) -> int:
     from .store import DeltaStore
 
     runs = prune(DeltaStore(_location(args)), args.older_than_days)
-    print(f"pruned {len(runs)} runs" + (f": {', '.join(runs)}" if runs else "")
-          + " (their files go at the next vacuum: `foreshock store maintain`)")  # fmt: skip
+    print(
+        f"pruned {len(runs)} runs"
+        + (f": {', '.join(runs)}" if runs else "")
+        + " (their files go at the next vacuum: `foreshock store maintain`)"
+    )
     return 0
 
 
@@ -158,17 +192,42 @@ def lead_report(rows: list[dict]) -> dict:
     scenarios: dict[str, list[dict]] = {}
     for row in rows:
         scenarios.setdefault(row["scenario"] or "(unlabelled)", []).append(row)
-    return {s: {"runs": len(r), "diverged": sum(x["divergence_step"] is not None for x in r),
-                **{f: med([x[f] for x in r]) for f in
-                   ("attention_step", "router_step", "symptom_step", "divergence_step",
-                    "mechanism_lead", "symptom_lead")}}
-            for s, r in sorted(scenarios.items())}  # fmt: skip
+    return {
+        s: {
+            "runs": len(r),
+            "diverged": sum(x["divergence_step"] is not None for x in r),
+            **{
+                f: med([x[f] for x in r])
+                for f in (
+                    "attention_step",
+                    "router_step",
+                    "symptom_step",
+                    "divergence_step",
+                    "mechanism_lead",
+                    "symptom_lead",
+                )
+            },
+        }
+        for s, r in sorted(scenarios.items())
+    }
 
 
-_COLUMNS = ["attention_step", "router_step", "symptom_step", "divergence_step",
-            "mechanism_lead", "symptom_lead"]  # fmt: skip
-_HEADER = ["first attention-numerics warning", "first router warning", "first symptom warning",
-           "loss divergence", "lead: mechanism", "lead: symptom"]  # fmt: skip
+_COLUMNS = [
+    "attention_step",
+    "router_step",
+    "symptom_step",
+    "divergence_step",
+    "mechanism_lead",
+    "symptom_lead",
+]
+_HEADER = [
+    "first attention-numerics warning",
+    "first router warning",
+    "first symptom warning",
+    "loss divergence",
+    "lead: mechanism",
+    "lead: symptom",
+]
 
 
 def _markdown(header: list[str], rows: list[list]) -> str:
@@ -189,8 +248,9 @@ def _report(args: argparse.Namespace) -> int:
         return 0
     header = ["scenario", "runs", "diverged", *(f"{h} (median)" for h in _HEADER)]
     rows = [[s, v["runs"], v["diverged"], *(v[c] for c in _COLUMNS)] for s, v in summary.items()]
-    per_run = [[r["run_id"], r["scenario"], r["first_mechanism"], *(r[c] for c in _COLUMNS)]
-               for r in runs]  # fmt: skip
+    per_run = [
+        [r["run_id"], r["scenario"], r["first_mechanism"], *(r[c] for c in _COLUMNS)] for r in runs
+    ]
     run_header = ["run", "scenario", "first mechanism warning (family:role)", *_HEADER]
     if args.markdown:
         print(_markdown(header, rows) + "\n\n" + _markdown(run_header, per_run))
@@ -200,14 +260,20 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="folder or URI (default: [store] uri in --config, "
-                        "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
+    parser.add_argument(
+        "--store",
+        help="folder or URI (default: [store] uri in --config, "
+        "$FORESHOCK_STORE, else ./foreshock-history)",
+    )
 
 
 def add_storage_commands(sub: argparse._SubParsersAction) -> None:
     sink = sub.add_parser("sink", help="store the metrics, warnings and dead letters (Kafka)")
-    sink.add_argument("--store", help="folder or URI (default: [store] uri in --config, "
-                      "$FORESHOCK_STORE, else ./foreshock-history)")  # fmt: skip
+    sink.add_argument(
+        "--store",
+        help="folder or URI (default: [store] uri in --config, "
+        "$FORESHOCK_STORE, else ./foreshock-history)",
+    )
     sink.add_argument("--group", default="foreshock-sink", help="consumer group")
     sink.add_argument("--retention-days", type=float, help="prune runs idle this long")
     sink.add_argument(
@@ -239,8 +305,9 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
     )
     maintain.add_argument("--no-vacuum", action="store_true", help="compact only")
     maintain.set_defaults(func=_maintain)
-    check = store_sub.add_parser("check", help="every stream complete, nothing stored twice? "
-                                 "(exit 1 if not)")  # fmt: skip
+    check = store_sub.add_parser(
+        "check", help="every stream complete, nothing stored twice? (exit 1 if not)"
+    )
     _store_option(check)
     check.add_argument("--json", action="store_true")
     check.add_argument("--all", action="store_true", help="list complete streams too")

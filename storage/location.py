@@ -34,8 +34,17 @@ __all__ = ["DEFAULT_STORE", "RETAIN_HOURS", "StoreLocation", "load_location"]
 
 DEFAULT_STORE = "foreshock-history"
 RETAIN_HOURS = 168.0  # vacuum keeps a week of versions readable (Delta's own default)
-REMOTE_SCHEMES = ("s3://", "s3a://", "gs://", "gcs://", "az://", "abfs://", "abfss://",
-                  "azure://", "memory://")  # fmt: skip
+REMOTE_SCHEMES = (
+    "s3://",
+    "s3a://",
+    "gs://",
+    "gcs://",
+    "az://",
+    "abfs://",
+    "abfss://",
+    "azure://",
+    "memory://",
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,11 @@ class StoreLocation:
         return f"StoreLocation(uri={self.uri!r}, options={shown!r})"
 
 
-def load_location(uri: str | Path | StoreLocation | None = None, config: str | Path | None = None,
-                  env: dict[str, str] | None = None) -> StoreLocation:  # fmt: skip
+def load_location(
+    uri: str | Path | StoreLocation | None = None,
+    config: str | Path | None = None,
+    env: dict[str, str] | None = None,
+) -> StoreLocation:
     """The store to use: ``uri`` if given, else the settings file's, else the environment's,
     else ``foreshock-history`` in the working folder; options from the file and environment.
 

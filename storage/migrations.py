@@ -59,19 +59,26 @@ def migrate_segments(folder: str | Path, target: StoreLocation | str | None = No
         expected = sum(e["rows"] for e in entries)
         delta = store.tables[table]
         if entries and (delta.transaction_version(_APP_ID) or 0) < 1:
-            parts = [pq.read_table(folder / e["file"]).replace_schema_metadata(None)
-                     for e in entries]  # fmt: skip
+            parts = [
+                pq.read_table(folder / e["file"]).replace_schema_metadata(None) for e in entries
+            ]
             rows = pa.concat_tables(parts, promote_options="default")
             for version in range(manifest["schema_version"], SCHEMA_VERSION):
                 rows = MIGRATIONS[version](table, rows)
             rows = rows.cast(TABLES[table])
-            write_deltalake(delta, rows, mode="append", commit_properties=CommitProperties(
-                app_transactions=[Transaction(_APP_ID, 1)]))  # fmt: skip
+            write_deltalake(
+                delta,
+                rows,
+                mode="append",
+                commit_properties=CommitProperties(app_transactions=[Transaction(_APP_ID, 1)]),
+            )
         delta.update_incremental()
         stored = sum(delta.get_add_actions(flatten=True).column("num_records").to_pylist())
         if stored != expected:
-            raise RuntimeError(f"migrate: {table} has {stored} rows in Delta, the segment "
-                               f"store {expected}; the segments are left as they were")  # fmt: skip
+            raise RuntimeError(
+                f"migrate: {table} has {stored} rows in Delta, the segment "
+                f"store {expected}; the segments are left as they were"
+            )
         counts[table] = stored
     (folder / SEGMENT_MANIFEST).rename(folder / f"{SEGMENT_MANIFEST}.migrated")
     return counts

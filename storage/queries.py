@@ -40,7 +40,7 @@ __all__ = [
     "stream_seqs",
     "summary",
     "value_count_mismatches",
-]  # fmt: skip
+]
 
 MECHANISM_FAMILIES = ("attention-numerics", "router")
 
@@ -119,7 +119,8 @@ def run_series_index(history: History, run_id: str) -> list[dict[str, Any]]:
     return history.sql(
         "SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
         "GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST",
-        [run_id]).to_pylist()  # fmt: skip
+        [run_id],
+    ).to_pylist()
 
 
 # A resumed run has a step once per attempt that reached it: a line shows the latest attempt's
@@ -140,8 +141,14 @@ FROM s, b GROUP BY metric, module, head, step // width ORDER BY metric, module, 
 """
 
 
-def series(history: History, run_id: str, metric: str, module: str | None = None,
-           heads: bool = False, max_points: int = 1000) -> list[dict[str, Any]]:  # fmt: skip
+def series(
+    history: History,
+    run_id: str,
+    metric: str,
+    module: str | None = None,
+    heads: bool = False,
+    max_points: int = 1000,
+) -> list[dict[str, Any]]:
     """A run's ``metric`` per module (or per head with ``heads``), at most ``max_points``
     buckets per line: each bucket's first step, mean, min and max."""
     return series_many(history, run_id, [metric], module, heads, max_points)[metric]
@@ -157,8 +164,9 @@ def series_many(
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`series` of several metrics in one pass over the run's rows (one bucket width
     for all: the run's step range / ``max_points``)."""
-    rows = history.sql(_SERIES, [run_id, metrics, module, module, not heads, not heads,
-                                 max_points]).to_pylist()  # fmt: skip
+    rows = history.sql(
+        _SERIES, [run_id, metrics, module, module, not heads, not heads, max_points]
+    ).to_pylist()
     out: dict[str, list[dict[str, Any]]] = {m: [] for m in metrics}
     for row in rows:
         out[row.pop("metric")].append(row)
@@ -192,8 +200,8 @@ def series_across_runs(
 def run_warnings(history: History, run_id: str) -> list[dict[str, Any]]:
     """The run's warnings, newest state of each, in step order; evidence parsed."""
     rows = history.sql(
-        "SELECT * FROM warnings_latest WHERE run_id = ? ORDER BY step, family, module",
-        [run_id]).to_pylist()  # fmt: skip
+        "SELECT * FROM warnings_latest WHERE run_id = ? ORDER BY step, family, module", [run_id]
+    ).to_pylist()
     for row in rows:
         row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else None
     return rows
@@ -224,8 +232,7 @@ def lead_table(history: History) -> list[dict[str, Any]]:
     for row in rows:
         div = row["divergence_step"]
         steps = [row["attention_step"], row["router_step"]]
-        first = min((s for s in steps if s is not None and (div is None or s < div)),
-                    default=None)  # fmt: skip
+        first = min((s for s in steps if s is not None and (div is None or s < div)), default=None)
         row["mechanism_step"] = first
         row["mechanism_lead"] = div - first if div is not None and first is not None else None
         sym = row["symptom_step"]
@@ -239,18 +246,22 @@ def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict],
     """A stored run as its wire messages again (its first start, metrics records in (attempt,
     step) order — a resumed run's attempts one after the other, as they happened — and its
     last end): what the detectors replay in ``foreshock tune``."""
-    events = history.sql("SELECT kind, body FROM run_events WHERE run_id = ? "
-                         "ORDER BY attempt, seq", [run_id]).to_pylist()  # fmt: skip
+    events = history.sql(
+        "SELECT kind, body FROM run_events WHERE run_id = ? ORDER BY attempt, seq", [run_id]
+    ).to_pylist()
     start = next((json.loads(e["body"]) for e in events if e["kind"] == "start"), None)
     end = next((json.loads(e["body"]) for e in reversed(events) if e["kind"] == "end"), None)
     columns = history.sql(
         "SELECT attempt, step, metric, module, head, value FROM metric_values WHERE run_id = ? "
-        "ORDER BY attempt, step", [run_id]).to_pydict()  # fmt: skip
+        "ORDER BY attempt, step",
+        [run_id],
+    ).to_pydict()
     records: dict[tuple[int, int], dict[str, Any]] = {}
     for attempt, step, metric, module, head, value in zip(*columns.values(), strict=True):
-        record = records.setdefault((attempt, step), {"kind": "metrics", "run_id": run_id,
-                                                      "attempt": attempt, "step": step,
-                                                      "values": {}})  # fmt: skip
+        record = records.setdefault(
+            (attempt, step),
+            {"kind": "metrics", "run_id": run_id, "attempt": attempt, "step": step, "values": {}},
+        )
         record["values"][series_key(metric, module, head)] = value
     return start, list(records.values()), end
 
@@ -261,14 +272,20 @@ def stored_streams(history: History) -> list[dict[str, Any]]:
     return history.sql(
         "SELECT run_id, rank, attempt, count(*) AS n, max(seq) AS top FROM ("
         " SELECT run_id, rank, attempt, seq FROM steps UNION ALL"
-        " SELECT run_id, rank, attempt, seq FROM run_events) GROUP BY ALL").to_pylist()  # fmt: skip
+        " SELECT run_id, rank, attempt, seq FROM run_events) GROUP BY ALL"
+    ).to_pylist()
 
 
 def stream_seqs(history: History, run_id: str, rank: int, attempt: int = 0) -> list[int]:
-    return history.sql(
-        "SELECT seq FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? UNION ALL "
-        "SELECT seq FROM run_events WHERE run_id = ? AND rank = ? AND attempt = ?",
-        [run_id, rank, attempt] * 2).column("seq").to_pylist()  # fmt: skip
+    return (
+        history.sql(
+            "SELECT seq FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? UNION ALL "
+            "SELECT seq FROM run_events WHERE run_id = ? AND rank = ? AND attempt = ?",
+            [run_id, rank, attempt] * 2,
+        )
+        .column("seq")
+        .to_pylist()
+    )
 
 
 def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -288,7 +305,8 @@ def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, 
         "  AND b.attempt <> a.attempt AND b.first_time < a.last_time "
         "  AND a.first_time < b.last_time) AS overlaps "
         "FROM a LEFT JOIN e USING (run_id, rank, attempt) ORDER BY run_id, rank, first_time",
-        [run_id, run_id]).to_pylist()  # fmt: skip
+        [run_id, run_id],
+    ).to_pylist()
 
 
 def stored_event_keys(history: History) -> list[tuple]:
@@ -296,10 +314,12 @@ def stored_event_keys(history: History) -> list[tuple]:
     from .acks import STORED_EVENT_KEYS
 
     warnings = history.sql(STORED_EVENT_KEYS)
-    letters = history.sql("SELECT source, partition, \"offset\" FROM dead_letters "
-                          "WHERE partition IS NOT NULL")  # fmt: skip
-    return ([("w", *row.values()) for row in warnings.to_pylist()]
-            + [("d", *row.values()) for row in letters.to_pylist()])  # fmt: skip
+    letters = history.sql(
+        'SELECT source, partition, "offset" FROM dead_letters WHERE partition IS NOT NULL'
+    )
+    return [("w", *row.values()) for row in warnings.to_pylist()] + [
+        ("d", *row.values()) for row in letters.to_pylist()
+    ]
 
 
 def orphan_values(history: History) -> list[tuple[str, int, int, int]]:
@@ -308,7 +328,8 @@ def orphan_values(history: History) -> list[tuple[str, int, int, int]]:
     takes the stream over writes only the step row; see :mod:`foreshock.storage.store`)."""
     rows = history.sql(
         "SELECT DISTINCT run_id, rank, attempt, step FROM metric_values "
-        "ANTI JOIN steps USING (run_id, rank, attempt, step)")  # fmt: skip
+        "ANTI JOIN steps USING (run_id, rank, attempt, step)"
+    )
     return [tuple(r.values()) for r in rows.to_pylist()]
 
 
@@ -319,7 +340,8 @@ def duplicate_records(history: History) -> list[dict[str, Any]]:
         "SELECT run_id, rank, attempt, count(*) - count(DISTINCT seq) AS extra FROM ("
         " SELECT run_id, rank, attempt, seq FROM steps UNION ALL"
         " SELECT run_id, rank, attempt, seq FROM run_events) GROUP BY ALL"
-        " HAVING count(*) > count(DISTINCT seq) ORDER BY ALL").to_pylist()  # fmt: skip
+        " HAVING count(*) > count(DISTINCT seq) ORDER BY ALL"
+    ).to_pylist()
 
 
 def value_count_mismatches(history: History) -> list[dict[str, Any]]:
@@ -335,11 +357,16 @@ def value_count_mismatches(history: History) -> list[dict[str, Any]]:
 
 def idle_runs(history: History, cutoff: float) -> list[str]:
     """Runs whose newest data (step, lifecycle message or warning) arrived before ``cutoff``."""
-    return sorted(history.sql(
-        "SELECT run_id FROM (SELECT run_id, received_at AS t FROM steps UNION ALL "
-        "SELECT run_id, received_at FROM run_events UNION ALL "
-        "SELECT run_id, received_at FROM warnings) GROUP BY run_id HAVING max(t) < ?",
-        [cutoff]).column("run_id").to_pylist())  # fmt: skip
+    return sorted(
+        history.sql(
+            "SELECT run_id FROM (SELECT run_id, received_at AS t FROM steps UNION ALL "
+            "SELECT run_id, received_at FROM run_events UNION ALL "
+            "SELECT run_id, received_at FROM warnings) GROUP BY run_id HAVING max(t) < ?",
+            [cutoff],
+        )
+        .column("run_id")
+        .to_pylist()
+    )
 
 
 def run_rows(history: History, table: str, run_id: str):
@@ -355,8 +382,10 @@ def run_count(history: History) -> int:
 
 def dead_letters(history: History, limit: int = 100) -> list[dict[str, Any]]:
     return history.sql(
-        "SELECT received_at, source, partition, \"offset\", reason, octet_length(raw) AS bytes "
-        "FROM dead_letters ORDER BY received_at DESC LIMIT ?", [limit]).to_pylist()  # fmt: skip
+        'SELECT received_at, source, partition, "offset", reason, octet_length(raw) AS bytes '
+        "FROM dead_letters ORDER BY received_at DESC LIMIT ?",
+        [limit],
+    ).to_pylist()
 
 
 def stream_completeness(history: History) -> list[dict[str, Any]]:
@@ -369,4 +398,5 @@ def stream_completeness(history: History) -> list[dict[str, Any]]:
         "WHERE kind = 'end' GROUP BY ALL) "
         "SELECT s.run_id, s.rank, s.attempt, count(DISTINCT s.seq) AS stored, "
         "max(s.seq) AS top, any_value(e.last_seq) AS last_seq FROM seqs s LEFT JOIN ends e "
-        "USING (run_id, rank, attempt) GROUP BY ALL ORDER BY ALL").to_pylist()  # fmt: skip
+        "USING (run_id, rank, attempt) GROUP BY ALL ORDER BY ALL"
+    ).to_pylist()

@@ -74,8 +74,11 @@ SELECT * EXCLUDE (rk) FROM (
 class History:
     """A read-only snapshot of a store: ``sql(query, params)`` returns an Arrow table."""
 
-    def __init__(self, store: str | Path | StoreLocation | None = None,
-                 versions: dict[str, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: str | Path | StoreLocation | None = None,
+        versions: dict[str, int] | None = None,
+    ) -> None:
         self.location = load_location(str(store) if isinstance(store, Path) else store)
         self.connection = duckdb.connect(":memory:")
         self.versions: dict[str, int] = {}
@@ -128,6 +131,7 @@ class History:
         self.close()
 
 
-def open_history(store: str | Path | StoreLocation | None = None,
-                 versions: dict[str, int] | None = None) -> History:  # fmt: skip
+def open_history(
+    store: str | Path | StoreLocation | None = None, versions: dict[str, int] | None = None
+) -> History:
     return History(store, versions)

@@ -68,8 +68,10 @@ def check_streams(history: History) -> list[StreamCheck]:
         if row["stored"] < expected:
             seqs = queries.stream_seqs(history, row["run_id"], row["rank"], row["attempt"])
             missing = missing_ranges(seqs, expected)
-        status = ("complete" if ended and not missing
-                  else "incomplete" if ended else "open")  # fmt: skip
-        out.append(StreamCheck(row["run_id"], row["rank"], row["attempt"], status,
-                               row["stored"], expected, missing))  # fmt: skip
+        status = "complete" if ended and not missing else "incomplete" if ended else "open"
+        out.append(
+            StreamCheck(
+                row["run_id"], row["rank"], row["attempt"], status, row["stored"], expected, missing
+            )
+        )
     return out

@@ -38,8 +38,9 @@ def store_recorded_runs(
             builder.add_metrics({**record, "run_id": run_id, "seq": seq}, now)
         if run.end is not None:
             last = len(run.records) + 1
-            builder.add_lifecycle({**run.end, "run_id": run_id, "kind": "end", "seq": last,
-                                   "last_seq": last}, now)  # fmt: skip
+            builder.add_lifecycle(
+                {**run.end, "run_id": run_id, "kind": "end", "seq": last, "last_seq": last}, now
+            )
         if config is not None:
             for event in replay_run(run, config).events:
                 builder.add_warning(event.to_message(), now)

@@ -60,8 +60,9 @@ def export_run(root: str | Path, run_id: str, out_dir: str | Path) -> dict[str, 
     ValueError: export: not a valid run id (it must match [A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}): '../../etc/passwd'
     """  # noqa: E501
     if not isinstance(run_id, str) or re.fullmatch(RUN_ID_PATTERN, run_id) is None:
-        raise ValueError(f"export: not a valid run id (it must match {RUN_ID_PATTERN}): "
-                         f"{str(run_id)[:80]!r}")  # fmt: skip
+        raise ValueError(
+            f"export: not a valid run id (it must match {RUN_ID_PATTERN}): {str(run_id)[:80]!r}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     counts = {}

@@ -30,9 +30,24 @@ from .schema import TABLES
 
 __all__ = ["BatchBuilder", "RecordError", "split_key"]
 
-WARNING_FIELDS = ("id", "event", "run_id", "family", "module", "series", "direction", "step",
-                  "role", "statistic", "threshold", "false_alarm_rate", "config_version",
-                  "divergence_step", "lead_time", "cleared_step")  # fmt: skip
+WARNING_FIELDS = (
+    "id",
+    "event",
+    "run_id",
+    "family",
+    "module",
+    "series",
+    "direction",
+    "step",
+    "role",
+    "statistic",
+    "threshold",
+    "false_alarm_rate",
+    "config_version",
+    "divergence_step",
+    "lead_time",
+    "cleared_step",
+)
 
 
 _isfinite = math.isfinite
@@ -87,8 +102,9 @@ class BatchBuilder:
     def __len__(self) -> int:
         return sum(len(next(iter(c.values()))) for c in self._columns.values())
 
-    def add_metrics(self, message: dict[str, Any], received_at: float,
-                    values_stored: bool = False) -> None:  # fmt: skip
+    def add_metrics(
+        self, message: dict[str, Any], received_at: float, values_stored: bool = False
+    ) -> None:
         """One monitoring record: a ``steps`` row and one ``metric_values`` row per value
         (none if ``values_stored``: a crashed writer committed them but not the step row)."""
         run_id, rank = _run_id(message), _int64(message, "rank", 0)
@@ -98,15 +114,25 @@ class BatchBuilder:
         if not isinstance(values, dict):
             raise RecordError("metrics: values must be an object")
         keys = [split_key(k) for k in values]  # raises before anything is appended
-        numbers = [v if v.__class__ is float and _isfinite(v) else _number(v, k)
-                   for k, v in values.items()]  # fmt: skip
+        numbers = [
+            v if v.__class__ is float and _isfinite(v) else _number(v, k) for k, v in values.items()
+        ]
         time = _time(message)
         flags = message.get("flags")
         flags = _json(flags, "flags") if flags else None
         n = len(values)
-        self._append("steps", run_id=run_id, rank=rank, attempt=attempt, step=step, seq=seq,
-                     time=time,
-                     received_at=received_at, n_values=n, flags=flags)  # fmt: skip
+        self._append(
+            "steps",
+            run_id=run_id,
+            rank=rank,
+            attempt=attempt,
+            step=step,
+            seq=seq,
+            time=time,
+            received_at=received_at,
+            n_values=n,
+            flags=flags,
+        )
         if values_stored:
             return
         mv = self._columns["metric_values"]
@@ -130,14 +156,22 @@ class BatchBuilder:
             raise RecordError("start: labels must be an object")
         fault = labels.get("fault")
         fault = fault.get("scenario") if isinstance(fault, dict) else fault
-        row = dict(run_id=_run_id(message), rank=_int64(message, "rank", 0),
-                   attempt=_int64(message, "attempt", 0), kind=kind,
-                   seq=_int64(message, "seq"), time=_time(message), received_at=received_at,
-                   project=_text(labels.get("project")), scenario=_text(labels.get("scenario")),
-                   fault=_text(fault), onset=_int(labels.get("onset")),
-                   status=_text(message.get("status")),
-                   divergence_step=_int(message.get("divergence_step")),
-                   last_seq=_int(message.get("last_seq")))  # fmt: skip
+        row = dict(
+            run_id=_run_id(message),
+            rank=_int64(message, "rank", 0),
+            attempt=_int64(message, "attempt", 0),
+            kind=kind,
+            seq=_int64(message, "seq"),
+            time=_time(message),
+            received_at=received_at,
+            project=_text(labels.get("project")),
+            scenario=_text(labels.get("scenario")),
+            fault=_text(fault),
+            onset=_int(labels.get("onset")),
+            status=_text(message.get("status")),
+            divergence_step=_int(message.get("divergence_step")),
+            last_seq=_int(message.get("last_seq")),
+        )
         row["body"] = _json(message, "message")
         self._append("run_events", **row)
 
@@ -149,24 +183,37 @@ class BatchBuilder:
         _run_id(event)
         row = {f: event.get(f) for f in WARNING_FIELDS}
         try:
-            pa.RecordBatch.from_pylist([row], schema=pa.schema(
-                [TABLES["warnings"].field(f) for f in WARNING_FIELDS]))  # fmt: skip
+            pa.RecordBatch.from_pylist(
+                [row], schema=pa.schema([TABLES["warnings"].field(f) for f in WARNING_FIELDS])
+            )
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise RecordError(f"warning event with a field of the wrong type: {exc}") from None
         evidence = _json(event.get("evidence"), "evidence")
         self._append("warnings", **row, received_at=received_at, evidence=evidence)
 
-    def add_dead_letter(self, raw: bytes | None, reason: str, source: str,
-                        partition: int | None, offset: int | None,
-                        received_at: float) -> None:  # fmt: skip
+    def add_dead_letter(
+        self,
+        raw: bytes | None,
+        reason: str,
+        source: str,
+        partition: int | None,
+        offset: int | None,
+        received_at: float,
+    ) -> None:
         """Never fails: whatever came is kept (text made valid UTF-8, out-of-range ints null)."""
         if isinstance(raw, bytearray | memoryview):
             raw = bytes(raw)
         elif raw is not None and not isinstance(raw, bytes):
             raw = str(raw).encode("utf-8", "surrogatepass")
-        self._append("dead_letters", received_at=received_at, source=_valid_text(source),
-                     partition=_int(partition), offset=_int(offset),
-                     reason=_valid_text(reason)[:2000] or "(no reason)", raw=raw)  # fmt: skip
+        self._append(
+            "dead_letters",
+            received_at=received_at,
+            source=_valid_text(source),
+            partition=_int(partition),
+            offset=_int(offset),
+            reason=_valid_text(reason)[:2000] or "(no reason)",
+            raw=raw,
+        )
 
     def _append(self, table: str, **row: Any) -> None:
         columns = self._columns[table]

@@ -36,40 +36,83 @@ __all__ = ["SCHEMA_VERSION", "TABLES", "empty"]
 SCHEMA_VERSION = 2
 
 TABLES: dict[str, pa.Schema] = {
-    "run_events": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
-        ("kind", pa.string()),
-        ("seq", pa.int64()), ("time", pa.float64()), ("received_at", pa.float64()),
-        ("project", pa.string()), ("scenario", pa.string()), ("fault", pa.string()),
-        ("onset", pa.int64()), ("status", pa.string()), ("divergence_step", pa.int64()),
-        ("last_seq", pa.int64()), ("body", pa.string()),  # the whole message, JSON
-    ]),
-    "steps": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
-        ("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()),
-        ("received_at", pa.float64()), ("n_values", pa.int64()), ("flags", pa.string()),
-    ]),
-    "metric_values": pa.schema([
-        ("run_id", pa.string()), ("rank", pa.int64()), ("attempt", pa.int64()),
-        ("step", pa.int64()),
-        ("metric", pa.string()), ("module", pa.string()), ("head", pa.int64()),
-        ("value", pa.float64()),
-    ]),
-    "warnings": pa.schema([
-        ("id", pa.string()), ("event", pa.string()), ("run_id", pa.string()),
-        ("family", pa.string()), ("module", pa.string()), ("series", pa.string()),
-        ("direction", pa.string()), ("step", pa.int64()), ("role", pa.string()),
-        ("statistic", pa.float64()), ("threshold", pa.float64()),
-        ("false_alarm_rate", pa.float64()), ("config_version", pa.string()),
-        ("divergence_step", pa.int64()), ("lead_time", pa.int64()),
-        ("cleared_step", pa.int64()), ("received_at", pa.float64()),
-        ("evidence", pa.string()),  # JSON
-    ]),
-    "dead_letters": pa.schema([
-        ("received_at", pa.float64()), ("source", pa.string()), ("partition", pa.int64()),
-        ("offset", pa.int64()), ("reason", pa.string()), ("raw", pa.binary()),
-    ]),
-}  # fmt: skip
+    "run_events": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("rank", pa.int64()),
+            ("attempt", pa.int64()),
+            ("kind", pa.string()),
+            ("seq", pa.int64()),
+            ("time", pa.float64()),
+            ("received_at", pa.float64()),
+            ("project", pa.string()),
+            ("scenario", pa.string()),
+            ("fault", pa.string()),
+            ("onset", pa.int64()),
+            ("status", pa.string()),
+            ("divergence_step", pa.int64()),
+            ("last_seq", pa.int64()),
+            ("body", pa.string()),  # the whole message, JSON
+        ]
+    ),
+    "steps": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("rank", pa.int64()),
+            ("attempt", pa.int64()),
+            ("step", pa.int64()),
+            ("seq", pa.int64()),
+            ("time", pa.float64()),
+            ("received_at", pa.float64()),
+            ("n_values", pa.int64()),
+            ("flags", pa.string()),
+        ]
+    ),
+    "metric_values": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("rank", pa.int64()),
+            ("attempt", pa.int64()),
+            ("step", pa.int64()),
+            ("metric", pa.string()),
+            ("module", pa.string()),
+            ("head", pa.int64()),
+            ("value", pa.float64()),
+        ]
+    ),
+    "warnings": pa.schema(
+        [
+            ("id", pa.string()),
+            ("event", pa.string()),
+            ("run_id", pa.string()),
+            ("family", pa.string()),
+            ("module", pa.string()),
+            ("series", pa.string()),
+            ("direction", pa.string()),
+            ("step", pa.int64()),
+            ("role", pa.string()),
+            ("statistic", pa.float64()),
+            ("threshold", pa.float64()),
+            ("false_alarm_rate", pa.float64()),
+            ("config_version", pa.string()),
+            ("divergence_step", pa.int64()),
+            ("lead_time", pa.int64()),
+            ("cleared_step", pa.int64()),
+            ("received_at", pa.float64()),
+            ("evidence", pa.string()),  # JSON
+        ]
+    ),
+    "dead_letters": pa.schema(
+        [
+            ("received_at", pa.float64()),
+            ("source", pa.string()),
+            ("partition", pa.int64()),
+            ("offset", pa.int64()),
+            ("reason", pa.string()),
+            ("raw", pa.binary()),
+        ]
+    ),
+}
 
 
 def empty(table: str) -> pa.Table:

@@ -93,9 +93,13 @@ def _decode_dead_letter(raw: Any) -> dict[str, Any]:
         if isinstance(value, str):
             value = value.encode("utf-8", "replace")
         headers[str(key)] = (value or b"").decode("utf-8", "replace")
-    return {"raw": raw.value(), "reason": headers.get("reason") or "(no reason header)",
-            "source": headers.get("topic", "?"), "origin_partition": headers.get("partition"),
-            "origin_offset": headers.get("offset")}  # fmt: skip
+    return {
+        "raw": raw.value(),
+        "reason": headers.get("reason") or "(no reason header)",
+        "source": headers.get("topic", "?"),
+        "origin_partition": headers.get("partition"),
+        "origin_offset": headers.get("offset"),
+    }
 
 
 class StorageSink:
@@ -134,19 +138,33 @@ class StorageSink:
                 self.store.close()
                 raise
         ensure_topics(settings)
-        self.consumer = MetricsConsumer(settings, group_id, decoders={
-            settings.warnings_topic: _decode_warning,
-            settings.deadletter_topic: _decode_dead_letter},
-            on_assign=self._assigned, on_revoke=self._revoked)  # fmt: skip
+        self.consumer = MetricsConsumer(
+            settings,
+            group_id,
+            decoders={
+                settings.warnings_topic: _decode_warning,
+                settings.deadletter_topic: _decode_dead_letter,
+            },
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+        )
         self._seen_events: set[tuple] = set()
         self._values_stored: set[tuple[str, int, int, int]] = set()
         self.attempts = AttemptTracker()
         self._assigned_at: float | None = None
         self.builder = BatchBuilder()
         self.first_message_at: float | None = None  # perf_counter of the first message polled
-        self.stats = {"messages": 0, "values": 0, "batches": 0, "dead_letters": 0,
-                      "duplicates": 0, "write_retries": 0, "read_backs": 0,
-                      "read_back_retries": 0, "collisions": 0}  # fmt: skip
+        self.stats = {
+            "messages": 0,
+            "values": 0,
+            "batches": 0,
+            "dead_letters": 0,
+            "duplicates": 0,
+            "write_retries": 0,
+            "read_backs": 0,
+            "read_back_retries": 0,
+            "collisions": 0,
+        }
         self._read_back()
 
     def _read_back(self) -> None:
@@ -176,8 +194,11 @@ class StorageSink:
                 return
             except Exception as exc:  # the store is away or unreadable
                 self.stats["read_back_retries"] += 1
-                log.error("foreshock sink: reading the store back failed (%s); retrying in "
-                          "%.1f s", exc, delay)  # fmt: skip
+                log.error(
+                    "foreshock sink: reading the store back failed (%s); retrying in %.1f s",
+                    exc,
+                    delay,
+                )
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -193,12 +214,17 @@ class StorageSink:
         topic = message.pop("_topic", None)
         partition, offset = message.pop("_partition", None), message.pop("_offset", None)
         if topic == self.settings.deadletter_topic:
-            key = ("d", message["source"], _int(message["origin_partition"]),
-                   _int(message["origin_offset"]))  # fmt: skip
+            key = (
+                "d",
+                message["source"],
+                _int(message["origin_partition"]),
+                _int(message["origin_offset"]),
+            )
             if key[2] is None or key not in self._seen_events:
                 self._seen_events.add(key)
-                self.builder.add_dead_letter(message["raw"], message["reason"], key[1],
-                                             key[2], key[3], now)  # fmt: skip
+                self.builder.add_dead_letter(
+                    message["raw"], message["reason"], key[1], key[2], key[3], now
+                )
                 self.stats["dead_letters"] += 1
             return
         try:
@@ -220,8 +246,9 @@ class StorageSink:
             return
         self.stats["messages"] += 1
 
-    def _check_identity(self, message: dict[str, Any], partition: int | None,
-                        offset: int | None, now: float) -> None:  # fmt: skip
+    def _check_identity(
+        self, message: dict[str, Any], partition: int | None, offset: int | None, now: float
+    ) -> None:
         """Two jobs under one run id: report it (the data stay apart, one stream each)."""
         reason = self.attempts.observe(message)
         if reason is not None:
@@ -243,8 +270,15 @@ class StorageSink:
         except TypeError:  # an unhashable field: the builder rejects the record anyway
             return False
 
-    def _reject(self, message: dict[str, Any], reason: str, source: str, partition: int | None,
-                offset: int | None, now: float) -> None:  # fmt: skip
+    def _reject(
+        self,
+        message: dict[str, Any],
+        reason: str,
+        source: str,
+        partition: int | None,
+        offset: int | None,
+        now: float,
+    ) -> None:
         """A message that decoded but cannot be stored: a dead-letter row, once per origin."""
         import json
 
@@ -295,11 +329,16 @@ class StorageSink:
         if final:
             self.telemetry.refresh_lag(self.consumer, force=True)
         s = self.stats
-        self.telemetry.update(self.consumer, messages=s["messages"], values=s["values"],
-                              batches=s["batches"], dead_letters=self.consumer.dead_letters,
-                              dead_letters_stored=s["dead_letters"],
-                              duplicates=self.consumer.dedup.duplicates + s["duplicates"],
-                              write_retries=s["write_retries"])  # fmt: skip
+        self.telemetry.update(
+            self.consumer,
+            messages=s["messages"],
+            values=s["values"],
+            batches=s["batches"],
+            dead_letters=self.consumer.dead_letters,
+            dead_letters_stored=s["dead_letters"],
+            duplicates=self.consumer.dedup.duplicates + s["duplicates"],
+            write_retries=s["write_retries"],
+        )
 
     def _write(self, tables: dict) -> None:
         delay, number = 0.5, self.store.next_batch()

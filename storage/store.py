@@ -43,8 +43,16 @@ from deltalake.exceptions import TableNotFoundError
 from .location import RETAIN_HOURS, StoreLocation, load_location
 from .schema import SCHEMA_VERSION, TABLES
 
-__all__ = ["READ_ORDER", "WRITE_ORDER", "DeltaStore", "SchemaVersionError", "open_table",
-           "schema_version", "store_exists", "table_versions"]  # fmt: skip
+__all__ = [
+    "READ_ORDER",
+    "WRITE_ORDER",
+    "DeltaStore",
+    "SchemaVersionError",
+    "open_table",
+    "schema_version",
+    "store_exists",
+    "table_versions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +63,10 @@ VERSION_PREFIX = "foreshock schema version "  # each table's Delta description: 
 # row group spans few runs and its min/max statistics let a run page skip the rest — also
 # after compaction, which concatenates files without re-sorting (benchmarks.storage: run page
 # at 200 runs x 20,000 steps).
-SORT_KEYS = {"metric_values": ["run_id", "metric", "module", "head", "step"],
-             "steps": ["run_id", "rank", "step"]}  # fmt: skip
+SORT_KEYS = {
+    "metric_values": ["run_id", "metric", "module", "head", "step"],
+    "steps": ["run_id", "rank", "step"],
+}
 _WRITER = WriterProperties(compression="ZSTD", max_row_group_size=65_536)
 
 
@@ -69,8 +79,9 @@ def open_table(
 ) -> DeltaTable | None:
     """The Delta table ``table`` of the store (at ``version``), or None if never written."""
     try:
-        return DeltaTable(location.table_uri(table), version=version,
-                          storage_options=location.options or None)  # fmt: skip
+        return DeltaTable(
+            location.table_uri(table), version=version, storage_options=location.options or None
+        )
     except TableNotFoundError:
         return None
 
@@ -118,8 +129,9 @@ class DeltaStore:
     default); :meth:`write` numbers its batches 1, 2, … under it.
     """
 
-    def __init__(self, location: StoreLocation | str | None = None,
-                 app_id: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, location: StoreLocation | str | None = None, app_id: str | None = None
+    ) -> None:
         self.location = load_location(location)
         self.app_id = app_id or f"foreshock-{uuid.uuid4().hex[:16]}"
         self.batches = 0
@@ -151,9 +163,13 @@ class DeltaStore:
         if table is None:
             try:
                 table = DeltaTable.create(
-                    self.location.table_uri(name), schema=TABLES[name], mode="ignore",
-                    name=name, description=f"{VERSION_PREFIX}{SCHEMA_VERSION}",
-                    storage_options=self.location.options or None)  # fmt: skip
+                    self.location.table_uri(name),
+                    schema=TABLES[name],
+                    mode="ignore",
+                    name=name,
+                    description=f"{VERSION_PREFIX}{SCHEMA_VERSION}",
+                    storage_options=self.location.options or None,
+                )
             except Exception:  # another writer created it first: read theirs
                 table = open_table(self.location, name)
                 if table is None:
@@ -193,10 +209,15 @@ class DeltaStore:
             rows = rows.select(TABLES[name].names).cast(TABLES[name])
             if name in SORT_KEYS:
                 rows = rows.sort_by([(key, "ascending") for key in SORT_KEYS[name]])
-            write_deltalake(table, rows,
-                            mode="append", writer_properties=_WRITER,
-                            commit_properties=CommitProperties(
-                                app_transactions=[Transaction(self.app_id, number)]))  # fmt: skip
+            write_deltalake(
+                table,
+                rows,
+                mode="append",
+                writer_properties=_WRITER,
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app_id, number)]
+                ),
+            )
             written[name] = table.version()
         return written
 
@@ -213,8 +234,12 @@ class DeltaStore:
         table.update_incremental()
         return int(table.delete(predicate).get("num_deleted_rows", 0))
 
-    def maintain(self, retain_hours: float = RETAIN_HOURS, target_size: int | None = None,
-                 vacuum: bool = True) -> dict[str, Any]:  # fmt: skip
+    def maintain(
+        self,
+        retain_hours: float = RETAIN_HOURS,
+        target_size: int | None = None,
+        vacuum: bool = True,
+    ) -> dict[str, Any]:
         """Compact every table's small files, then vacuum what no recent version needs."""
         report: dict[str, Any] = {}
         for name, table in self.tables.items():
@@ -222,9 +247,14 @@ class DeltaStore:
             metrics = table.optimize.compact(target_size=target_size, writer_properties=_WRITER)
             removed = []
             if vacuum:
-                removed = table.vacuum(retention_hours=math.ceil(retain_hours),
-                                       enforce_retention_duration=False, dry_run=False)  # fmt: skip
-            report[name] = {"files_added": metrics.get("numFilesAdded", 0),
-                            "files_removed": metrics.get("numFilesRemoved", 0),
-                            "vacuumed": len(removed)}  # fmt: skip
+                removed = table.vacuum(
+                    retention_hours=math.ceil(retain_hours),
+                    enforce_retention_duration=False,
+                    dry_run=False,
+                )
+            report[name] = {
+                "files_added": metrics.get("numFilesAdded", 0),
+                "files_removed": metrics.get("numFilesRemoved", 0),
+                "vacuumed": len(removed),
+            }
         return report

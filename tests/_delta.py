@@ -29,6 +29,13 @@ def records_batch(run: str, seqs: Any, values: int = 2) -> dict:
 
     b = BatchBuilder()
     for seq in seqs:
-        b.add_metrics({"run_id": run, "seq": seq, "step": seq,
-                       "values": {f"v{i}": float(seq) for i in range(values)}}, 0.0)  # fmt: skip
+        b.add_metrics(
+            {
+                "run_id": run,
+                "seq": seq,
+                "step": seq,
+                "values": {f"v{i}": float(seq) for i in range(values)},
+            },
+            0.0,
+        )
     return b.take()

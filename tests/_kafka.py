@@ -53,8 +53,9 @@ def has_end(run_id: str) -> Callable[[list[dict[str, Any]]], bool]:
     return done
 
 
-def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
-                  on_step: Callable[[int], None] | None = None) -> list[float]:  # fmt: skip
+def tiny_training(
+    sink: Any, run_id: str, steps: int, every: int = 1, on_step: Callable[[int], None] | None = None
+) -> list[float]:
     """Train a tiny lab GPT-MoE with the Monitor writing to ``sink``; seconds per step."""
     import torch
 
@@ -69,8 +70,9 @@ def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=0)
     monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=every))
-    sink.write({"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
-                "labels": {"test": True}})  # fmt: skip
+    sink.write(
+        {"schema": "foreshock.run/1", "kind": "start", "run_id": run_id, "labels": {"test": True}}
+    )
     seconds = []
     for step in range(steps):
         tick = time.perf_counter()
@@ -83,8 +85,7 @@ def tiny_training(sink: Any, run_id: str, steps: int, every: int = 1,
         seconds.append(time.perf_counter() - tick)
         if on_step is not None:
             on_step(step)
-    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
-                "status": "finished"})  # fmt: skip
+    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id, "status": "finished"})
     return seconds
 
 
@@ -108,9 +109,12 @@ def service_env(settings: KafkaSettings) -> dict[str, str]:
     """The environment a `foreshock` subprocess needs to use these settings' topics."""
     import os
 
-    return {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-            "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-            "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-            "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-            "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir}  # fmt: skip
+    return {
+        **os.environ,
+        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
+        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
+        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
+        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
+        "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
+    }

@@ -35,8 +35,14 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
     batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=first)
     sink = KafkaSink()
     monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=1))
-    sink.write({"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
-                "labels": {"test": "resume", "resumed_at": first}})  # fmt: skip
+    sink.write(
+        {
+            "schema": "foreshock.run/1",
+            "kind": "start",
+            "run_id": run_id,
+            "labels": {"test": "resume", "resumed_at": first},
+        }
+    )
     for step in range(first, steps):
         x, y = batches.next()
         _, loss = model(x, y)
@@ -45,13 +51,14 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
         monitor.step(step, loss=loss)
         optimizer.zero_grad()
         if step % 10 == 9:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step}, checkpoint)  # fmt: skip
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                checkpoint,
+            )
         sink.wait_delivered(10)
         print(f"delivered {step}", flush=True)
         time.sleep(0.02)
-    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
-                "status": "finished"})  # fmt: skip
+    sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id, "status": "finished"})
     sink.close()
 
 

@@ -96,10 +96,22 @@ def test_smoke_without_torch_says_how_to_install() -> None:
 def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
     out = tmp_path / "smoke.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "smoke", "--steps", "21", "--every", "5",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "smoke",
+            "--steps",
+            "21",
+            "--every",
+            "5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "attn.d2.entropy_mean@h.0.attn" in done.stdout
     assert "router.token_entropy_norm@h.0.mlp.gate" in done.stdout

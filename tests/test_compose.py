@@ -230,8 +230,11 @@ def test_bootstrap_servers_name_exactly_the_brokers(brokers, foreshock_services)
 def test_every_foreshock_env_var_is_one_the_loader_reads(spec) -> None:
     known = {f.name for f in dataclasses.fields(KafkaSettings)} - {"client"}
     blocks = [env_of(s) for s in spec["services"].values()]
-    blocks += [env_of({"environment": v}) for k, v in spec.items() if k.startswith("x-")
-               and k.endswith("-env")]  # fmt: skip
+    blocks += [
+        env_of({"environment": v})
+        for k, v in spec.items()
+        if k.startswith("x-") and k.endswith("-env")
+    ]
     names = {name for env in blocks for name in env if name.startswith("FORESHOCK_")}
     assert names, "no FORESHOCK_* variables at all"
     for name in names:
@@ -260,8 +263,12 @@ def test_build_uses_the_compose_dockerfile_from_the_repo_root(foreshock_services
 def test_dockerfile_installs_the_torch_free_package_as_non_root() -> None:
     text = DOCKERFILE.read_text()
     lines = [line.strip() for line in text.splitlines()]
-    copied = {part.strip("./") for line in lines if line.startswith("COPY ")
-              for part in line.split()[1:-1]}  # fmt: skip
+    copied = {
+        part.strip("./")
+        for line in lines
+        if line.startswith("COPY ")
+        for part in line.split()[1:-1]
+    }
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     needed = {"pyproject.toml", project["project"]["readme"]}
     needed |= {d.split("/")[0] for d in project["tool"]["setuptools"]["package-dir"].values()}
@@ -431,6 +438,8 @@ def test_docker_compose_accepts_the_file(profile: list[str]) -> None:
     docker_compose = require_tool("docker-compose")
     done = subprocess.run(
         [docker_compose, "-f", str(COMPOSE), *profile, "config", "--quiet"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr

@@ -36,8 +36,7 @@ def seed_history(root: Path) -> None:
         store_recorded_runs(store, [_path(n) for n in RUNS], default_config())
         run, b = load_run(_path("fa-lowprec-s2")), BatchBuilder()
         detector = RunDetector("live-fa", default_config())
-        b.add_lifecycle({**run.start, "run_id": "live-fa", "kind": "start", "seq": 0},
-                        time.time())  # fmt: skip
+        b.add_lifecycle({**run.start, "run_id": "live-fa", "kind": "start", "seq": 0}, time.time())
         for seq, record in enumerate([r for r in run.records if r["step"] <= 825], start=1):
             b.add_metrics({**record, "run_id": "live-fa", "seq": seq}, time.time())
             for event in detector.update({**record, "kind": "metrics"}):
@@ -104,7 +103,8 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     assert any("its CUSUM statistic" in t for t in texts)  # a symptom (trend) warning
     assert any("What to check:" in t and "FlashAttention" in t for t in texts)
     assert {m.label: m.value for m in app.metric}["divergence step"] == str(
-        load_run(_path("fa-lowprec-s1")).end["divergence_step"])  # fmt: skip
+        load_run(_path("fa-lowprec-s1")).end["divergence_step"]
+    )
     app.checkbox[0].check().run()  # per-head detail
     assert not app.exception
 
@@ -115,11 +115,27 @@ def test_compare_and_tuning_pages(history, monkeypatch):
     assert "lead: mechanism" in app.code[0].value
     app = _page("tuning", history, monkeypatch)
     assert "No tune report yet" in app.info[0].value
-    report = {"rule": "test rule", "chosen": {"index": 0}, "points": [
-        {"params": {"k": 0.5}, "families": [
-            {"family": "router", "runs": 3, "detected": 3, "detection_rate": 1.0,
-             "false_warnings_per_run": 0.0, "lead_median": 400.0, "lead_p10": 300.0,
-             "lead_p90": 500.0}]}]}  # fmt: skip
+    report = {
+        "rule": "test rule",
+        "chosen": {"index": 0},
+        "points": [
+            {
+                "params": {"k": 0.5},
+                "families": [
+                    {
+                        "family": "router",
+                        "runs": 3,
+                        "detected": 3,
+                        "detection_rate": 1.0,
+                        "false_warnings_per_run": 0.0,
+                        "lead_median": 400.0,
+                        "lead_p10": 300.0,
+                        "lead_p90": 500.0,
+                    }
+                ],
+            }
+        ],
+    }
     version = registry.publish(
         history, default_config().configs["gpt-moe"], report, note="from a test"
     )
@@ -134,9 +150,11 @@ def test_every_page_has_a_friendly_empty_state(page, tmp_path, monkeypatch):
     assert app.info, "an empty history says so"
 
 
-NASTY = ("**b** _e_ [l](http://127.0.0.1:9/l) ![i](http://127.0.0.1:9/i.png) www.x.test a@b.test "
-         ':smile: :material/home: $x$ :red[r] <b>t</b> <img src="http://127.0.0.1:9/t.png"> '
-         "&amp; `c` \\\n\n# h\n- li\n    code")  # fmt: skip
+NASTY = (
+    "**b** _e_ [l](http://127.0.0.1:9/l) ![i](http://127.0.0.1:9/i.png) www.x.test a@b.test "
+    ':smile: :material/home: $x$ :red[r] <b>t</b> <img src="http://127.0.0.1:9/t.png"> '
+    "&amp; `c` \\\n\n# h\n- li\n    code"
+)
 
 
 def test_text_helpers_leave_nothing_to_parse():
@@ -156,16 +174,23 @@ def test_text_helpers_leave_nothing_to_parse():
 
 
 def test_charts_show_names_as_text():
-    warning = {"family": "attention-numerics", "module": "<a href='x'>m</a>", "step": 5,
-               "role": "<b>cause</b>"}  # fmt: skip
+    warning = {
+        "family": "attention-numerics",
+        "module": "<a href='x'>m</a>",
+        "step": 5,
+        "role": "<b>cause</b>",
+    }
     points = [{"step": 5, "value": 1.0, "module": "<b>m</b>", "head": None}]
     fig = charts.monitor_figure("$t$", points, [warning], "attention-numerics")
     names = [t.name for t in fig.data]
     assert "&lt;b&gt;m&lt;/b&gt;" in names and fig.layout.title.text == "&#36;t&#36;"
     hover = fig.data[-1].hovertext[0]
     assert "<" not in hover and "&lt;a href='x'&gt;m&lt;/a&gt;" in hover
-    fig = charts.compare_figure("m", [{"run_id": "r<b>", "step": 1, "value": 1.0}],
-                                [{"run_id": "r<b>", "divergence_step": 1}])  # fmt: skip
+    fig = charts.compare_figure(
+        "m",
+        [{"run_id": "r<b>", "step": 1, "value": 1.0}],
+        [{"run_id": "r<b>", "divergence_step": 1}],
+    )
     assert fig.data[0].name == "r&lt;b&gt;"
     assert fig.layout.annotations[0].text == "r&lt;b&gt; diverges"
 

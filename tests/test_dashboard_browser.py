@@ -78,32 +78,41 @@ def recorder():
 
 def injected_text(base: str) -> dict[str, str]:
     """Markdown and HTML in every free-text field, each aimed at ``base`` (the recorder)."""
-    md = (f"**md-bold** _md-em_ [md-link]({base}/md-link) ![md-img]({base}/md-img.png) "
-          f"{base}/autolink www.example.test mail@example.test :smile: :material/home: "
-          "$x^2$ :red[md-red]")  # fmt: skip
-    tags = (f'<b>tag-bold</b> <a href="{base}/tag-link">tag-link</a> '
-            f"<img src=\"{base}/tag-img.png\" onerror=\"fetch('{base}/onerror')\"> "
-            f"<script>fetch('{base}/script')</script> "
-            f"<style>body {{background: url({base}/css.png)}}</style>")  # fmt: skip
+    md = (
+        f"**md-bold** _md-em_ [md-link]({base}/md-link) ![md-img]({base}/md-img.png) "
+        f"{base}/autolink www.example.test mail@example.test :smile: :material/home: "
+        "$x^2$ :red[md-red]"
+    )
+    tags = (
+        f'<b>tag-bold</b> <a href="{base}/tag-link">tag-link</a> '
+        f'<img src="{base}/tag-img.png" onerror="fetch(\'{base}/onerror\')"> '
+        f"<script>fetch('{base}/script')</script> "
+        f"<style>body {{background: url({base}/css.png)}}</style>"
+    )
     return {
         "project": f"proj **md-bold** <b>tag-bold</b> & &amp; {base}/project",
-        "scenario": f"scen\n\n![md-img]({base}/scenario.png)\n\n<img src=\"{base}/scen.png\">"
-                    "\n\n**md-bold**",  # blank lines: out of any HTML block
+        "scenario": f'scen\n\n![md-img]({base}/scenario.png)\n\n<img src="{base}/scen.png">'
+        "\n\n**md-bold**",  # blank lines: out of any HTML block
         "note": f"{md} {tags}",
         "key": "**key** <i>k</i>",
-        "module": f"h.0 **md-bold** <b>tag-bold</b> <img src=\"{base}/module.png\"> "
-                  f"[md-link]({base}/module-link)\n\n![md-img]({base}/module-md.png) $x$",
+        "module": f'h.0 **md-bold** <b>tag-bold</b> <img src="{base}/module.png"> '
+        f"[md-link]({base}/module-link)\n\n![md-img]({base}/module-md.png) $x$",
         "check": f"check **md-bold** [md-link]({base}/check-link)\n\n"
-                 f"![md-img]({base}/check.png) <img src=\"{base}/check-tag.png\">",
-    }  # fmt: skip
+        f'![md-img]({base}/check.png) <img src="{base}/check-tag.png">',
+    }
 
 
 def seed_injected(root: Path, text: dict[str, str]) -> None:
     """A run (warning open, still training) carrying ``text`` everywhere a producer or a
     detector can put free text, written the way the sink writes it."""
     run, b, now = load_run(_path("fa-lowprec-s1")), BatchBuilder(), time.time()
-    labels = {**run.start["labels"], "project": text["project"], "scenario": text["scenario"],
-              "note": text["note"], text["key"]: "v"}  # fmt: skip
+    labels = {
+        **run.start["labels"],
+        "project": text["project"],
+        "scenario": text["scenario"],
+        "note": text["note"],
+        text["key"]: "v",
+    }
     start = {**run.start, "run_id": INJECTED_RUN, "kind": "start", "seq": 0, "labels": labels}
     b.add_lifecycle(start, now)
     detector = RunDetector(INJECTED_RUN, default_config())
@@ -111,8 +120,9 @@ def seed_injected(root: Path, text: dict[str, str]) -> None:
     rename = lambda key: key.replace("@h.0.attn", "@" + text["module"])  # noqa: E731
     for seq, record in enumerate([r for r in run.records if r["step"] <= 1000], start=1):
         message = {**record, "run_id": INJECTED_RUN, "seq": seq}
-        b.add_metrics({**message, "values": {rename(k): v for k, v in record["values"].items()}},
-                      now)  # fmt: skip
+        b.add_metrics(
+            {**message, "values": {rename(k): v for k, v in record["values"].items()}}, now
+        )
         for event in detector.update({**message, "kind": "metrics"}):  # calibrated names
             warning = event.to_message()
             if warning["module"] == "h.0.attn":
@@ -130,9 +140,20 @@ def url(tmp_path_factory, recorder):
     seed_injected(root, injected_text(f"http://127.0.0.1:{recorder.server_port}"))
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "dashboard", "--store", str(root),
-         "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "dashboard",
+            "--store",
+            str(root),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     address = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(address, process)
@@ -161,19 +182,26 @@ def page(url):
 def test_fleet_page_lists_runs_with_their_statuses(url, page):
     page.goto(f"{url}/")
     page.wait_for_selector('tr[data-run="live-fa"]', timeout=90_000)
-    status = {row.get_attribute("data-run"): row.locator(".fs-status").inner_text()
-              for row in page.locator("table.fs-fleet tbody tr").all()}  # fmt: skip
-    assert status == {"live-fa": "warning: attention-numerics", "fa-lowprec-s1": "diverged",
-                      "lr-high-s2": "diverged", "healthy-s3": "finished",
-                      INJECTED_RUN: "warning: attention-numerics"}  # fmt: skip
+    status = {
+        row.get_attribute("data-run"): row.locator(".fs-status").inner_text()
+        for row in page.locator("table.fs-fleet tbody tr").all()
+    }
+    assert status == {
+        "live-fa": "warning: attention-numerics",
+        "fa-lowprec-s1": "diverged",
+        "lr-high-s2": "diverged",
+        "healthy-s3": "finished",
+        INJECTED_RUN: "warning: attention-numerics",
+    }
     page.screenshot(path=ARTIFACTS / "fleet.png", full_page=True)
 
 
 def test_run_page_shows_the_loss_and_a_warning_marker(url, page):
     page.goto(f"{url}/run?run=fa-lowprec-s1")
     page.wait_for_selector(".js-plotly-plot", timeout=90_000)
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5",
-                           timeout=60_000)  # fmt: skip
+    page.wait_for_function(
+        "document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=60_000
+    )
     loss = page.locator(".js-plotly-plot").first
     assert "loss" in loss.inner_text()
     assert loss.locator("text=⚠ attention-numerics").count() == 1  # the marker's legend
@@ -208,8 +236,7 @@ MADE = """([port, markers]) => {
   if (document.body.innerText.includes('\\u{1F604}')) made.push('an emoji from :smile:');
   return made;
 }"""
-MARKERS = ["md-bold", "md-em", "md-link", "md-img", "tag-bold", "tag-link", "md-red", "k",
-           "key"]  # fmt: skip
+MARKERS = ["md-bold", "md-em", "md-link", "md-img", "tag-bold", "tag-link", "md-red", "k", "key"]
 
 
 def _plain(text: str) -> str:
@@ -235,8 +262,9 @@ def test_injected_markdown_and_html_stay_text(url, page, recorder):
     page.screenshot(path=ARTIFACTS / "injected-fleet.png", full_page=True)
 
     page.goto(f"{url}/run?run={quote(INJECTED_RUN, safe='')}")
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5",
-                           timeout=90_000)  # fmt: skip
+    page.wait_for_function(
+        "document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=90_000
+    )
     for summary in page.locator('[data-testid="stExpander"] summary').all():
         summary.click()  # every warning open: its explanation and evidence in view
     page.wait_for_selector("text=What to check:", timeout=30_000)

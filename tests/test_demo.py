@@ -24,9 +24,28 @@ def test_demo_runs_twice_and_leaves_nothing_behind(tmp_path):
     for attempt in range(2):
         store = tmp_path / f"history-{attempt}"
         done = subprocess.run(
-            [sys.executable, "-m", "foreshock.cli", "demo", "--live", "0", "--replayed", "6",
-             "--speed", "60", "--duration", "150", "--port", str(port), "--store", str(store)],
-            capture_output=True, text=True, timeout=300)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "foreshock.cli",
+                "demo",
+                "--live",
+                "0",
+                "--replayed",
+                "6",
+                "--speed",
+                "60",
+                "--duration",
+                "150",
+                "--port",
+                str(port),
+                "--store",
+                str(store),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out = done.stdout
         assert f"dashboard at http://127.0.0.1:{port}" in out.splitlines()[0]
@@ -53,9 +72,28 @@ def _next_line(stream) -> str:
 def test_ctrl_c_or_sigterm_stops_everything_the_demo_started(tmp_path, sig):
     store = tmp_path / "history"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "demo", "--live", "0", "--replayed", "4",
-         "--speed", "5", "--duration", "300", "--port", str(free_port()), "--store", str(store)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "demo",
+            "--live",
+            "0",
+            "--replayed",
+            "4",
+            "--speed",
+            "5",
+            "--duration",
+            "300",
+            "--port",
+            str(free_port()),
+            "--store",
+            str(store),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert "dashboard at" in _next_line(demo.stdout)
     assert _next_line(demo.stdout).startswith("[")  # running: a first progress line
     demo.send_signal(sig)

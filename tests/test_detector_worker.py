@@ -39,10 +39,16 @@ def _publish(settings, names: list[str]) -> None:
 
 
 def _read_warnings(settings, idle: float = 3.0) -> list[dict]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "read",
-                         "enable.auto.commit": False})  # fmt: skip
-    consumer.assign([TopicPartition(settings.warnings_topic, p, 0)
-                     for p in range(settings.partitions)])  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": "read",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
+    )
     out, last = [], time.monotonic()
     while time.monotonic() - last < idle:
         msg = consumer.poll(0.2)
@@ -76,15 +82,32 @@ def test_worker_emits_what_the_replay_finds(kafka_settings, config):
 def _worker(settings, config_path: str, idle_exit: float) -> subprocess.Popen:
     env = service_env(settings)
     return subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "detect", "--detector-config", config_path,
-         "--group", "det-kill", "--idle-exit", str(idle_exit)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "detect",
+            "--detector-config",
+            config_path,
+            "--group",
+            "det-kill",
+            "--idle-exit",
+            str(idle_exit),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_worker_killed_mid_stream_resumes_with_identical_warnings(kafka_settings, config):
     calibrated, path = config
-    reference = replace(kafka_settings, metrics_topic=kafka_settings.metrics_topic + ".ref",
-                        warnings_topic=kafka_settings.warnings_topic + ".ref")  # fmt: skip
+    reference = replace(
+        kafka_settings,
+        metrics_topic=kafka_settings.metrics_topic + ".ref",
+        warnings_topic=kafka_settings.warnings_topic + ".ref",
+    )
     _publish(reference, RUNS)
     DetectorWorker(reference, calibrated, group_id="det-ref").run(threading.Event(), idle_exit=4)
     expected = _events(_read_warnings(reference))
@@ -125,7 +148,8 @@ def test_two_workers_share_the_partitions_and_skip_bad_messages(kafka_settings, 
     assert sum(w.consumer.dead_letters for w in workers) == 1
     assert sum(w.messages for w in workers) == sum(
         len(load_run(next(p for p in shipped_runs() if p.name.startswith(n + "."))).records) + 2
-        for n in RUNS)  # fmt: skip
+        for n in RUNS
+    )
     offline = set()
     for name in RUNS:
         run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
@@ -141,8 +165,14 @@ def test_worker_forgets_a_run_once_every_rank_ended(kafka_settings, config):
         offset = iter(range(100))
 
         def feed(run_id: str, rank: int, seq: int, kind: str) -> None:
-            message = {"kind": kind, "run_id": run_id, "rank": rank, "seq": seq,
-                       "_partition": 0, "_offset": next(offset)}  # fmt: skip
+            message = {
+                "kind": kind,
+                "run_id": run_id,
+                "rank": rank,
+                "seq": seq,
+                "_partition": 0,
+                "_offset": next(offset),
+            }
             if kind == "metrics":
                 message.update(step=seq * 25, values={"loss": 2.0})
             worker.process(message)

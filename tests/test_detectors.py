@@ -112,18 +112,27 @@ def _two_families(drop_attention: int, drop_router: int) -> list[dict]:
             3.0 + wobble - (0.2 * (step - drop_attention) / 25 if step >= drop_attention else 0)
         )
         router = 0.9 + wobble - (0.2 * (step - drop_router) / 25 if step >= drop_router else 0)
-        records.append({"kind": "metrics", "step": step, "values": {
-            "attn.dwq.entropy@h.0.attn": attention,
-            "router.epsilon@h.0.mlp.gate": router}})  # fmt: skip
+        records.append(
+            {
+                "kind": "metrics",
+                "step": step,
+                "values": {
+                    "attn.dwq.entropy@h.0.attn": attention,
+                    "router.epsilon@h.0.mlp.gate": router,
+                },
+            }
+        )
     return records
 
 
 @pytest.mark.parametrize(
     ("drop_attention", "drop_router", "roles"),
-    [(600, 900, {"attention-numerics": "cause", "router": "secondary"}),
-     (900, 600, {"attention-numerics": "secondary", "router": "cause"}),
-     (600, 600, {"attention-numerics": "ambiguous", "router": "ambiguous"})],
-)  # fmt: skip
+    [
+        (600, 900, {"attention-numerics": "cause", "router": "secondary"}),
+        (900, 600, {"attention-numerics": "secondary", "router": "cause"}),
+        (600, 600, {"attention-numerics": "ambiguous", "router": "ambiguous"}),
+    ],
+)
 def test_the_family_that_moves_first_is_the_cause_and_a_tie_is_ambiguous(
     drop_attention, drop_router, roles
 ):
@@ -141,8 +150,13 @@ def test_growing_attention_logits_warn_attention_numerics_upward():
     for i, step in enumerate(range(0, 1000, 25)):
         wobble = 0.1 * ((i * 7) % 5 - 2)
         grown = 1.5 ** ((step - 500) / 25) if step >= 500 else 0.0
-        detector.update({"kind": "metrics", "step": step,
-                         "values": {"max_logit@h.1.attn": 10.0 + wobble + grown}})  # fmt: skip
+        detector.update(
+            {
+                "kind": "metrics",
+                "step": step,
+                "values": {"max_logit@h.1.attn": 10.0 + wobble + grown},
+            }
+        )
     (alert,) = detector.alerts
     assert (alert.family, alert.module, alert.direction) == ("attention-numerics", "h.1.attn", "up")
     assert alert.evidence["detector"] == "cusum"
@@ -155,8 +169,13 @@ def _sliding_router(final_ratio: float) -> list[dict]:
     for i, step in enumerate(range(0, 1600, 25)):
         wobble = 0.005 * ((i * 7) % 5 - 2)
         slide = min(1.0, max(0.0, (step - 300) / 1000)) * (1 - final_ratio)
-        records.append({"kind": "metrics", "step": step, "values": {
-            "router.token_entropy_norm@h.0.mlp.gate": 0.9 * (1 - slide) + wobble}})  # fmt: skip
+        records.append(
+            {
+                "kind": "metrics",
+                "step": step,
+                "values": {"router.token_entropy_norm@h.0.mlp.gate": 0.9 * (1 - slide) + wobble},
+            }
+        )
     return records
 
 
@@ -206,9 +225,10 @@ def test_ids_are_deterministic_and_one_warning_is_open_per_module(calibrated):
     opened = [e for e in first.events if e.event == "opened"]
     cleared = [e for e in first.events if e.event == "cleared"]
     for key in {(e.family, e.module) for e in opened}:
-        sequence = sorted([(e.step, "o") for e in opened if (e.family, e.module) == key]
-                          + [(e.cleared_step, "c") for e in cleared
-                             if (e.family, e.module) == key])  # fmt: skip
+        sequence = sorted(
+            [(e.step, "o") for e in opened if (e.family, e.module) == key]
+            + [(e.cleared_step, "c") for e in cleared if (e.family, e.module) == key]
+        )
         kinds = [k for _, k in sequence]
         assert all(a != b for a, b in itertools.pairwise(kinds)), key
 
@@ -227,8 +247,17 @@ def test_detect_replay_cli_prints_json_per_run(tmp_path, calibrated):
     config = tmp_path / "config.json"
     calibrated.save(config)
     paths = [str(_runs("fa-lowprec")[0]), str(_runs("healthy")[0])]
-    command = [sys.executable, "-m", "foreshock.cli", "detect", "--json",
-               "--detector-config", str(config), "--replay", *paths]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "foreshock.cli",
+        "detect",
+        "--json",
+        "--detector-config",
+        str(config),
+        "--replay",
+        *paths,
+    ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
     lines = [json.loads(line) for line in out.splitlines()]
     assert [line["scenario"] for line in lines] == ["fa-lowprec", "healthy"]

@@ -350,15 +350,31 @@ def test_factors_survive_module_to(layout: str) -> None:
 def test_bias_must_be_the_whole_projection_bias() -> None:
     weight, bias = torch.randn(3 * D, D), torch.randn(3 * D)
     spec = AttentionSpec(
-        "fused", 4, 4, 8, weight, weight, q_rows=slice(0, D), k_rows=slice(D, 2 * D),
-        q_bias=bias, k_bias=bias,
-    )  # fmt: skip
+        "fused",
+        4,
+        4,
+        8,
+        weight,
+        weight,
+        q_rows=slice(0, D),
+        k_rows=slice(D, 2 * D),
+        q_bias=bias,
+        k_bias=bias,
+    )
     torch.testing.assert_close(spec.heads("k")[:, -1].flatten(), bias[D : 2 * D])
     with pytest.raises(ValueError, match=r"k_bias has shape \(32,\)"):
         AttentionSpec(
-            "fused", 4, 4, 8, weight, weight, q_rows=slice(0, D), k_rows=slice(D, 2 * D),
-            q_bias=bias, k_bias=bias[D : 2 * D],
-        )  # fmt: skip
+            "fused",
+            4,
+            4,
+            8,
+            weight,
+            weight,
+            q_rows=slice(0, D),
+            k_rows=slice(D, 2 * D),
+            q_bias=bias,
+            k_bias=bias[D : 2 * D],
+        )
 
 
 def test_heads_are_detached_copies() -> None:

@@ -56,11 +56,41 @@ SCHEMA = json.loads(files("foreshock.transport").joinpath("wire-v1.schema.json")
 KEY = re.compile(r"[A-Za-z0-9_.]+(?:@[^#@]*)?(?:#h[0-9]+)?")  # the schema's, matched whole
 
 HOSTILE_RUN_IDS = [
-    "'; DROP TABLE steps; --", "r1' OR '1'='1", 'r1"; DELETE FROM runs; --', "../../etc/passwd",
-    "..", ".", "/", "/tmp/x", "a/b", "a\\b", "C:\\x", "r1\x00", "\x00", "r1\n", "r\nx", "r 1",
-    "", " ", "-rf", ".hidden", "%2e%2e%2f", "r1;", "a" * 201, "ünïcode", "\ud800", "r1\r",
-    "r1\t", "$(reboot)", "`id`", "<script>", "r1?x=1", "r1#x", "*", "r%",
-]  # fmt: skip
+    "'; DROP TABLE steps; --",
+    "r1' OR '1'='1",
+    'r1"; DELETE FROM runs; --',
+    "../../etc/passwd",
+    "..",
+    ".",
+    "/",
+    "/tmp/x",
+    "a/b",
+    "a\\b",
+    "C:\\x",
+    "r1\x00",
+    "\x00",
+    "r1\n",
+    "r\nx",
+    "r 1",
+    "",
+    " ",
+    "-rf",
+    ".hidden",
+    "%2e%2e%2f",
+    "r1;",
+    "a" * 201,
+    "ünïcode",
+    "\ud800",
+    "r1\r",
+    "r1\t",
+    "$(reboot)",
+    "`id`",
+    "<script>",
+    "r1?x=1",
+    "r1#x",
+    "*",
+    "r%",
+]
 
 # ---------------------------------------------------------------- strategies
 
@@ -143,11 +173,35 @@ def valid_messages(draw, kind: str | None = None, run_id: str | None = None) -> 
     return message
 
 
-FIELDS = ["kind", "schema", "run_id", "seq", "rank", "step", "values", "time", "flags", "labels",
-          "status", "last_seq", "divergence_step", "world_size", "error", "producer",
-          ]  # fmt: skip
-SCHEMAS = ["foreshock.metrics/2", "foreshock.run/2", "foreshock.metrics/1", "foreshock.run/1",
-           "foreshock.warning/1", "foreshock.metrics/1.1", "", None, 1]  # fmt: skip
+FIELDS = [
+    "kind",
+    "schema",
+    "run_id",
+    "seq",
+    "rank",
+    "step",
+    "values",
+    "time",
+    "flags",
+    "labels",
+    "status",
+    "last_seq",
+    "divergence_step",
+    "world_size",
+    "error",
+    "producer",
+]
+SCHEMAS = [
+    "foreshock.metrics/2",
+    "foreshock.run/2",
+    "foreshock.metrics/1",
+    "foreshock.run/1",
+    "foreshock.warning/1",
+    "foreshock.metrics/1.1",
+    "",
+    None,
+    1,
+]
 
 
 @st.composite
@@ -178,9 +232,23 @@ def _dumps(value: Any) -> bytes:
 
 
 NASTY = [
-    b"", b"null", b"[]", b"1", b'"x"', b"NaN", b"-Infinity", b"{}", b"\xef\xbb\xbf{}",
-    b"\xff\xfe", b"\xc3\x28", b"[" * 100_000, b"{" * 3000, b'{"kind": "metrics"' + b", " * 10,
-    b'{"seq": ' + b"9" * 5000 + b"}", b'{"values": {"loss": 1e999}}', b'{"kind": "end", "seq": -0}',
+    b"",
+    b"null",
+    b"[]",
+    b"1",
+    b'"x"',
+    b"NaN",
+    b"-Infinity",
+    b"{}",
+    b"\xef\xbb\xbf{}",
+    b"\xff\xfe",
+    b"\xc3\x28",
+    b"[" * 100_000,
+    b"{" * 3000,
+    b'{"kind": "metrics"' + b", " * 10,
+    b'{"seq": ' + b"9" * 5000 + b"}",
+    b'{"values": {"loss": 1e999}}',
+    b'{"kind": "end", "seq": -0}',
     b'{"kind":"metrics","schema":"foreshock.metrics/1","run_id":"r1","seq":0,"step":0,'
     b'"values":{"loss":' + b"9" * 400 + b"}}",
     b'{"kind":"metrics","schema":"foreshock.metrics/1","run_id":"r1","seq":0,"step":0,'
@@ -192,8 +260,9 @@ NASTY = [
     b'{"kind":"start","schema":"foreshock.run/1","run_id":"r1","seq":0,"labels":[1]}',
     b'{"kind":"end","schema":"foreshock.run/1","run_id":"r1","seq":1,"last_seq":1,'
     b'"status":"x","divergence_step":"soon"}',
-    b" " * (MAX_MESSAGE_BYTES + 1), b'{"a": "' + b"x" * MAX_MESSAGE_BYTES + b'"}',
-]  # fmt: skip
+    b" " * (MAX_MESSAGE_BYTES + 1),
+    b'{"a": "' + b"x" * MAX_MESSAGE_BYTES + b'"}',
+]
 
 
 @pytest.mark.parametrize("data", NASTY, ids=lambda d: ascii(d[:24]))
@@ -303,8 +372,15 @@ def test_wire_validate_agrees_with_the_schema_file(message):
 
 
 def _metrics(**fields: Any) -> dict[str, Any]:
-    return {"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": "r1", "seq": 0,
-            "step": 0, "values": {"loss": 1.0}, **fields}  # fmt: skip
+    return {
+        "kind": "metrics",
+        "schema": "foreshock.metrics/1",
+        "run_id": "r1",
+        "seq": 0,
+        "step": 0,
+        "values": {"loss": 1.0},
+        **fields,
+    }
 
 
 @pytest.mark.parametrize("run_id", HOSTILE_RUN_IDS, ids=ascii)
@@ -318,14 +394,27 @@ def test_wire_rejects_hostile_run_ids(run_id):
 @pytest.mark.parametrize(
     "change",
     [
-        {"values": {"loss": 10**400}}, {"values": {"loss": int("9" * 4000)}}, {"seq": 2**63},
-        {"step": 2**64}, {"seq": True}, {"step": 25.0}, {"rank": -1}, {"world_size": 0},
-        {"schema": "foreshock.metrics/2"}, {"schema": "foreshock.run/1"}, {"time": float("nan")},
-        {"time": "yesterday"}, {"flags": [float("nan")]}, {"flags": [1, 2]}, {"error": 5},
-        {"values": {"loss": float("inf")}}, {"values": {"loss": True}}, {"kind": "end"},
+        {"values": {"loss": 10**400}},
+        {"values": {"loss": int("9" * 4000)}},
+        {"seq": 2**63},
+        {"step": 2**64},
+        {"seq": True},
+        {"step": 25.0},
+        {"rank": -1},
+        {"world_size": 0},
+        {"schema": "foreshock.metrics/2"},
+        {"schema": "foreshock.run/1"},
+        {"time": float("nan")},
+        {"time": "yesterday"},
+        {"flags": [float("nan")]},
+        {"flags": [1, 2]},
+        {"error": 5},
+        {"values": {"loss": float("inf")}},
+        {"values": {"loss": True}},
+        {"kind": "end"},
     ],
     ids=lambda c: ascii(c)[:40],
-)  # fmt: skip
+)
 def test_wire_rejects_each_hostile_field(change):
     with pytest.raises(WireError):
         decode(json.dumps(_metrics(**change), allow_nan=True).encode())
@@ -425,9 +514,22 @@ def _valid_warning(draw_id: int, run_id: str = "r1") -> dict[str, Any]:
     }
 
 
-WARNING_KEYS = ["id", "event", "run_id", "family", "step", "module", "role", "statistic",
-                "false_alarm_rate", "divergence_step", "cleared_step", "lead_time", "evidence",
-                "schema"]  # fmt: skip
+WARNING_KEYS = [
+    "id",
+    "event",
+    "run_id",
+    "family",
+    "step",
+    "module",
+    "role",
+    "statistic",
+    "false_alarm_rate",
+    "divergence_step",
+    "cleared_step",
+    "lead_time",
+    "evidence",
+    "schema",
+]
 warning_like = st.one_of(
     st.builds(
         lambda w, name, value: {**w, name: value},
@@ -591,20 +693,36 @@ def test_notifier_decoding_handles_or_rejects_with_a_reason(raw):
 
 # ---------------------------------------------------------------- the detectors
 
-KEYS = ["loss", "grad_norm", "attn.d2.entropy_mean@h.0.attn", "router.epsilon@blocks.0.moe",
-        "router.token_entropy_norm@blocks.0.moe", "attn.dwq.entropy@h.1.attn"]  # fmt: skip
+KEYS = [
+    "loss",
+    "grad_norm",
+    "attn.d2.entropy_mean@h.0.attn",
+    "router.epsilon@blocks.0.moe",
+    "router.token_entropy_norm@blocks.0.moe",
+    "attn.dwq.entropy@h.1.attn",
+]
 HAIR_TRIGGER = {r.metric: 1.0 for r in DEFAULT_RULES}  # thresholds: warnings open readily
 TREND = DetectorConfig(warmup_start=0, warmup_records=3, confirm=1, thresholds=HAIR_TRIGGER)
-LEVEL = DetectorConfig(baseline="level", warmup_start=0, warmup_records=3, confirm=1,
-                       thresholds=HAIR_TRIGGER)  # fmt: skip
+LEVEL = DetectorConfig(
+    baseline="level", warmup_start=0, warmup_records=3, confirm=1, thresholds=HAIR_TRIGGER
+)
 HUGE = [1e300, -1e300, 1.7976931348623157e308, -1.7976931348623157e308, 1e-300, 10**300, 2**63]
 wild = st.one_of(st.none(), st.floats(-10, 10), st.sampled_from([*HUGE, 0.0]))
 
 
 def _records(run_id: str, steps: list[int], values: list[dict[str, Any]]) -> list[dict]:
     pairs = enumerate(zip(steps, values, strict=True))
-    return [{"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": run_id, "seq": seq,
-             "step": step, "values": v} for seq, (step, v) in pairs]  # fmt: skip
+    return [
+        {
+            "kind": "metrics",
+            "schema": "foreshock.metrics/1",
+            "run_id": run_id,
+            "seq": seq,
+            "step": step,
+            "values": v,
+        }
+        for seq, (step, v) in pairs
+    ]
 
 
 @st.composite
@@ -613,8 +731,9 @@ def detector_streams(draw) -> list[dict[str, Any]]:
     going backwards; values null, ordinary or huge; delivered shuffled and duplicated."""
     n = draw(st.integers(1, 40))
     steps = draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
-    values = [{k: draw(wild) for k in draw(st.lists(st.sampled_from(KEYS), max_size=6))}
-              for _ in steps]  # fmt: skip
+    values = [
+        {k: draw(wild) for k in draw(st.lists(st.sampled_from(KEYS), max_size=6))} for _ in steps
+    ]
     messages = _records("fz", steps, values)
     if draw(st.booleans()):
         divergence = draw(st.one_of(st.none(), st.integers(0, 400)))
@@ -652,8 +771,9 @@ def test_detector_warns_on_huge_values_with_finite_statistics(config):
     tail = [1e300, -1.7976931348623157e308, 1.7976931348623157e308, 1e308, -1e300] * 3
     series = [1.0, 1.1, 0.9, 1.0, *tail, 1.0, 1.0]
     keys = ["router.epsilon@m", "attn.d2.entropy_mean@a", "grad_norm", "loss"]
-    records = _records("huge", list(range(0, 10 * len(series), 10)),
-                       [dict.fromkeys(keys, x) for x in series])  # fmt: skip
+    records = _records(
+        "huge", list(range(0, 10 * len(series), 10)), [dict.fromkeys(keys, x) for x in series]
+    )
     detector, events = RunDetector("huge", config), []
     for record in records:
         validate(record)

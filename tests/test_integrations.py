@@ -71,8 +71,12 @@ def check_lifecycle(run: RecordedRun, run_id: str, framework: str) -> None:
 
 def check_attention(run: RecordedRun, layer: str) -> None:
     """Spectral entropies from the second monitoring step on (the first only snapshots)."""
-    for key in (f"attn.dwq.entropy@{layer}", f"attn.dwk.entropy@{layer}",
-                f"attn.d2.entropy_mean@{layer}", f"attn.d3.entropy_mean@{layer}"):  # fmt: skip
+    for key in (
+        f"attn.dwq.entropy@{layer}",
+        f"attn.dwk.entropy@{layer}",
+        f"attn.d2.entropy_mean@{layer}",
+        f"attn.d3.entropy_mean@{layer}",
+    ):
         steps, values = run.series(key)
         assert steps == MONITORED[1:], key
         assert all(finite(v) for v in values), (key, values)
@@ -92,8 +96,15 @@ def check_symptoms(run: RecordedRun, losses: list[float]) -> None:
 def tiny_gpt2() -> Any:
     import transformers
 
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
-                                     n_positions=32, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    config = transformers.GPT2Config(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -101,10 +112,19 @@ def tiny_mixtral() -> Any:
     import transformers
 
     config = transformers.MixtralConfig(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, vocab_size=64,
-        max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=64,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return transformers.MixtralForCausalLM(config)
 
 
@@ -154,8 +174,9 @@ def test_huggingface_callback(tmp_path: Path) -> None:
     from foreshock.producers.sinks import JsonlSink
 
     path = tmp_path / "hf.jsonl"
-    callback = ForeshockCallback(JsonlSink(path), run_id="hf-tiny", every=EVERY,
-                                 labels={"project": "tests"})  # fmt: skip
+    callback = ForeshockCallback(
+        JsonlSink(path), run_id="hf-tiny", every=EVERY, labels={"project": "tests"}
+    )
     losses, weights = hf_train(tmp_path, callback)
 
     run = load_run(path)
@@ -396,8 +417,7 @@ def lightning_train(
     class LitGPT(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = GPT(GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32,
-                                       n_experts=4))  # fmt: skip
+            self.model = GPT(GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32, n_experts=4))
             self.losses: list[float] = []
 
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -411,8 +431,9 @@ def lightning_train(
 
     torch.manual_seed(0)
     module = LitGPT()
-    loader = torch.utils.data.DataLoader(Tokens(STEPS * BATCH * accumulate, SEQ + 1, 256),
-                                         batch_size=BATCH, shuffle=False)  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        Tokens(STEPS * BATCH * accumulate, SEQ + 1, 256), batch_size=BATCH, shuffle=False
+    )
     trainer = L.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
@@ -438,8 +459,9 @@ def test_lightning_callback(tmp_path: Path) -> None:
     from foreshock.producers.sinks import JsonlSink
 
     path = tmp_path / "pl.jsonl"
-    callback = ForeshockLightningCallback(JsonlSink(path), run_id="pl-tiny", every=EVERY,
-                                          labels={"project": "tests"})  # fmt: skip
+    callback = ForeshockLightningCallback(
+        JsonlSink(path), run_id="pl-tiny", every=EVERY, labels={"project": "tests"}
+    )
     losses, weights = lightning_train(callback)
     assert len(losses) == STEPS
 
@@ -448,9 +470,11 @@ def test_lightning_callback(tmp_path: Path) -> None:
     assert run.labels["lightning"] and run.labels["trainer"]["max_steps"] == STEPS
     check_attention(run, "model.h.0.attn")
     check_symptoms(run, losses)
-    for key in ("router.token_entropy_norm@model.h.0.mlp.gate",
-                "router.load_entropy@model.h.0.mlp.gate",
-                "router.epsilon@model.h.0.mlp.gate"):  # fmt: skip
+    for key in (
+        "router.token_entropy_norm@model.h.0.mlp.gate",
+        "router.load_entropy@model.h.0.mlp.gate",
+        "router.epsilon@model.h.0.mlp.gate",
+    ):
         steps, values = run.series(key)
         assert steps == MONITORED and all(finite(v) for v in values), (key, values)
 

@@ -147,8 +147,10 @@ def test_lab_run_writes_labelled_records(tmp_path) -> None:
     assert again.losses == result.losses and again.divergence_step == result.divergence_step
 
 
-@pytest.mark.parametrize("fault", [Fault("lr-high", magnitude=10, lr_target="router"),
-                                   Fault("router-collapse", magnitude=10)])  # fmt: skip
+@pytest.mark.parametrize(
+    "fault",
+    [Fault("lr-high", magnitude=10, lr_target="router"), Fault("router-collapse", magnitude=10)],
+)
 def test_router_only_learning_rate_fault_targets_only_the_gates(fault: Fault) -> None:
     lab = build("gpt-moe", TINY)
     model = lab.model

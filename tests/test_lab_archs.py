@@ -67,13 +67,22 @@ def test_router_scenarios_default_to_capacity_on_the_lab_model_only() -> None:
 
 def test_capacity_run_reports_the_dropped_fraction_as_a_router_series(tmp_path) -> None:
     model = GPTConfig(**{**TINY.__dict__, "capacity_factor": 0.5})
-    config = RunConfig(fault=Fault("router-collapse", onset=5, magnitude=10), seed=2, steps=21,
-                       every=10, batch_size=4, model=model)  # fmt: skip
+    config = RunConfig(
+        fault=Fault("router-collapse", onset=5, magnitude=10),
+        seed=2,
+        steps=21,
+        every=10,
+        batch_size=4,
+        model=model,
+    )
     run_lab(config, tmp_path / "run.jsonl", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
     labels, values = lines[0]["labels"], lines[-2]["values"]
     assert (labels["arch"], labels["dispatch"], labels["profile"]) == (
-        "gpt-moe", "capacity-0.5", "gpt-moe+capacity-0.5")  # fmt: skip
+        "gpt-moe",
+        "capacity-0.5",
+        "gpt-moe+capacity-0.5",
+    )
     fraction = values["router.dropped_fraction@h.0.mlp.gate"]
     assert 0.0 < fraction < 1.0  # half the capacity a balanced router needs must drop some
     assert config_from_labels(labels) == config
@@ -86,16 +95,19 @@ def test_mixtral_trains_with_the_lab_attention_and_its_faults(tmp_path) -> None:
     lab = build("mixtral", model)
     assert lab.model.config._attn_implementation == "foreshock-lab-fa"
     fault = Fault("fa-lowprec", onset=10, magnitude=1)
-    config = RunConfig(fault=fault, seed=1, steps=21, every=10, batch_size=4, model=model,
-                       arch="mixtral")  # fmt: skip
+    config = RunConfig(
+        fault=fault, seed=1, steps=21, every=10, batch_size=4, model=model, arch="mixtral"
+    )
     result = run_lab(config, tmp_path / "mx.jsonl", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "mx.jsonl").read_text().splitlines()]
     assert lines[0]["run_id"] == "mixtral-fa-lowprec-s1"
     assert lines[0]["labels"]["profile"] == "mixtral"
     values = lines[-2]["values"]
-    for key in ("attn.d2.entropy_mean@model.layers.1.self_attn",
-                "max_logit@model.layers.0.self_attn",
-                "router.token_entropy_norm@model.layers.0.mlp.gate"):  # fmt: skip
+    for key in (
+        "attn.d2.entropy_mean@model.layers.1.self_attn",
+        "max_logit@model.layers.0.self_attn",
+        "router.token_entropy_norm@model.layers.0.mlp.gate",
+    ):
         assert values[key] is not None, key
     assert lines[-1]["monitor_errors"] == 0 and all(math.isfinite(x) for x in result.losses)
     assert [layer.lowp for layer in lab.attention.values()] == [None, None]  # a fresh build

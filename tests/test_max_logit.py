@@ -67,8 +67,10 @@ class SdpaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = (p(x).view(b, t, self.n_head, -1).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
+        q, k, v = (
+            p(x).view(b, t, self.n_head, -1).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         self.last = (q.detach(), k.detach())
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
 

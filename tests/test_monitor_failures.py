@@ -47,9 +47,14 @@ STEPS, EVERY = 12, 2
 Hook = Callable[[int, GPT], None]
 
 
-def _train(sink: ListSink, *, before_forward: Hook | None = None,
-           after_backward: Hook | None = None, before_monitor: Hook | None = None,
-           skip_optimizer_at: int | None = None) -> tuple[Monitor, list[float]]:  # fmt: skip
+def _train(
+    sink: ListSink,
+    *,
+    before_forward: Hook | None = None,
+    after_backward: Hook | None = None,
+    before_monitor: Hook | None = None,
+    skip_optimizer_at: int | None = None,
+) -> tuple[Monitor, list[float]]:
     """A tiny GPT-MoE trained for STEPS steps in the order the Monitor documents (backward,
     optimizer step, monitor, zero_grad), with hooks that reach into the real tensors."""
     torch.manual_seed(0)
@@ -190,8 +195,9 @@ def test_nonfinite_gradients_applied_are_reported_and_training_runs_on(bad: floa
     assert len(losses) == STEPS and monitor.errors == 0
     for record in sink.records:
         if record["step"] >= 4:
-            assert {"nonfinite:grad_norm", "nonfinite:weight_norm",
-                    "nonfinite@h.0.attn"} <= set(record["flags"])  # fmt: skip
+            assert {"nonfinite:grad_norm", "nonfinite:weight_norm", "nonfinite@h.0.attn"} <= set(
+                record["flags"]
+            )
             assert all(v is None for v in _attention_values(record))
         else:
             assert record["flags"] == []

@@ -146,13 +146,20 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp, log.open("w") as out:
         for name in ("NO_PROXY", "no_proxy"):  # never through a proxy, in here or in writers
             mp.setenv(name, ",".join(filter(None, [os.environ.get(name), "127.0.0.1"])))
-        server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=out,
-                                  stderr=subprocess.STDOUT, env={**os.environ,
-                                  "MOTO_PORT": str(port)})  # fmt: skip
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "MOTO_PORT": str(port)},
+        )
         try:
-            client = boto3.client("s3", endpoint_url=endpoint, region_name=KEYS["aws_region"],
-                                  aws_access_key_id=KEYS["aws_access_key_id"],
-                                  aws_secret_access_key=KEYS["aws_secret_access_key"])  # fmt: skip
+            client = boto3.client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=KEYS["aws_region"],
+                aws_access_key_id=KEYS["aws_access_key_id"],
+                aws_secret_access_key=KEYS["aws_secret_access_key"],
+            )
             deadline = time.monotonic() + 30
             while True:
                 if server.poll() is not None:
@@ -180,9 +187,15 @@ def location(s3, request) -> StoreLocation:
     """A store of this test's own under the bucket."""
     endpoint = s3[0]
     name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
-    return StoreLocation(f"s3://{BUCKET}/{name}/history", {
-        "aws_endpoint_url": endpoint, **KEYS, "aws_allow_http": "true",
-        "aws_conditional_put": "etag"})  # fmt: skip
+    return StoreLocation(
+        f"s3://{BUCKET}/{name}/history",
+        {
+            "aws_endpoint_url": endpoint,
+            **KEYS,
+            "aws_allow_http": "true",
+            "aws_conditional_put": "etag",
+        },
+    )
 
 
 _records = records_batch
@@ -196,8 +209,9 @@ def _count(location: StoreLocation, table: str = "steps") -> int:
 def _objects(client, location: StoreLocation, table: str, suffix: str) -> list[str]:
     prefix = location.table_uri(table).removeprefix(f"s3://{BUCKET}/") + "/"
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    return [o["Key"] for page in pages for o in page.get("Contents", [])
-            if o["Key"].endswith(suffix)]  # fmt: skip
+    return [
+        o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(suffix)
+    ]
 
 
 def test_the_server_refuses_to_overwrite_an_object_under_a_condition(s3):
@@ -225,8 +239,15 @@ def test_a_store_on_s3_round_trips_compacts_and_vacuums(s3, location):
     store = DeltaStore(location)
     assert store_exists(location)
     b = BatchBuilder()
-    b.add_lifecycle({"run_id": "r", "kind": "start", "seq": 0,
-                     "labels": {"project": "p", "scenario": "healthy"}}, 0.0)  # fmt: skip
+    b.add_lifecycle(
+        {
+            "run_id": "r",
+            "kind": "start",
+            "seq": 0,
+            "labels": {"project": "p", "scenario": "healthy"},
+        },
+        0.0,
+    )
     store.write(b.take())
     for i in range(3):
         written = store.write(_records("r", range(i * 10 + 1, i * 10 + 11)))
@@ -247,8 +268,9 @@ def test_a_store_on_s3_round_trips_compacts_and_vacuums(s3, location):
     assert len(_objects(client, location, "steps", ".parquet")) == 1  # deleted on the server
     with open_history(location) as history:
         assert history.files["steps"] == 1 and history.versions["steps"] > 3
-        assert history.sql("SELECT count(*) AS n, count(DISTINCT seq) AS d FROM steps"
-                           ).to_pylist() == [{"n": 30, "d": 30}]  # fmt: skip
+        assert history.sql(
+            "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM steps"
+        ).to_pylist() == [{"n": 30, "d": 30}]
     assert store.delete("steps", "seq <= 5") == 5
     assert _count(location) == 25
 
@@ -262,10 +284,16 @@ def test_two_processes_append_to_the_same_s3_tables_at_once(s3, location, tmp_pa
     DeltaStore(location)
     before = log.read_text().count('" 412 ')
     options = json.dumps(location.options)
-    writers = {run: subprocess.Popen([sys.executable, "-c", WRITER, location.uri, options, run,
-                                      str(n), str(tmp_path)], cwd=ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for run in ("ra", "rb")}  # fmt: skip
+    writers = {
+        run: subprocess.Popen(
+            [sys.executable, "-c", WRITER, location.uri, options, run, str(n), str(tmp_path)],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for run in ("ra", "rb")
+    }
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"ready-{run}").exists() for run in writers):
@@ -285,8 +313,10 @@ def test_two_processes_append_to_the_same_s3_tables_at_once(s3, location, tmp_pa
     ids = {json.loads(outs[run][0])["app_id"] for run in writers}
     assert len(ids) == 2
     with open_history(location) as history:
-        per_run = history.sql("SELECT run_id, count(*) AS n, count(DISTINCT seq) AS d "
-                              "FROM steps GROUP BY ALL ORDER BY 1").to_pylist()  # fmt: skip
+        per_run = history.sql(
+            "SELECT run_id, count(*) AS n, count(DISTINCT seq) AS d "
+            "FROM steps GROUP BY ALL ORDER BY 1"
+        ).to_pylist()
         assert per_run == [{"run_id": r, "n": 5 * n, "d": 5 * n} for r in ("ra", "rb")]
         assert _count(location, "metric_values") == 2 * 2 * 5 * n
         assert queries.duplicate_records(history) == []
@@ -301,8 +331,9 @@ def test_two_processes_append_to_the_same_s3_tables_at_once(s3, location, tmp_pa
 def _race(endpoint: str, table: str = "") -> str:
     """Arm the server's race maker for ``table`` (``/bucket/key``), or read its state."""
     url = f"{endpoint}/__race__{table}"
-    request = urllib.request.Request(url, data=b"" if table else None, method="PUT" if table
-                                     else "GET")  # fmt: skip
+    request = urllib.request.Request(
+        url, data=b"" if table else None, method="PUT" if table else "GET"
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=10) as reply:
         return reply.read().decode()
@@ -335,8 +366,11 @@ def test_a_writer_that_loses_the_race_for_a_version_commits_the_next(s3, locatio
     writer.join(timeout=30)
     assert not writer.is_alive() and _race(endpoint) == "released"
     assert results == [{"metric_values": 1, "steps": 2}]
-    refused = [line for line in log.read_text().splitlines()
-               if f"PUT {table}/_delta_log/{1:020d}.json" in line and '" 412 ' in line]  # fmt: skip
+    refused = [
+        line
+        for line in log.read_text().splitlines()
+        if f"PUT {table}/_delta_log/{1:020d}.json" in line and '" 412 ' in line
+    ]
     assert len(refused) == 1  # A's try at version 1
     with open_history(location) as history:
         per_run = history.sql("SELECT run_id, count(*) AS n FROM steps GROUP BY ALL ORDER BY 1")

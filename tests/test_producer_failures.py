@@ -44,8 +44,10 @@ def _sized(run_id: str, step: int, seq: int, size: int, attempt: int = 0) -> dic
     whose wire message, numbered ``seq`` (and ``attempt``) by the sink, is exactly ``size``
     bytes."""
     record = {"schema": METRICS, "run_id": run_id, "step": step, "values": {}}
-    values, used = record["values"], len(_wire({**record, "kind": "metrics", "rank": 0,
-                                                "seq": seq, "attempt": attempt}))  # fmt: skip
+    values, used = (
+        record["values"],
+        len(_wire({**record, "kind": "metrics", "rank": 0, "seq": seq, "attempt": attempt})),
+    )
     metric = 0
     while used < size - 200:
         for layer in range(80):
@@ -115,8 +117,9 @@ def test_the_size_limit_is_the_clients_real_one(kafka_settings):
     raw.produce(topic, key=key, value=b"x" * largest)
     assert raw.flush(30) == 0  # and the broker takes it
     sink = KafkaSink(kafka_settings, confirm_group=None)
-    capped = KafkaSink(replace(kafka_settings, client={"message.max.bytes": "1000000"}),
-                       confirm_group=None)  # fmt: skip
+    capped = KafkaSink(
+        replace(kafka_settings, client={"message.max.bytes": "1000000"}), confirm_group=None
+    )
     try:
         assert sink.max_value_bytes(key) == MAX_MESSAGE_BYTES
         assert capped.max_value_bytes(key) == largest
@@ -137,14 +140,20 @@ def test_records_of_999_990_bytes_and_5_mb_are_stored_or_refused_with_a_reason(
 
     run, sizes = "run-big", {1: 999_990, 2: MAX_MESSAGE_BYTES, 3: 5_000_000}
     sink = KafkaSink(kafka_settings, confirm_group=None)
-    records = [_sized(run, s, s + 1, sizes[s], sink.attempt) if s in sizes else _record(run, s)
-               for s in range(6)]  # fmt: skip
+    records = [
+        _sized(run, s, s + 1, sizes[s], sink.attempt) if s in sizes else _record(run, s)
+        for s in range(6)
+    ]
     for record in records:
         sink.write(record)  # the training loop: no exception, never blocked
     sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run, "status": "finished"})
     sink.close(timeout=30)
     assert (sink.rejected, dict(sink.reasons), sink.dropped, sink.errors) == (
-        1, {"too large": 1}, 0, 0)  # fmt: skip
+        1,
+        {"too large": 1},
+        0,
+        0,
+    )
     [rejected] = _rejects(sink)
     assert (rejected["seq"], rejected["step"], rejected["reason"]) == (4, 3, "too large")
     assert json.loads(rejected["value"])["values"] == records[3]["values"]  # kept whole
@@ -159,16 +168,22 @@ def test_records_of_999_990_bytes_and_5_mb_are_stored_or_refused_with_a_reason(
 
     store = tmp_path / "store"
     StorageSink(kafka_settings, store, group_id="big-sink", max_wait=0.3).run(
-        threading.Event(), idle_exit=3)  # fmt: skip
+        threading.Event(), idle_exit=3
+    )
     with open_history(store) as history:
         [check] = [c for c in check_streams(history) if c.run_id == run]
-        counts = history.sql("SELECT step, count(*) AS n FROM metric_values WHERE run_id = ? "
-                             "GROUP BY step ORDER BY step", [run]).to_pylist()  # fmt: skip
-        flags = history.sql("SELECT flags FROM steps WHERE run_id = ? AND step = 3",
-                            [run]).to_pylist()  # fmt: skip
+        counts = history.sql(
+            "SELECT step, count(*) AS n FROM metric_values WHERE run_id = ? "
+            "GROUP BY step ORDER BY step",
+            [run],
+        ).to_pylist()
+        flags = history.sql(
+            "SELECT flags FROM steps WHERE run_id = ? AND step = 3", [run]
+        ).to_pylist()
     assert check.status == "complete"
     assert {c["step"]: c["n"] for c in counts} == {
-        s: len(r["values"]) for s, r in enumerate(records) if s != 3}  # fmt: skip
+        s: len(r["values"]) for s, r in enumerate(records) if s != 3
+    }
     assert json.loads(flags[0]["flags"]) == ["producer_rejected"]
 
 
@@ -237,16 +252,28 @@ def test_a_spool_holding_a_record_the_broker_refuses_is_quarantined_and_flush_cl
         {"kind": "start", "schema": "foreshock.run/1", "run_id": run, "rank": 0, "seq": 0},
         {**_sized(run, 0, 1, 1_200_000), "kind": "metrics", "rank": 0, "seq": 1, "attempt": 0},
         {**_record(run, 1), "kind": "metrics", "rank": 0, "seq": 2},
-        {"kind": "end", "schema": "foreshock.run/1", "run_id": run, "rank": 0, "seq": 3,
-         "last_seq": 3, "status": "finished"},
-    ]  # fmt: skip
+        {
+            "kind": "end",
+            "schema": "foreshock.run/1",
+            "run_id": run,
+            "rank": 0,
+            "seq": 3,
+            "last_seq": 3,
+            "status": "finished",
+        },
+    ]
     old = Spool(spool_dir, "old-run")
-    old.append_many([SpooledMessage(kafka_settings.metrics_topic, run.encode(), _wire(m))
-                     for m in messages])  # fmt: skip
+    old.append_many(
+        [SpooledMessage(kafka_settings.metrics_topic, run.encode(), _wire(m)) for m in messages]
+    )
     old.close(delete_if_empty=False)
-    flush = subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout",
-                            "30"], env=service_env(kafka_settings), capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    flush = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", "30"],
+        env=service_env(kafka_settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert flush.returncode == 0, flush.stderr
     assert "0 bytes still spooled" in flush.stdout and "Traceback" not in flush.stderr
     assert not list(spool_dir.glob("*.spool"))
@@ -265,12 +292,15 @@ def test_an_unwritable_spool_folder_keeps_messages_in_memory_until_the_broker_is
     and delivers all of it once the broker is back. ``write`` after ``close`` is refused."""
     port = free_port()
     (tmp_path / "a-file").write_text("")
-    settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}", metrics_topic="nodir.m",
-                             deadletter_topic="nodir.d", partitions=2,
-                             spool_dir=str(tmp_path / "a-file" / "spool"))  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=f"127.0.0.1:{port}",
+        metrics_topic="nodir.m",
+        deadletter_topic="nodir.d",
+        partitions=2,
+        spool_dir=str(tmp_path / "a-file" / "spool"),
+    )
     with caplog.at_level(logging.WARNING):
-        sink = KafkaSink(settings, probe_interval=0.2, max_probe_interval=0.5,
-                         confirm_group=None)  # fmt: skip
+        sink = KafkaSink(settings, probe_interval=0.2, max_probe_interval=0.5, confirm_group=None)
         for step in range(20):
             sink.write(_record("run-nodir", step))
     assert "cannot write the spool folder" in caplog.text and sink.spool_error
@@ -312,11 +342,15 @@ def test_enospc_at_the_file_write_layer_never_reaches_the_training_loop(tmp_path
         written["bytes"] += len(data)
 
     monkeypatch.setattr(spool_module, "write_all", disk_of_20_kb)
-    settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}",
-                             metrics_topic="enospc.m", deadletter_topic="enospc.d",
-                             spool_dir=str(tmp_path / "spool"))  # fmt: skip
-    sink = KafkaSink(settings, probe_interval=0.5, queue_size=4, memory_bytes=60_000,
-                     confirm_group=None)  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        metrics_topic="enospc.m",
+        deadletter_topic="enospc.d",
+        spool_dir=str(tmp_path / "spool"),
+    )
+    sink = KafkaSink(
+        settings, probe_interval=0.5, queue_size=4, memory_bytes=60_000, confirm_group=None
+    )
     for step in range(100):
         sink.write(_record("run-enospc", step, pad=1_000))  # ~1.1 kB each, 110 kB in all
     sink.close(timeout=0.5)
@@ -337,8 +371,11 @@ def _mount_namespace() -> list[str] | None:
     prefix = [unshare, "--mount", "--propagation", "private"]
     if os.geteuid() != 0:
         prefix[1:1] = ["--user", "--map-root-user"]
-    probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /tmp"],
-                           capture_output=True, timeout=30)  # fmt: skip
+    probe = subprocess.run(
+        [*prefix, "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /tmp"],
+        capture_output=True,
+        timeout=30,
+    )
     return prefix if probe.returncode == 0 else None
 
 
@@ -349,23 +386,47 @@ def test_a_spool_on_a_full_tmpfs_never_reaches_the_training_loop(tmp_path):
     everything that was kept, start and end included: the run ends."""
     prefix = _mount_namespace()
     if prefix is None:
-        pytest.skip("cannot mount a tmpfs here (no unshare, or no mount namespaces); "
-                    "test_enospc_at_the_file_write_layer covers the same failure")  # fmt: skip
+        pytest.skip(
+            "cannot mount a tmpfs here (no unshare, or no mount namespaces); "
+            "test_enospc_at_the_file_write_layer covers the same failure"
+        )
     port, mount = free_port(), tmp_path / "tmpfs"
     mount.mkdir()
-    settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}", metrics_topic="full.m",
-                             deadletter_topic="full.d", partitions=2,
-                             spool_dir=str(mount / "spool"))  # fmt: skip
-    config = {"settings": {"bootstrap_servers": settings.bootstrap_servers,
-                           "metrics_topic": "full.m", "deadletter_topic": "full.d",
-                           "partitions": 2, "spool_dir": settings.spool_dir},
-              "run": "run-tmpfs", "steps": 200, "memory_bytes": 200_000}  # fmt: skip
+    settings = KafkaSettings(
+        bootstrap_servers=f"127.0.0.1:{port}",
+        metrics_topic="full.m",
+        deadletter_topic="full.d",
+        partitions=2,
+        spool_dir=str(mount / "spool"),
+    )
+    config = {
+        "settings": {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "metrics_topic": "full.m",
+            "deadletter_topic": "full.d",
+            "partitions": 2,
+            "spool_dir": settings.spool_dir,
+        },
+        "run": "run-tmpfs",
+        "steps": 200,
+        "memory_bytes": 200_000,
+    }
     child = subprocess.Popen(
-        [*prefix, "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"', str(mount),
-         sys.executable, __file__],
+        [
+            *prefix,
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"',
+            str(mount),
+            sys.executable,
+            __file__,
+        ],
         env={**os.environ, "FORESHOCK_TEST_CHILD": json.dumps(config)},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     broker = None
     try:
         assert child.stdout.readline().strip() == "written", child.communicate(timeout=30)
@@ -375,8 +436,9 @@ def test_a_spool_on_a_full_tmpfs_never_reaches_the_training_loop(tmp_path):
         stats = json.loads(out.splitlines()[-1])
         collector = Collector(settings)
         try:
-            assert collector.wait_for(lambda m: len({x["seq"] for x in m}) >= 202 - stats[
-                "dropped"], 60)  # fmt: skip
+            assert collector.wait_for(
+                lambda m: len({x["seq"] for x in m}) >= 202 - stats["dropped"], 60
+            )
         finally:
             collector.close()
     finally:
@@ -396,18 +458,33 @@ def _full_tmpfs_child() -> None:
     """The training process of the tmpfs test (run inside its mount namespace)."""
     config = json.loads(os.environ["FORESHOCK_TEST_CHILD"])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    sink = KafkaSink(KafkaSettings(**config["settings"]), probe_interval=0.2,
-                     max_probe_interval=0.5, queue_size=8, memory_bytes=config["memory_bytes"],
-                     confirm_group=None)  # fmt: skip
+    sink = KafkaSink(
+        KafkaSettings(**config["settings"]),
+        probe_interval=0.2,
+        max_probe_interval=0.5,
+        queue_size=8,
+        memory_bytes=config["memory_bytes"],
+        confirm_group=None,
+    )
     for step in range(config["steps"]):
         sink.write(_record(config["run"], step, pad=2_000))
     on_disk = sink._spool.appended if sink._spool is not None else 0
     print("written", flush=True)
     sys.stdin.readline()  # the broker is up
     sink.close(timeout=30)
-    print(json.dumps({"dropped": sink.dropped, "errors": sink.errors, "pending": sink.pending(),
-                      "reasons": dict(sink.reasons), "spooled_to_disk": on_disk,
-                      "delivered": sink.delivered}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "dropped": sink.dropped,
+                "errors": sink.errors,
+                "pending": sink.pending(),
+                "reasons": dict(sink.reasons),
+                "spooled_to_disk": on_disk,
+                "delivered": sink.delivered,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

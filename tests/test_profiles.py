@@ -19,8 +19,11 @@ from foreshock.lab.recorded import (
     shipped_runs,
 )
 
-FOLDERS = {"gpt-moe": RECORDED_DIR, "mixtral": RECORDED_DIR / "mixtral",
-           "gpt-moe+capacity-1": RECORDED_DIR / "gpt-moe+capacity-1"}  # fmt: skip
+FOLDERS = {
+    "gpt-moe": RECORDED_DIR,
+    "mixtral": RECORDED_DIR / "mixtral",
+    "gpt-moe+capacity-1": RECORDED_DIR / "gpt-moe+capacity-1",
+}
 
 
 def _runs(profile: str, scenario: str) -> list:
@@ -82,8 +85,9 @@ def test_readme_detection_table_is_the_stored_results():
 
 def _first_mechanism(report):
     div = report.divergence_step
-    return next((a for a in report.alerts if a.family != "symptom"
-                 and (div is None or a.step < div)), None)  # fmt: skip
+    return next(
+        (a for a in report.alerts if a.family != "symptom" and (div is None or a.step < div)), None
+    )
 
 
 @pytest.mark.parametrize("profile", ["mixtral", "gpt-moe+capacity-1"])

@@ -13,15 +13,32 @@ from foreshock.lab.recorded import load_run, shipped_runs
 
 
 def _write_run(path: Path, run_id: str, scenario: str, values: list[float], onset=None) -> Path:
-    lines = [{"schema": "foreshock.run/1", "kind": "start", "run_id": run_id,
-              "labels": {"scenario": scenario, "onset": onset}}]  # fmt: skip
+    lines = [
+        {
+            "schema": "foreshock.run/1",
+            "kind": "start",
+            "run_id": run_id,
+            "labels": {"scenario": scenario, "onset": onset},
+        }
+    ]
     lines += [
-        {"schema": "foreshock.metrics/1", "run_id": run_id, "step": 10 * i,
-         "values": {"attn.d2.entropy_mean@h.0.attn": v, "loss": 2.0}}
+        {
+            "schema": "foreshock.metrics/1",
+            "run_id": run_id,
+            "step": 10 * i,
+            "values": {"attn.d2.entropy_mean@h.0.attn": v, "loss": 2.0},
+        }
         for i, v in enumerate(values)
-    ]  # fmt: skip
-    lines.append({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id,
-                  "divergence_step": None, "last_step": 10 * len(values)})  # fmt: skip
+    ]
+    lines.append(
+        {
+            "schema": "foreshock.run/1",
+            "kind": "end",
+            "run_id": run_id,
+            "divergence_step": None,
+            "last_step": 10 * len(values),
+        }
+    )
     with gzip.open(path, "wt") as file:
         file.writelines(json.dumps(line) + "\n" for line in reversed(lines))
     return path

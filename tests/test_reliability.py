@@ -44,14 +44,40 @@ def test_part_killed_and_restarted_mid_fleet_loses_and_duplicates_nothing(fault,
 def _stream(b: BatchBuilder, run_id: str, seqs: list[int], last_seq: int | None) -> None:
     for seq in seqs:
         if seq == 0:
-            b.add_lifecycle({"kind": "start", "schema": "foreshock.run/1", "run_id": run_id,
-                             "seq": 0, "labels": {}}, 0.0)  # fmt: skip
+            b.add_lifecycle(
+                {
+                    "kind": "start",
+                    "schema": "foreshock.run/1",
+                    "run_id": run_id,
+                    "seq": 0,
+                    "labels": {},
+                },
+                0.0,
+            )
         elif seq == last_seq:
-            b.add_lifecycle({"kind": "end", "schema": "foreshock.run/1", "run_id": run_id,
-                             "seq": seq, "last_seq": seq, "status": "finished"}, 0.0)  # fmt: skip
+            b.add_lifecycle(
+                {
+                    "kind": "end",
+                    "schema": "foreshock.run/1",
+                    "run_id": run_id,
+                    "seq": seq,
+                    "last_seq": seq,
+                    "status": "finished",
+                },
+                0.0,
+            )
         else:
-            b.add_metrics({"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": run_id,
-                           "seq": seq, "step": 10 * seq, "values": {"loss": 1.0}}, 0.0)  # fmt: skip
+            b.add_metrics(
+                {
+                    "kind": "metrics",
+                    "schema": "foreshock.metrics/1",
+                    "run_id": run_id,
+                    "seq": seq,
+                    "step": 10 * seq,
+                    "values": {"loss": 1.0},
+                },
+                0.0,
+            )
 
 
 def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
@@ -76,8 +102,9 @@ def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
     done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "holed" in done.stdout and "3-4 7-8" in done.stdout and "whole" not in done.stdout
-    listed = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True,
-                                       timeout=60).stdout)  # fmt: skip
+    listed = json.loads(
+        subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60).stdout
+    )
     assert listed["duplicated"] == [] and listed["value_mismatches"] == []
     assert {c["run_id"]: c["status"] for c in listed["streams"]} == {
         "holed": "incomplete",

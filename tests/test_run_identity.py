@@ -44,11 +44,18 @@ def test_a_resumed_run_is_detected_as_if_it_never_stopped():
     _feed(straight, [start, *records])
     cut = 2 * len(records) // 3  # killed here; the checkpoint was 10 records earlier
     resumed = RunDetector("r", default_config())
-    _feed(resumed, [start, *({**m, "attempt": 1} for m in records[:cut]),
-                    *({**m, "attempt": 2} for m in records[cut - 10 :])])  # fmt: skip
+    _feed(
+        resumed,
+        [
+            start,
+            *({**m, "attempt": 1} for m in records[:cut]),
+            *({**m, "attempt": 2} for m in records[cut - 10 :]),
+        ],
+    )
     assert resumed.resumes == [(2, records[cut - 10]["step"])]
     assert [(a.family, a.module, a.step) for a in resumed.alerts] == [
-        (a.family, a.module, a.step) for a in straight.alerts]  # fmt: skip
+        (a.family, a.module, a.step) for a in straight.alerts
+    ]
     assert straight.alerts and resumed.divergence_step == straight.divergence_step
 
 
@@ -63,28 +70,44 @@ def test_records_of_a_superseded_attempt_are_ignored_not_merged():
 
 def test_two_attempts_are_two_streams_in_the_store_and_overlap_is_flagged(tmp_path):
     b = BatchBuilder()
-    for attempt, steps, t0 in ((1, range(0, 20), 100.0), (2, range(10, 30), 200.0),
-                               (3, range(0, 5), 205.0)):  # fmt: skip
-        b.add_lifecycle({"run_id": "r", "kind": "start", "seq": 0, "attempt": attempt,
-                         "time": t0}, 0.0)  # fmt: skip
+    for attempt, steps, t0 in (
+        (1, range(0, 20), 100.0),
+        (2, range(10, 30), 200.0),
+        (3, range(0, 5), 205.0),
+    ):
+        b.add_lifecycle(
+            {"run_id": "r", "kind": "start", "seq": 0, "attempt": attempt, "time": t0}, 0.0
+        )
         for seq, step in enumerate(steps, start=1):
-            b.add_metrics({"run_id": "r", "attempt": attempt, "seq": seq, "step": step,
-                           "time": t0 + seq, "values": {"loss": float(step)}}, 0.0)  # fmt: skip
+            b.add_metrics(
+                {
+                    "run_id": "r",
+                    "attempt": attempt,
+                    "seq": seq,
+                    "step": step,
+                    "time": t0 + seq,
+                    "values": {"loss": float(step)},
+                },
+                0.0,
+            )
     DeltaStore(tmp_path / "s").write(b.take())
     with open_history(tmp_path / "s") as history:
         attempts = queries.run_attempts(history, "r")
         assert queries.duplicate_records(history) == []
         _, records, _ = queries.run_records(history, "r")
-    assert [(a["attempt"], a["number"], a["first_step"], a["last_step"], a["overlaps"])
-            for a in attempts] == [(1, 1, 0, 19, False), (2, 2, 10, 29, True),
-                                   (3, 3, 0, 4, True)]  # fmt: skip
+    assert [
+        (a["attempt"], a["number"], a["first_step"], a["last_step"], a["overlaps"])
+        for a in attempts
+    ] == [(1, 1, 0, 19, False), (2, 2, 10, 29, True), (3, 3, 0, 4, True)]
     assert len(records) == 20 + 20 + 5  # each attempt's steps, once each
 
 
 def test_the_sink_reports_a_collision_once_per_pair():
     tracker = AttemptTracker()
-    reasons = [tracker.observe({"run_id": "r", "attempt": a, "time": t})
-               for a, t in ((1, 1.0), (2, 1.5), (1, 2.0), (2, 2.5), (1, 3.0))]  # fmt: skip
+    reasons = [
+        tracker.observe({"run_id": "r", "attempt": a, "time": t})
+        for a, t in ((1, 1.0), (2, 1.5), (1, 2.0), (2, 2.5), (1, 3.0))
+    ]
     assert [r is not None for r in reasons] == [False, False, True, False, False]
     assert "two jobs under one run id" in reasons[2]
 
@@ -95,8 +118,12 @@ def test_replay_of_a_malformed_step_is_a_clear_error(tmp_path, step):
     with gzip.open(path, "wt") as file:
         file.write(json.dumps({"kind": "start", "run_id": "bad", "labels": {}}) + "\n")
         file.write(f'{{"kind": "metrics", "step": {step}, "values": {{"loss": 1.0}}}}\n')
-    done = subprocess.run([sys.executable, "-m", "foreshock.cli", "detect", "--replay",
-                           str(path)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "detect", "--replay", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "step must be an integer" in done.stderr and "Traceback" not in done.stderr
 
@@ -136,15 +163,15 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert second.returncode == 0, second.stderr[-3000:]
     store = tmp_path / "store"
-    StorageSink(kafka_settings, store, group_id="sink-resume").run(threading.Event(),
-                                                                  idle_exit=4)  # fmt: skip
+    StorageSink(kafka_settings, store, group_id="sink-resume").run(threading.Event(), idle_exit=4)
     with open_history(store) as history:
         attempts = queries.run_attempts(history, "resumed")
         assert queries.duplicate_records(history) == []
         assert queries.value_count_mismatches(history) == []
         checks = {c.attempt: c for c in check_streams(history)}
-        steps = history.sql("SELECT attempt, step FROM steps WHERE run_id = 'resumed' "
-                            "ORDER BY ALL").to_pylist()  # fmt: skip
+        steps = history.sql(
+            "SELECT attempt, step FROM steps WHERE run_id = 'resumed' ORDER BY ALL"
+        ).to_pylist()
         fleet = [r["run_id"] for r in queries.fleet(history)]
     assert fleet == ["resumed"]  # one run
     one, two = attempts
@@ -152,8 +179,9 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
     assert one["last_step"] >= delivered >= 35
     assert (two["number"], two["first_step"], two["last_step"], two["ended"]) == (2, 30, 59, True)
     assert not one["overlaps"] and not two["overlaps"]
-    mine = {a: [s["step"] for s in steps if s["attempt"] == a] for a in (one["attempt"],
-                                                                       two["attempt"])}  # fmt: skip
+    mine = {
+        a: [s["step"] for s in steps if s["attempt"] == a] for a in (one["attempt"], two["attempt"])
+    }
     assert mine[one["attempt"]] == list(range(one["last_step"] + 1))  # everything sent, once
     assert mine[two["attempt"]] == list(range(30, 60))
     assert checks[two["attempt"]].status == "complete"
@@ -199,8 +227,15 @@ def test_two_producers_claiming_one_attempt_are_reported(kafka_settings, tmp_pat
     _, records = _records()
     for name in ("job-a", "job-b"):
         job = KafkaSink(kafka_settings, name=name, attempt=7)
-        job.write({"schema": "foreshock.run/1", "kind": "start", "run_id": "same", "labels": {},
-                   "time": 1.0 if name == "job-a" else 2.0})  # fmt: skip
+        job.write(
+            {
+                "schema": "foreshock.run/1",
+                "kind": "start",
+                "run_id": "same",
+                "labels": {},
+                "time": 1.0 if name == "job-a" else 2.0,
+            }
+        )
         for record in records[:5]:
             job.write({**record, "run_id": "same"})
         job.close()
@@ -238,10 +273,19 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     DetectorWorker(kafka_settings, default_config(), group_id="det-restart").run(
         threading.Event(), idle_exit=4
     )
-    consumer = Consumer({"bootstrap.servers": kafka_settings.bootstrap_servers,
-                         "group.id": "read-restart", "enable.auto.commit": False})  # fmt: skip
-    consumer.assign([TopicPartition(kafka_settings.warnings_topic, p, 0)
-                     for p in range(kafka_settings.partitions)])  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_settings.bootstrap_servers,
+            "group.id": "read-restart",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [
+            TopicPartition(kafka_settings.warnings_topic, p, 0)
+            for p in range(kafka_settings.partitions)
+        ]
+    )
     live, quiet = [], 0
     while quiet < 15:
         message = consumer.poll(0.2)
@@ -253,7 +297,8 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     _feed(straight, [{**run.start, "kind": "start"}, *records])
     # the steps re-done after the resume re-open their warnings under the same ids (the sink
     # and the notifier drop the repeats): as a set, exactly the uninterrupted run's
-    opened = {(w["id"], w["family"], w["module"], w["step"])
-              for w in live if w["event"] == "opened"}  # fmt: skip
+    opened = {
+        (w["id"], w["family"], w["module"], w["step"]) for w in live if w["event"] == "opened"
+    }
     assert opened == {(a.id, a.family, a.module, a.step) for a in straight.alerts}
     assert opened

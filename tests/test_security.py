@@ -24,13 +24,19 @@ from foreshock.transport.wire import RUN_ID_PATTERN, WireError, check_run_id, va
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "hunter2-secret"
 SECRETS = {  # librdkafka's properties that hold a secret, and one that may (oauthbearer.config)
-    "sasl.password": SECRET, "ssl.key.password": SECRET + "-key",
-    "ssl.keystore.password": SECRET + "-store", "sasl.oauthbearer.client.secret": SECRET + "-oidc",
+    "sasl.password": SECRET,
+    "ssl.key.password": SECRET + "-key",
+    "ssl.keystore.password": SECRET + "-store",
+    "sasl.oauthbearer.client.secret": SECRET + "-oidc",
     "sasl.oauthbearer.config": f"principal=alice token={SECRET}-token",
     "ssl.key.pem": f"-----BEGIN PRIVATE KEY-----{SECRET}-pem",
-}  # fmt: skip
-PUBLIC = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-          "sasl.username": "alice", "ssl.ca.location": "/etc/ssl/ca.pem"}  # fmt: skip
+}
+PUBLIC = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "alice",
+    "ssl.ca.location": "/etc/ssl/ca.pem",
+}
 
 # ---------------------------------------------------------------- secrets
 
@@ -74,20 +80,29 @@ def test_the_cli_never_prints_the_sasl_password(tmp_path):
     librdkafka's security debugging on, every log line at DEBUG shown) against a broker that
     is not there: the password appears in neither stdout nor stderr."""
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
         "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
         "FORESHOCK_KAFKA_SPOOL_DIR": str(tmp_path / "spool"),
         "FORESHOCK_RDKAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-        "FORESHOCK_RDKAFKA_SASL_MECHANISM": "PLAIN", "FORESHOCK_RDKAFKA_SASL_USERNAME": "alice",
-        "FORESHOCK_RDKAFKA_SASL_PASSWORD": SECRET, "FORESHOCK_RDKAFKA_DEBUG": "security,broker",
-    }  # fmt: skip
-    show_all_logs = ("import logging, sys; logging.basicConfig(level=logging.DEBUG); "
-                     "from foreshock.cli import main; sys.exit(main())")  # fmt: skip
+        "FORESHOCK_RDKAFKA_SASL_MECHANISM": "PLAIN",
+        "FORESHOCK_RDKAFKA_SASL_USERNAME": "alice",
+        "FORESHOCK_RDKAFKA_SASL_PASSWORD": SECRET,
+        "FORESHOCK_RDKAFKA_DEBUG": "security,broker",
+    }
+    show_all_logs = (
+        "import logging, sys; logging.basicConfig(level=logging.DEBUG); "
+        "from foreshock.cli import main; sys.exit(main())"
+    )
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", show_all_logs, "spool", "flush", "--timeout", "1"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert time.monotonic() - started < 60
     assert "spool" in done.stdout, done.stderr  # it ran through (nothing to deliver)
     assert SECRET not in done.stdout and SECRET not in done.stderr
@@ -96,13 +111,47 @@ def test_the_cli_never_prints_the_sasl_password(tmp_path):
 # ---------------------------------------------------------------- run ids
 
 REPO_RUN_IDS = [  # what the lab, the demo, the benchmarks, the integrations and the tests use
-    "fa-lowprec-s0", "lr-high-s12", "gbs-small-s1", "combined-s2", "healthy-s3", "fleet-0001",
-    "fleet-7", "b0-fa-lowprec-s1", "overhead-every10", "ingest-3", "sim-7", "dist-1", "live-fa",
-    "hf-tiny", "pl-tiny", "my_run_id", "123", "r", "r1", "run-r", "fresh", "smoke",
-    "job:42@cluster", "exp.v2+lr=3e-4", "a" * 200,
-]  # fmt: skip
-HOSTILE = ["'; DROP TABLE steps; --", "../../etc/passwd", "/abs", "a/b", "a\\b", "r1\x00",
-           "r1\n", "", "..", ".hidden", "a b", "a" * 201, "ünï"]  # fmt: skip
+    "fa-lowprec-s0",
+    "lr-high-s12",
+    "gbs-small-s1",
+    "combined-s2",
+    "healthy-s3",
+    "fleet-0001",
+    "fleet-7",
+    "b0-fa-lowprec-s1",
+    "overhead-every10",
+    "ingest-3",
+    "sim-7",
+    "dist-1",
+    "live-fa",
+    "hf-tiny",
+    "pl-tiny",
+    "my_run_id",
+    "123",
+    "r",
+    "r1",
+    "run-r",
+    "fresh",
+    "smoke",
+    "job:42@cluster",
+    "exp.v2+lr=3e-4",
+    "a" * 200,
+]
+HOSTILE = [
+    "'; DROP TABLE steps; --",
+    "../../etc/passwd",
+    "/abs",
+    "a/b",
+    "a\\b",
+    "r1\x00",
+    "r1\n",
+    "",
+    "..",
+    ".hidden",
+    "a b",
+    "a" * 201,
+    "ünï",
+]
 
 
 def test_the_run_id_rule_takes_every_id_the_repo_makes():
@@ -118,8 +167,14 @@ def test_the_run_id_rule_takes_every_id_the_repo_makes():
 
 @pytest.mark.parametrize("run_id", HOSTILE, ids=ascii)
 def test_hostile_run_ids_stop_at_the_wire_the_store_and_export(run_id, tmp_path):
-    message = {"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": run_id, "seq": 0,
-               "step": 0, "values": {"loss": 1.0}}  # fmt: skip
+    message = {
+        "kind": "metrics",
+        "schema": "foreshock.metrics/1",
+        "run_id": run_id,
+        "seq": 0,
+        "step": 0,
+        "values": {"loss": 1.0},
+    }
     with pytest.raises(WireError, match=re.escape(RUN_ID_PATTERN)):
         validate(message)
     with pytest.raises(RecordError, match="run_id"):
@@ -157,8 +212,11 @@ def _sql_calls(path: Path) -> list[tuple[str, ast.Call]]:
     for func in ast.walk(ast.parse(path.read_text())):
         if isinstance(func, ast.FunctionDef):
             for node in ast.walk(func):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr in ("sql", "execute")):  # fmt: skip
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("sql", "execute")
+                ):
                     calls.append((func.name, node))
     return calls
 
@@ -172,8 +230,13 @@ def test_queries_bind_every_value_and_the_dashboard_has_no_sql():
         statement = call.args[0]
         if isinstance(statement, ast.JoinedStr):
             assert function == "run_rows", f"{function}: SQL built with an f-string"
-            names = {n.id for v in statement.values if isinstance(v, ast.FormattedValue)
-                     for n in ast.walk(v.value) if isinstance(n, ast.Name)}  # fmt: skip
+            names = {
+                n.id
+                for v in statement.values
+                if isinstance(v, ast.FormattedValue)
+                for n in ast.walk(v.value)
+                if isinstance(n, ast.Name)
+            }
             assert names == {"table"}
         else:
             assert isinstance(statement, ast.Constant | ast.Name | ast.BinOp) and not (
@@ -206,8 +269,16 @@ def test_the_dashboard_listens_on_127_0_0_1_only_by_default(tmp_path):
     from foreshock.transport.broker import free_port
 
     port = free_port()
-    cli = [sys.executable, "-m", "foreshock.cli", "dashboard", "--store", str(tmp_path),
-           "--port", str(port)]  # fmt: skip
+    cli = [
+        sys.executable,
+        "-m",
+        "foreshock.cli",
+        "dashboard",
+        "--store",
+        str(tmp_path),
+        "--port",
+        str(port),
+    ]
     dashboard = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

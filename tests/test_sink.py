@@ -63,11 +63,15 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
         kafka_settings.warnings_topic,
         value=json.dumps({"schema": "foreshock.warning/1", "event": "opened"}).encode(),
     )
-    events = [e.to_message() for name in RUNS[:2]
-              for e in replay_run(_run(name), default_config()).events]  # fmt: skip
+    events = [
+        e.to_message() for name in RUNS[:2] for e in replay_run(_run(name), default_config()).events
+    ]
     for event in events + events[:5]:  # five delivered twice
-        raw.produce(kafka_settings.warnings_topic, key=event["run_id"].encode(),
-                    value=json.dumps(event).encode())  # fmt: skip
+        raw.produce(
+            kafka_settings.warnings_topic,
+            key=event["run_id"].encode(),
+            value=json.dumps(event).encode(),
+        )
     raw.flush(10)
     _publish(kafka_settings, RUNS)
     root = tmp_path / "store"
@@ -83,7 +87,8 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
         letters = queries.dead_letters(history)
         fleet = {r["run_id"]: r["status"] for r in queries.fleet(history)}
     assert [(k["run_id"], k["kind"]) for k in kinds] == sorted(
-        (n, k) for n in RUNS for k in ("end", "start"))  # fmt: skip
+        (n, k) for n in RUNS for k in ("end", "start")
+    )
     reasons = sorted(d["reason"].split(":")[0] for d in letters)
     assert reasons == ["not JSON", "warning event without 'id'", "warning is not JSON"]
     assert fleet["fa-lowprec-s0"] == "diverged" and fleet["healthy-s2"] == "finished"
@@ -92,9 +97,23 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
 def _sink_process(settings, root, group: str = "sink-kill", idle: float = 15) -> subprocess.Popen:
     env = service_env(settings)
     return subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "sink", "--store", str(root),
-         "--group", group, "--idle-exit", str(idle)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "sink",
+            "--store",
+            str(root),
+            "--group",
+            group,
+            "--idle-exit",
+            str(idle),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _exactly_once(root, names: list[str]) -> None:
@@ -106,12 +125,15 @@ def _exactly_once(root, names: list[str]) -> None:
         assert queries.orphan_values(history) == []
         kinds = history.sql("SELECT run_id, kind FROM run_events ORDER BY ALL").to_pylist()
     assert [(k["run_id"], k["kind"]) for k in kinds] == sorted(
-        (n, k) for n in names for k in ("end", "start"))  # fmt: skip
+        (n, k) for n in names for k in ("end", "start")
+    )
 
 
-_PARTIAL = ("SELECT count(*) AS n FROM steps LEFT JOIN (SELECT run_id, rank, step, count(*) AS c "
-            "FROM metric_values GROUP BY ALL) USING (run_id, rank, step) "
-            "WHERE coalesce(c, 0) <> n_values")  # fmt: skip
+_PARTIAL = (
+    "SELECT count(*) AS n FROM steps LEFT JOIN (SELECT run_id, rank, step, count(*) AS c "
+    "FROM metric_values GROUP BY ALL) USING (run_id, rank, step) "
+    "WHERE coalesce(c, 0) <> n_values"
+)
 
 
 def _read_whole(root) -> int:
@@ -174,8 +196,12 @@ def test_two_sinks_one_killed_and_restarted_store_everything_once(kafka_settings
         assert p.returncode == 0, err[-3000:]
     assert len(reads) > 5 and reads == sorted(reads)
     _exactly_once(root, RUNS)
-    check = subprocess.run([sys.executable, "-m", "foreshock.cli", "store", "check", "--store",
-                            str(root)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{len(RUNS)} complete" in check.stdout
 

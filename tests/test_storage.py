@@ -64,7 +64,10 @@ def test_a_stored_run_reads_back_as_the_messages_it_came_from(history_dir):
     assert [r["values"] for r in records] == [r["values"] for r in run.records]
     assert end["divergence_step"] == run.end["divergence_step"] == row["divergence_step"]
     assert (row["scenario"], row["records"], row["status"]) == (
-        "fa-lowprec", len(run.records), run.end["status"])  # fmt: skip
+        "fa-lowprec",
+        len(run.records),
+        run.end["status"],
+    )
 
 
 def test_fleet_statuses_and_urgency(history_dir):
@@ -73,15 +76,21 @@ def test_fleet_statuses_and_urgency(history_dir):
     status = {r["run_id"]: r["status"] for r in rows}
     # gbs-small (batch 16 → 2) ended with its ΔW spectra outside the healthy batch-16 band:
     # its end resolved the warnings (a run that ended has nothing left to watch)
-    assert status == {"fa-lowprec-s1": "diverged", "lr-high-s2": "diverged",
-                      "healthy-s3": "finished", "gbs-small-s0": "finished",
-                      "live-fa-lowprec-s1": "warning: attention-numerics"}  # fmt: skip
+    assert status == {
+        "fa-lowprec-s1": "diverged",
+        "lr-high-s2": "diverged",
+        "healthy-s3": "finished",
+        "gbs-small-s0": "finished",
+        "live-fa-lowprec-s1": "warning: attention-numerics",
+    }
     # open warnings are the most urgent, then divergences
     assert rows[0]["run_id"] == "live-fa-lowprec-s1"
     assert {r["run_id"] for r in rows[1:3]} == {"fa-lowprec-s1", "lr-high-s2"}
     live = next(r for r in rows if r["run_id"] == "live-fa-lowprec-s1")
-    assert sorted(live["active"]) == ["attention-numerics @ h.0.attn",
-                                         "attention-numerics @ h.1.attn"]  # fmt: skip
+    assert sorted(live["active"]) == [
+        "attention-numerics @ h.0.attn",
+        "attention-numerics @ h.1.attn",
+    ]
     gbs = next(r for r in rows if r["run_id"] == "gbs-small-s0")
     assert gbs["first_family"] == "router" and gbs["divergence_step"] is None
     fa = next(r for r in rows if r["run_id"] == "fa-lowprec-s1")
@@ -92,7 +101,8 @@ def test_fleet_statuses_and_urgency(history_dir):
         warned = [r["run_id"] for r in queries.fleet(history, status="warning")]
         assert warned == ["live-fa-lowprec-s1"]
         assert {r["run_id"] for r in queries.fleet(history, family="attention-numerics")} >= {
-            "fa-lowprec-s1"}  # fmt: skip
+            "fa-lowprec-s1"
+        }
 
 
 def test_series_are_downsampled_in_the_query(history_dir):
@@ -178,16 +188,25 @@ def test_maintenance_compacts_keeps_pinned_versions_and_time_travels(tmp_path):
 def test_a_bad_series_key_rejects_the_record_whole():
     b = BatchBuilder()
     with pytest.raises(RecordError, match="malformed series key"):
-        b.add_metrics({"run_id": "r", "seq": 0, "step": 0,
-                       "values": {"loss": 1.0, "bad key; DROP TABLE": 2.0}}, 0.0)  # fmt: skip
+        b.add_metrics(
+            {
+                "run_id": "r",
+                "seq": 0,
+                "step": 0,
+                "values": {"loss": 1.0, "bad key; DROP TABLE": 2.0},
+            },
+            0.0,
+        )
     assert len(b) == 0 and b.take()["metric_values"].num_rows == 0
 
 
 def test_prune_and_export(history_dir, tmp_path):
     with DeltaStore(history_dir) as store:
         b = BatchBuilder()
-        b.add_metrics({"run_id": "fresh", "seq": 0, "step": 0, "values": {"loss": 1.0}},
-                      time.time() + 10 * 86400)  # fmt: skip
+        b.add_metrics(
+            {"run_id": "fresh", "seq": 0, "step": 0, "values": {"loss": 1.0}},
+            time.time() + 10 * 86400,
+        )
         b.add_dead_letter(b"old", "not JSON", "sink:metrics", 0, 1, time.time())
         store.write(b.take())
         gone = prune(store, days=1, now=time.time() + 5 * 86400)
@@ -211,12 +230,12 @@ def test_schema_versions_and_migration(tmp_path, monkeypatch):
     root = tmp_path / "s"
     v1 = migrations.TABLES["metric_values"]
     v1 = v1.remove(v1.get_field_index("attempt"))  # versions 0 and 1 had no attempt
-    DeltaTable.create(str(root / "metric_values"), schema=v1,
-                      description=f"{VERSION_PREFIX}0")  # fmt: skip
+    DeltaTable.create(str(root / "metric_values"), schema=v1, description=f"{VERSION_PREFIX}0")
     with pytest.raises(SchemaVersionError, match="foreshock store migrate"):
         open_history(root)
-    DeltaTable.create(str(root / "steps"), schema=migrations.TABLES["steps"],
-                      description=f"{VERSION_PREFIX}99")  # fmt: skip
+    DeltaTable.create(
+        str(root / "steps"), schema=migrations.TABLES["steps"], description=f"{VERSION_PREFIX}99"
+    )
     with pytest.raises(SchemaVersionError, match="upgrade foreshock"):
         open_history(root)
     with pytest.raises(SchemaVersionError, match="newer than"):
@@ -232,22 +251,30 @@ def test_schema_versions_and_migration(tmp_path, monkeypatch):
 
     from deltalake import write_deltalake
 
-    write_deltalake(str(root / "metric_values"),
-                    _records("r", range(3))["metric_values"].drop_columns(["attempt"]),
-                    mode="append")  # fmt: skip
+    write_deltalake(
+        str(root / "metric_values"),
+        _records("r", range(3))["metric_values"].drop_columns(["attempt"]),
+        mode="append",
+    )
     monkeypatch.setitem(migrations.MIGRATIONS, 0, v0_to_v1)
     assert migrations.migrate(str(root))["metric_values"] == 0
     with DeltaStore(root):  # every table at version 2 now, attempt 0 for the old rows
         pass
     with open_history(root) as history:
         assert history.sql("SELECT sum(value) AS s FROM metric_values").to_pylist() == [
-            {"s": 2 * 2 * (0 + 1 + 2)}]  # fmt: skip
+            {"s": 2 * 2 * (0 + 1 + 2)}
+        ]
 
 
 def _segment_store(root, tables) -> None:
     """A store as foreshock <= 0.1 wrote it: ``manifest.json`` + ``data/<table>/*.parquet``."""
-    manifest = {"format": "foreshock-store", "schema_version": 1, "generation": 2,
-                "tables": {t: [] for t in migrations.TABLES}, "retired": []}  # fmt: skip
+    manifest = {
+        "format": "foreshock-store",
+        "schema_version": 1,
+        "generation": 2,
+        "tables": {t: [] for t in migrations.TABLES},
+        "retired": [],
+    }
     for table, parts in tables.items():
         (root / "data" / table).mkdir(parents=True, exist_ok=True)
         for i, rows in enumerate(parts):
@@ -259,9 +286,14 @@ def _segment_store(root, tables) -> None:
 
 def test_a_segment_store_migrates_to_delta_without_loss(history_dir, tmp_path):
     with open_history(history_dir) as history:  # as version 1 wrote them: no attempt
-        tables = {t: [history.sql(f"SELECT * EXCLUDE (attempt) FROM {t}")
-                      if "attempt" in migrations.TABLES[t].names else
-                      history.sql(f"SELECT * FROM {t}")] for t in migrations.TABLES}  # fmt: skip
+        tables = {
+            t: [
+                history.sql(f"SELECT * EXCLUDE (attempt) FROM {t}")
+                if "attempt" in migrations.TABLES[t].names
+                else history.sql(f"SELECT * FROM {t}")
+            ]
+            for t in migrations.TABLES
+        }
         fleet = queries.fleet(history)
     old = tmp_path / "old"
     _segment_store(old, tables)
@@ -299,8 +331,9 @@ WRITER = textwrap.dedent("""
 def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
     root = tmp_path / "live"
     DeltaStore(root).close()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), "6"],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), "6"], stdout=subprocess.PIPE, text=True
+    )
     queries_run, errors, counts = 0, [], []
     while writer.poll() is None:
         try:
@@ -310,7 +343,8 @@ def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
                 partial = history.sql(
                     "SELECT count(*) AS n FROM steps LEFT JOIN (SELECT run_id, rank, step, "
                     "count(*) AS c FROM metric_values GROUP BY ALL) USING (run_id, rank, step) "
-                    "WHERE coalesce(c, 0) <> n_values").to_pylist()[0]["n"]  # fmt: skip
+                    "WHERE coalesce(c, 0) <> n_values"
+                ).to_pylist()[0]["n"]
                 queries.fleet(history)
             counts.append(n)
             # whole batches only, in each table; every visible record has all its values

@@ -60,9 +60,11 @@ def attention_reference(before: tuple, after: tuple, name: str) -> dict[str, flo
         d2 = dq[h] @ k0[g].T + q0[h] @ dk[g].T  # (d', d'), formed densely
         d3 = dq[h] @ dk[g].T
         out[f"attn.d2.entropy@{name}#h{h}"] = reference_stats(
-            np.linalg.svd(d2, compute_uv=False), min(d, 2 * d_h), ALPHA)["entropy"]  # fmt: skip
+            np.linalg.svd(d2, compute_uv=False), min(d, 2 * d_h), ALPHA
+        )["entropy"]
         out[f"attn.d3.entropy@{name}#h{h}"] = reference_stats(
-            np.linalg.svd(d3, compute_uv=False), min(d, d_h), ALPHA)["entropy"]  # fmt: skip
+            np.linalg.svd(d3, compute_uv=False), min(d, d_h), ALPHA
+        )["entropy"]
     for which, delta in (("dwq", dq), ("dwk", dk)):
         layer = np.concatenate(list(delta), axis=1)  # (d', heads·d_h)
         sigma = np.linalg.svd(layer, compute_uv=False)
@@ -99,7 +101,7 @@ def router_reference(spec: Any, seen: dict[str, Any], rows_now: np.ndarray) -> d
             np.linalg.norm(rows_now - w_bar, axis=1).max() / np.linalg.norm(w_bar)
         ),
         f"router.cosine_mean@{spec.name}": float(cos[~np.eye(n, dtype=bool)].mean()),
-    }  # fmt: skip
+    }
 
 
 def capture_routers(monitor: Monitor) -> dict[str, dict[str, Any]]:
@@ -107,8 +109,10 @@ def capture_routers(monitor: Monitor) -> dict[str, dict[str, Any]]:
     for spec in monitor.discovery.routers:
 
         def pre(module: Any, args: Any, spec: Any = spec) -> None:
-            seen[spec.name] = {"x": args[0].detach().double().numpy().copy(),
-                               "rows": spec.rows().double().numpy().copy()}  # fmt: skip
+            seen[spec.name] = {
+                "x": args[0].detach().double().numpy().copy(),
+                "rows": spec.rows().double().numpy().copy(),
+            }
 
         def post(module: Any, args: Any, output: Any, spec: Any = spec) -> None:
             seen[spec.name]["selected"] = output[2].detach().numpy().copy()

@@ -57,8 +57,11 @@ def _publish_with_a_bad_message(settings) -> tuple[int, int]:
 def _scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _value(samples: Samples, name: str, service: str) -> float | None:
@@ -105,13 +108,16 @@ def _caught_up(settings, samples: Samples) -> bool:
 
 def test_sink_metrics_count_what_it_stored(kafka_settings, tmp_path):
     messages, values = _publish_with_a_bad_message(kafka_settings)
-    sink = StorageSink(kafka_settings, tmp_path / "store", group_id="sink-tel", max_wait=0.5,
-                       metrics_port=0)  # fmt: skip
+    sink = StorageSink(
+        kafka_settings, tmp_path / "store", group_id="sink-tel", max_wait=0.5, metrics_port=0
+    )
 
     def done(s: Samples) -> bool:
-        return (_value(s, "foreshock_messages_consumed_total", "sink") == messages
-                and _value(s, "foreshock_dead_letters_stored_total", "sink") == 1
-                and _caught_up(kafka_settings, s))  # fmt: skip
+        return (
+            _value(s, "foreshock_messages_consumed_total", "sink") == messages
+            and _value(s, "foreshock_dead_letters_stored_total", "sink") == 1
+            and _caught_up(kafka_settings, s)
+        )
 
     s = _serve_until(sink, done)
     assert _value(s, "foreshock_messages_consumed_total", "sink") == messages
@@ -127,8 +133,11 @@ def test_sink_metrics_count_what_it_stored(kafka_settings, tmp_path):
     assert _value(s, "foreshock_values_per_second", "sink") > 0
     assert _value(s, "foreshock_warnings_emitted_total", "sink") is None  # the worker's
     # lag per partition of each of the three topics the sink reads, all caught up
-    topics = (kafka_settings.metrics_topic, kafka_settings.warnings_topic,
-              kafka_settings.deadletter_topic)  # fmt: skip
+    topics = (
+        kafka_settings.metrics_topic,
+        kafka_settings.warnings_topic,
+        kafka_settings.deadletter_topic,
+    )
     assert _lag(s) == {(t, p): 0 for t in topics for p in range(kafka_settings.partitions)}
 
 
@@ -139,8 +148,9 @@ def test_worker_metrics_count_what_it_detected(kafka_settings):
     worker = DetectorWorker(kafka_settings, default_config(), group_id="det-tel", metrics_port=0)
 
     def done(s: Samples) -> bool:
-        return (_value(s, "foreshock_messages_consumed_total", "detector") == messages
-                and _caught_up(kafka_settings, s))  # fmt: skip
+        return _value(
+            s, "foreshock_messages_consumed_total", "detector"
+        ) == messages and _caught_up(kafka_settings, s)
 
     s = _serve_until(worker, done)
     assert _value(s, "foreshock_messages_consumed_total", "detector") == messages
@@ -151,8 +161,9 @@ def test_worker_metrics_count_what_it_detected(kafka_settings):
     assert _value(s, "foreshock_duplicates_dropped_total", "detector") == 0
     assert _value(s, "foreshock_values_per_second", "detector") > 0
     assert _value(s, "foreshock_batches_written_total", "detector") is None  # the sink's
-    assert _lag(s) == {(kafka_settings.metrics_topic, p): 0
-                       for p in range(kafka_settings.partitions)}  # fmt: skip
+    assert _lag(s) == {
+        (kafka_settings.metrics_topic, p): 0 for p in range(kafka_settings.partitions)
+    }
 
 
 def test_lag_is_what_is_left_per_partition(kafka_settings):
@@ -165,8 +176,12 @@ def test_lag_is_what_is_left_per_partition(kafka_settings):
         for i in range(n):
             raw.produce(topic, value=b"x%d" % i, partition=partition)
     assert raw.flush(10) == 0
-    config = {"bootstrap.servers": kafka_settings.bootstrap_servers, "group.id": "lag-tel",
-              "enable.auto.commit": False, "auto.offset.reset": "earliest"}  # fmt: skip
+    config = {
+        "bootstrap.servers": kafka_settings.bootstrap_servers,
+        "group.id": "lag-tel",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
     consumer = Consumer(config)
     consumer.assign([TopicPartition(topic, 0, 0)])
     taken, deadline = 0, time.monotonic() + 20
@@ -179,14 +194,16 @@ def test_lag_is_what_is_left_per_partition(kafka_settings):
     consumer.assign([TopicPartition(topic, p, OFFSET_INVALID) for p in sizes])
     deadline = time.monotonic() + 20  # fetched in the background: watermarks cached, none read
     while time.monotonic() < deadline and any(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1] < 0
-            for p in sizes):  # fmt: skip
+        consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1] < 0 for p in sizes
+    ):
         time.sleep(0.1)
     telemetry = ServiceTelemetry("lagtest")
     try:
         telemetry.refresh_lag(consumer, force=True)  # 0: committed; 1, 2: from the beginning
-        lag = {p: telemetry.sample("foreshock_consumer_lag", topic=topic, partition=str(p))
-               for p in sizes}  # fmt: skip
+        lag = {
+            p: telemetry.sample("foreshock_consumer_lag", topic=topic, partition=str(p))
+            for p in sizes
+        }
         assert lag == {0: 7, 1: 4, 2: 0}
         taken, deadline = 0, time.monotonic() + 20  # read partition 1 fully: from the position
         while taken < 4 and time.monotonic() < deadline:

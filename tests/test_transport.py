@@ -24,8 +24,13 @@ METRICS = "foreshock.metrics/1"
 
 
 def _metrics(run_id: str, step: int) -> dict:
-    return {"schema": METRICS, "run_id": run_id, "step": step, "rank": 0,
-            "values": {"loss": 3.0 - step / 100, "attn.d2.entropy@h.0.attn": None}}  # fmt: skip
+    return {
+        "schema": METRICS,
+        "run_id": run_id,
+        "step": step,
+        "rank": 0,
+        "values": {"loss": 3.0 - step / 100, "attn.d2.entropy@h.0.attn": None},
+    }
 
 
 def test_topics_are_created_once_with_the_configured_partitions(kafka_settings):
@@ -33,8 +38,11 @@ def test_topics_are_created_once_with_the_configured_partitions(kafka_settings):
     second = ensure_topics(kafka_settings)  # idempotent: already exists is fine
     assert first.partitions == second.partitions == {name: 3 for name in first.partitions}
     assert sorted(first.created) == sorted(first.partitions) and second.created == []
-    assert set(first.partitions) == {kafka_settings.metrics_topic, kafka_settings.warnings_topic,
-                          kafka_settings.deadletter_topic}  # fmt: skip
+    assert set(first.partitions) == {
+        kafka_settings.metrics_topic,
+        kafka_settings.warnings_topic,
+        kafka_settings.deadletter_topic,
+    }
 
 
 def test_sink_delivers_start_metrics_end_in_order(kafka_settings):
@@ -70,10 +78,25 @@ def test_kcat_prints_the_wire_format(kafka_settings):
     sink.close()
     assert sink.delivered == 7
     out = subprocess.run(
-        [KCAT, "-C", "-b", kafka_settings.bootstrap_servers, "-t", kafka_settings.metrics_topic,
-         "-o", "beginning", "-e", "-q", "-f", "%k\t%s\n"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        [
+            KCAT,
+            "-C",
+            "-b",
+            kafka_settings.bootstrap_servers,
+            "-t",
+            kafka_settings.metrics_topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-f",
+            "%k\t%s\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     rows = [line.split("\t", 1) for line in out.splitlines() if line]
     assert len(rows) == 7
     assert all(key == "run-k" for key, _ in rows)
@@ -98,10 +121,25 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_flows(kafka_settings
         collector.close()
     require_tool("kcat")
     out = subprocess.run(  # read the dead letters raw, headers included
-        [KCAT, "-C", "-b", kafka_settings.bootstrap_servers, "-t",
-         kafka_settings.deadletter_topic, "-o", "beginning", "-e", "-q", "-f", "%h|%s\n"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        [
+            KCAT,
+            "-C",
+            "-b",
+            kafka_settings.bootstrap_servers,
+            "-t",
+            kafka_settings.deadletter_topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-f",
+            "%h|%s\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert sorted(line.split("|", 1)[1] for line in out.splitlines()) == sorted(
         g.decode() for g in garbage
     )
@@ -132,14 +170,20 @@ def test_duplicates_are_dropped_by_the_consumer(kafka_settings):
 
 def test_settings_from_file_and_environment(tmp_path):
     path = tmp_path / "foreshock.toml"
-    path.write_text('[kafka]\nbootstrap_servers = "k1:9092,k2:9092"\npartitions = 12\n'
-                    '[kafka.client]\n"security.protocol" = "SASL_SSL"\n')  # fmt: skip
-    settings = load_settings(path, env={"FORESHOCK_KAFKA_PARTITIONS": "24",
-                                        "FORESHOCK_RDKAFKA_SASL_USERNAME": "me"})  # fmt: skip
+    path.write_text(
+        '[kafka]\nbootstrap_servers = "k1:9092,k2:9092"\npartitions = 12\n'
+        '[kafka.client]\n"security.protocol" = "SASL_SSL"\n'
+    )
+    settings = load_settings(
+        path, env={"FORESHOCK_KAFKA_PARTITIONS": "24", "FORESHOCK_RDKAFKA_SASL_USERNAME": "me"}
+    )
     assert settings.bootstrap_servers == "k1:9092,k2:9092" and settings.partitions == 24
     assert settings.librdkafka({"acks": "1"}) == {
-        "acks": "1", "bootstrap.servers": "k1:9092,k2:9092",
-        "security.protocol": "SASL_SSL", "sasl.username": "me"}  # fmt: skip
+        "acks": "1",
+        "bootstrap.servers": "k1:9092,k2:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "me",
+    }
     path.write_text("[kafka]\npartitons = 3\n")
     with pytest.raises(ValueError, match="partitons"):
         load_settings(path, env={})
@@ -178,15 +222,35 @@ def test_sink_write_rejects_bad_records_without_raising(kafka_settings, caplog):
 
 def test_lab_run_goes_to_kafka_with_its_labels(kafka_settings):
     collector = Collector(kafka_settings)
-    env = {"FORESHOCK_KAFKA_METRICS_TOPIC": kafka_settings.metrics_topic,
-           "FORESHOCK_KAFKA_DEADLETTER_TOPIC": kafka_settings.deadletter_topic,
-           "FORESHOCK_KAFKA_SPOOL_DIR": kafka_settings.spool_dir}  # fmt: skip
+    env = {
+        "FORESHOCK_KAFKA_METRICS_TOPIC": kafka_settings.metrics_topic,
+        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": kafka_settings.deadletter_topic,
+        "FORESHOCK_KAFKA_SPOOL_DIR": kafka_settings.spool_dir,
+    }
     run = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "lab", "run", "--scenario", "fa-lowprec",
-         "--onset", "10", "--steps", "30", "--every", "5", "--quiet",
-         "--kafka", kafka_settings.bootstrap_servers],
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "foreshock.cli",
+            "lab",
+            "run",
+            "--scenario",
+            "fa-lowprec",
+            "--onset",
+            "10",
+            "--steps",
+            "30",
+            "--every",
+            "5",
+            "--quiet",
+            "--kafka",
+            kafka_settings.bootstrap_servers,
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert "kafka: 8 delivered, 0 spooled" in run.stdout
     try:
@@ -216,8 +280,9 @@ def test_consumer_rereads_a_partition_it_read_past(kafka_settings):
         got += consumer.poll_batch(max_messages=1, timeout=0.5)
     assert [m["seq"] for m in got] == [0, 1]
     partition = got[0]["_partition"]
-    consumer._consumer.seek(TopicPartition(kafka_settings.metrics_topic, partition,
-                                           got[1]["_offset"] + 2))  # skip seq 2  # fmt: skip
+    consumer._consumer.seek(
+        TopicPartition(kafka_settings.metrics_topic, partition, got[1]["_offset"] + 2)
+    )  # skip seq 2
     while len(got) < 6 and time.monotonic() < deadline:
         got += consumer.poll_batch(max_messages=10, timeout=0.5)
     consumer.close()

@@ -18,9 +18,13 @@ from foreshock.transport.settings import KafkaSettings
 
 
 def _settings(port: int, tmp_path, name: str) -> KafkaSettings:
-    return KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}", metrics_topic=f"{name}.metrics",
-                         deadletter_topic=f"{name}.dead", partitions=2,
-                         spool_dir=str(tmp_path / "spool"))  # fmt: skip
+    return KafkaSettings(
+        bootstrap_servers=f"127.0.0.1:{port}",
+        metrics_topic=f"{name}.metrics",
+        deadletter_topic=f"{name}.dead",
+        partitions=2,
+        spool_dir=str(tmp_path / "spool"),
+    )
 
 
 def test_broker_killed_mid_run_and_restarted_loses_no_step(tmp_path):
@@ -97,17 +101,24 @@ class _Null:
 def _sink_service(settings: KafkaSettings, store, group: str) -> subprocess.Popen:
     from _kafka import service_env
 
-    return subprocess.Popen([sys.executable, "-m", "foreshock.cli", "sink", "--store", str(store),
-                             "--group", group], env=service_env(settings),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "foreshock.cli", "sink", "--store", str(store), "--group", group],
+        env=service_env(settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _spool_flush(settings: KafkaSettings) -> subprocess.CompletedProcess:
     from _kafka import service_env
 
-    return subprocess.run([sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout",
-                           "60"], env=service_env(settings), capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", "60"],
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _stored_seqs(store) -> list[int]:
@@ -117,8 +128,11 @@ def _stored_seqs(store) -> list[int]:
     if not store_exists(str(store)):
         return []
     with open_history(store) as history:
-        return sorted(history.sql("SELECT seq FROM steps UNION ALL SELECT seq FROM run_events")
-                      .column("seq").to_pylist())  # fmt: skip
+        return sorted(
+            history.sql("SELECT seq FROM steps UNION ALL SELECT seq FROM run_events")
+            .column("seq")
+            .to_pylist()
+        )
 
 
 def _wait(done, timeout: float) -> bool:
@@ -162,8 +176,12 @@ def test_producer_gone_before_the_broker_restarts_keeps_what_storage_had_not_con
 
 
 def _record(run_id: str, step: int) -> dict:
-    return {"schema": "foreshock.metrics/1", "run_id": run_id, "step": step,
-            "values": {"loss": 2.0 - step / 100}}  # fmt: skip
+    return {
+        "schema": "foreshock.metrics/1",
+        "run_id": run_id,
+        "step": step,
+        "values": {"loss": 2.0 - step / 100},
+    }
 
 
 def test_a_rejected_record_leaves_no_gap_in_its_stream(tmp_path):
@@ -223,8 +241,16 @@ def test_a_broker_over_its_memory_limit_is_recycled_on_its_port(tmp_path):
 def test_foreshock_broker_recycles_above_max_memory(tmp_path):
     port = free_port()
     env = {**os.environ, "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
-    command = [sys.executable, "-m", "foreshock.cli", "broker", "--port", str(port),
-               "--max-memory-mb", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "foreshock.cli",
+        "broker",
+        "--port",
+        str(port),
+        "--max-memory-mb",
+        "1",
+    ]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
     try:
         lines, deadline = [], time.monotonic() + 60
@@ -256,8 +282,14 @@ def test_a_gap_after_a_broker_restart_is_not_searched_for_at_the_old_logs_offset
     def send(seqs: range) -> None:
         producer = Producer({"bootstrap.servers": broker.bootstrap})
         for seq in seqs:
-            message = {"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": "run-regap",
-                       "seq": seq, "step": seq, "values": {"loss": 1.0}}  # fmt: skip
+            message = {
+                "kind": "metrics",
+                "schema": "foreshock.metrics/1",
+                "run_id": "run-regap",
+                "seq": seq,
+                "step": seq,
+                "values": {"loss": 1.0},
+            }
             producer.produce(settings.metrics_topic, key=b"run-regap", value=encode(message))
         assert producer.flush(10) == 0
 

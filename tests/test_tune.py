@@ -25,8 +25,11 @@ from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage.recorded import store_recorded_runs
 from foreshock.storage.store import DeltaStore
 
-RUNS = ([f"healthy-s{s}" for s in range(10)] + [f"fa-lowprec-s{s}" for s in range(3)]
-        + [f"lr-high-s{s}" for s in range(3)])  # fmt: skip
+RUNS = (
+    [f"healthy-s{s}" for s in range(10)]
+    + [f"fa-lowprec-s{s}" for s in range(3)]
+    + [f"lr-high-s{s}" for s in range(3)]
+)
 # on these runs (k 0.5, confirm 1, trend_beta 0.2) is quiet on the held-out healthy seeds
 # and detects best; the confirm-2 points warn falsely on them
 GRID = {"k": (0.5,), "confirm": (1, 2), "trend_beta": (0.2, 0.4)}
@@ -90,8 +93,9 @@ def test_tune_picks_the_quiet_point_and_it_detects_every_fault(store: Path, tune
     assert config.calibration["runs"] == sorted(split["calibration"])
     assert config.version == report["chosen"]["version"]
     by_point = {tuple(p["params"].values()): p["families"] for p in report["points"]}
-    noisy = [k for k, families in by_point.items()
-             if sum(f["false_warnings"] for f in families) > 0]  # fmt: skip
+    noisy = [
+        k for k, families in by_point.items() if sum(f["false_warnings"] for f in families) > 0
+    ]
     assert noisy and (0.5, 1, 0.2) not in noisy  # the rule had something to reject
     chosen = {f["family"]: f for f in by_point[(0.5, 1, 0.2)]}
     assert chosen["attention-numerics"]["runs"] == chosen["router"]["runs"] == 3
@@ -112,8 +116,12 @@ def test_tune_picks_the_quiet_point_and_it_detects_every_fault(store: Path, tune
 
 def test_held_out_seed_range_and_progress(store: Path) -> None:
     calls = []
-    _, report = tune(store, {"k": (0.5,), "confirm": (1,), "trend_beta": (0.2,)},
-                     held_out=range(0, 3), progress=lambda d, t: calls.append((d, t)))  # fmt: skip
+    _, report = tune(
+        store,
+        {"k": (0.5,), "confirm": (1,), "trend_beta": (0.2,)},
+        held_out=range(0, 3),
+        progress=lambda d, t: calls.append((d, t)),
+    )
     assert sorted(report["split"]["calibration"]) == [f"healthy-s{s}" for s in range(3, 10)]
     assert report["split"]["held_out_seeds"] == "0-2"
     total = len(RUNS) * 2  # one load and one replay per run
@@ -167,10 +175,13 @@ def test_an_altered_config_file_is_refused(tmp_path: Path) -> None:
         live_config(tmp_path)
 
 
-@pytest.mark.parametrize(("names", "message"), [
-    (["fa-lowprec-s0", "lr-high-s0"], "no healthy runs"),
-    (["healthy-s0", "healthy-s1", "healthy-s2", "fa-noise-s0"], "no labelled faulty runs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["fa-lowprec-s0", "lr-high-s0"], "no healthy runs"),
+        (["healthy-s0", "healthy-s1", "healthy-s2", "fa-noise-s0"], "no labelled faulty runs"),
+    ],
+)
 def test_tune_refuses_a_store_it_cannot_judge(tmp_path: Path, names, message, capsys) -> None:
     root = _store(tmp_path / "store", names)
     with pytest.raises(TuneError, match=message):
@@ -181,9 +192,24 @@ def test_tune_refuses_a_store_it_cannot_judge(tmp_path: Path, names, message, ca
 
 
 def test_cli_dry_run_prints_the_report_as_json(store: Path) -> None:
-    command = [sys.executable, "-m", "foreshock.cli", "tune", "--store", str(store), "--dry-run",
-               "--json", "--grid-k", "0.5", "--grid-confirm", "1", "2", "--grid-trend-beta",
-               "0.2", "0.4"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "foreshock.cli",
+        "tune",
+        "--store",
+        str(store),
+        "--dry-run",
+        "--json",
+        "--grid-k",
+        "0.5",
+        "--grid-confirm",
+        "1",
+        "2",
+        "--grid-trend-beta",
+        "0.2",
+        "0.4",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

@@ -13,13 +13,34 @@ from foreshock.transport.wire import WireError, decode, encode
 SCHEMA = json.loads(files("foreshock.transport").joinpath("wire-v1.schema.json").read_text())
 
 GOOD = [
-    {"kind": "start", "schema": "foreshock.run/1", "run_id": "r", "seq": 0, "rank": 0,
-     "labels": {"scenario": "healthy"}, "producer": {"foreshock": "0.1.0"}},
-    {"kind": "metrics", "schema": "foreshock.metrics/1", "run_id": "r", "seq": 1, "rank": 0,
-     "step": 25, "values": {"loss": 2.5, "attn.d2.entropy@h.0.attn#h1": None}, "flags": []},
-    {"kind": "end", "schema": "foreshock.run/1", "run_id": "r", "seq": 2, "last_seq": 2,
-     "status": "finished"},
-]  # fmt: skip
+    {
+        "kind": "start",
+        "schema": "foreshock.run/1",
+        "run_id": "r",
+        "seq": 0,
+        "rank": 0,
+        "labels": {"scenario": "healthy"},
+        "producer": {"foreshock": "0.1.0"},
+    },
+    {
+        "kind": "metrics",
+        "schema": "foreshock.metrics/1",
+        "run_id": "r",
+        "seq": 1,
+        "rank": 0,
+        "step": 25,
+        "values": {"loss": 2.5, "attn.d2.entropy@h.0.attn#h1": None},
+        "flags": [],
+    },
+    {
+        "kind": "end",
+        "schema": "foreshock.run/1",
+        "run_id": "r",
+        "seq": 2,
+        "last_seq": 2,
+        "status": "finished",
+    },
+]
 
 BAD = [
     ("kind", {"kind": "metric", "schema": "foreshock.metrics/1", "run_id": "r", "seq": 1}),

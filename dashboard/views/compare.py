@@ -25,17 +25,38 @@ def main() -> None:
     try:
         result = data.compare(tuple(chosen), metric)
     except QueryError as exc:  # a value the queries cannot handle: say so, no traceback
-        st.error(f"These runs cannot be compared: the store's query failed "
-                 f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
+        st.error(
+            f"These runs cannot be compared: the store's query failed "
+            f"({md_text(type(exc).__name__)}: {md_text(exc)})."
+        )
         return
-    st.plotly_chart(charts.compare_figure(label, result["lines"], result["leads"]),
-                    width="stretch", key="compare")  # fmt: skip
-    rows = [[r["run_id"], r["scenario"], r["first_mechanism"], r["mechanism_step"],
-             r["divergence_step"], r["mechanism_lead"], r["symptom_lead"]]
-            for r in result["leads"]]  # fmt: skip
+    st.plotly_chart(
+        charts.compare_figure(label, result["lines"], result["leads"]),
+        width="stretch",
+        key="compare",
+    )
+    rows = [
+        [
+            r["run_id"],
+            r["scenario"],
+            r["first_mechanism"],
+            r["mechanism_step"],
+            r["divergence_step"],
+            r["mechanism_lead"],
+            r["symptom_lead"],
+        ]
+        for r in result["leads"]
+    ]
     st.subheader("Lead times")
-    header = ["run", "scenario", "first mechanism warning", "at step", "divergence",
-              "lead: mechanism", "lead: symptom"]  # fmt: skip
+    header = [
+        "run",
+        "scenario",
+        "first mechanism warning",
+        "at step",
+        "divergence",
+        "lead: mechanism",
+        "lead: symptom",
+    ]
     st.code(format_table(header, rows), language="text")
 
 

@@ -13,8 +13,13 @@ from foreshock.dashboard.text import html_text, md_code
 
 REFRESH_S = 5
 WINDOWS = {"all time": None, "last hour": 3600.0, "last day": 86400.0, "last week": 604800.0}
-BADGE = {"diverged": "#000000", "warning: attention-numerics": "#d62728",
-         "warning: router": "#9467bd", "healthy": "#2ca02c", "finished": "#7f7f7f"}  # fmt: skip
+BADGE = {
+    "diverged": "#000000",
+    "warning: attention-numerics": "#d62728",
+    "warning: router": "#9467bd",
+    "healthy": "#2ca02c",
+    "finished": "#7f7f7f",
+}
 
 
 def _ago(seconds: float | None) -> str:
@@ -38,17 +43,30 @@ def _row(r: dict) -> str:
     cells = [
         f'<a href="./run?run={quote(r["run_id"], safe="")}" target="_self">{run}</a>',
         f'<span class="fs-status" style="background:{colour}">{html_text(r["status"])}</span>',
-        _or_dash(r["scenario"]), _or_dash(r["project"]), _or_dash(r["last_step"]),
+        _or_dash(r["scenario"]),
+        _or_dash(r["project"]),
+        _or_dash(r["last_step"]),
         _ago(None if r["last_received"] is None else time.time() - r["last_received"]),
         "<br>".join(html_text(a) for a in r["active"]) or "–",
-        _or_dash(r["first_warning_step"]), _or_dash(r["divergence_step"]),
+        _or_dash(r["first_warning_step"]),
+        _or_dash(r["divergence_step"]),
         _or_dash(r["lead_time"]),
-    ]  # fmt: skip
+    ]
     return f'<tr data-run="{run}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
-HEADER = ["run", "status", "scenario", "project", "last step", "last data", "active warnings",
-          "first warning", "divergence", "lead (steps)"]  # fmt: skip
+HEADER = [
+    "run",
+    "status",
+    "scenario",
+    "project",
+    "last step",
+    "last data",
+    "active warnings",
+    "first warning",
+    "divergence",
+    "lead (steps)",
+]
 STYLE = """<style>
 .fs-fleet {border-collapse: collapse; width: 100%; font-size: 0.9rem}
 .fs-fleet th, .fs-fleet td {border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left}
@@ -65,15 +83,21 @@ def _filters() -> dict:
     family = cols[2].selectbox("fault family", ["all", "attention-numerics", "router"])
     window = cols[3].selectbox("last data within", list(WINDOWS))
     pick = lambda v: None if v == "all" else v  # noqa: E731
-    return {"project": pick(project), "status": pick(status), "family": pick(family),
-            "window_s": WINDOWS[window]}  # fmt: skip
+    return {
+        "project": pick(project),
+        "status": pick(status),
+        "family": pick(family),
+        "window_s": WINDOWS[window],
+    }
 
 
 @st.fragment(run_every=REFRESH_S)
 def fleet_table(filters: dict) -> None:
     rows = data.fleet(**filters)
-    counts = {k: sum(r["status"].startswith(k) for r in rows)
-              for k in ("warning", "diverged", "healthy", "finished")}  # fmt: skip
+    counts = {
+        k: sum(r["status"].startswith(k) for r in rows)
+        for k in ("warning", "diverged", "healthy", "finished")
+    }
     cols = st.columns(5)
     cols[0].metric("runs", len(rows))
     for col, (name, n) in zip(cols[1:], counts.items(), strict=True):
@@ -85,8 +109,11 @@ def fleet_table(filters: dict) -> None:
     body = "".join(_row(r) for r in rows)
     # one HTML block: STYLE's closing line carries the whole table (html_text left no line
     # break in it), so CommonMark parses nothing of the table as Markdown
-    st.markdown(f'{STYLE}<table class="fs-fleet"><thead><tr>{head}</tr></thead>'
-                f"<tbody>{body}</tbody></table>", unsafe_allow_html=True)  # fmt: skip
+    st.markdown(
+        f'{STYLE}<table class="fs-fleet"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>",
+        unsafe_allow_html=True,
+    )
     st.caption(f"updated {time.strftime('%H:%M:%S')} · refreshes every {REFRESH_S} s")
 
 
@@ -94,9 +121,11 @@ def main() -> None:
     st.title("Fleet")
     if not data.store_exists():
         path = data.store_path()
-        st.info(f"No history yet in {md_code(path)}. Start "
-                f"{md_code(f'foreshock sink --store {path}')} and stream a run "
-                "(`foreshock lab run --kafka`).")  # fmt: skip
+        st.info(
+            f"No history yet in {md_code(path)}. Start "
+            f"{md_code(f'foreshock sink --store {path}')} and stream a run "
+            "(`foreshock lab run --kafka`)."
+        )
         return
     fleet_table(_filters())
 

@@ -9,8 +9,12 @@ from foreshock.dashboard import charts, data
 from foreshock.dashboard.text import block, html_text, md_code, md_text
 from foreshock.storage.reader import QueryError
 
-DEFAULT_MONITORS = ["Δ2 spectral entropy (QK increment)", "ΔW_q spectral entropy",
-                    "router token entropy (normalised)", "router ε (row conditioning)"]  # fmt: skip
+DEFAULT_MONITORS = [
+    "Δ2 spectral entropy (QK increment)",
+    "ΔW_q spectral entropy",
+    "router token entropy (normalised)",
+    "router ε (row conditioning)",
+]
 
 
 def _pick_run() -> str | None:
@@ -32,9 +36,13 @@ def _header(summary: dict) -> None:
     """Status, the open warnings, the steps, and the start message's labels — as text: every
     string here is the producer's or the detectors' (see :mod:`foreshock.dashboard.text`)."""
     active = ", ".join(summary["active"])
-    st.markdown(block(f"<b>status: {html_text(summary['status'])}</b>"
-                      + (f" · active: {html_text(active)}" if active else "")),
-                unsafe_allow_html=True)  # fmt: skip
+    st.markdown(
+        block(
+            f"<b>status: {html_text(summary['status'])}</b>"
+            + (f" · active: {html_text(active)}" if active else "")
+        ),
+        unsafe_allow_html=True,
+    )
     cols = st.columns(4)
     cols[0].metric("last step", _step(summary["last_step"]))
     cols[1].metric("divergence step", _step(summary["divergence_step"]))
@@ -69,20 +77,36 @@ def _warnings(warnings: list[dict]) -> None:
     for w in warnings:
         lead = "" if w["lead_time"] is None else f", lead {w['lead_time']} steps"
         cleared = "" if w["cleared_step"] is None else f", cleared at {w['cleared_step']}"
-        title = (f"⚠ {md_text(w['family'])} · {md_text(w['module'] or 'run')} · step {w['step']}"
-                 f" · {md_text(w['role'])}{lead}{cleared}")  # fmt: skip
-        t = {k: html_text(w[k]) for k in ("series", "direction", "statistic", "threshold",
-                                          "false_alarm_rate", "config_version")}  # fmt: skip
+        title = (
+            f"⚠ {md_text(w['family'])} · {md_text(w['module'] or 'run')} · step {w['step']}"
+            f" · {md_text(w['role'])}{lead}{cleared}"
+        )
+        t = {
+            k: html_text(w[k])
+            for k in (
+                "series",
+                "direction",
+                "statistic",
+                "threshold",
+                "false_alarm_rate",
+                "config_version",
+            )
+        }
         with st.expander(title):
-            st.markdown(block(
-                f"<b>{t['series']}</b> moved <b>{t['direction']}</b>: {_statistic_name(w)} "
-                f"{t['statistic']} crossed the calibrated threshold {t['threshold']}. "
-                f"A healthy run warns falsely in this family with probability ≤ "
-                f"<b>{t['false_alarm_rate']}</b> per run (config "
-                f"<code>{t['config_version']}</code>)."), unsafe_allow_html=True)  # fmt: skip
+            st.markdown(
+                block(
+                    f"<b>{t['series']}</b> moved <b>{t['direction']}</b>: {_statistic_name(w)} "
+                    f"{t['statistic']} crossed the calibrated threshold {t['threshold']}. "
+                    f"A healthy run warns falsely in this family with probability ≤ "
+                    f"<b>{t['false_alarm_rate']}</b> per run (config "
+                    f"<code>{t['config_version']}</code>)."
+                ),
+                unsafe_allow_html=True,
+            )
             if check := _evidence(w).get("check"):
-                st.markdown(block(f"<b>What to check:</b> {html_text(check)}"),
-                            unsafe_allow_html=True)  # fmt: skip
+                st.markdown(
+                    block(f"<b>What to check:</b> {html_text(check)}"), unsafe_allow_html=True
+                )
             st.json(w["evidence"] or {}, expanded=False)  # a JSON viewer: its strings are text
 
 
@@ -115,8 +139,10 @@ def main() -> None:
     try:
         page = data.run_page(run_id, metrics, heads)
     except QueryError as exc:  # a value the queries cannot handle: say so, no traceback
-        st.error(f"This run's history cannot be drawn: the store's query failed "
-                 f"({md_text(type(exc).__name__)}: {md_text(exc)}).")  # fmt: skip
+        st.error(
+            f"This run's history cannot be drawn: the store's query failed "
+            f"({md_text(type(exc).__name__)}: {md_text(exc)})."
+        )
         return
     if page["summary"] is None:
         st.warning(f"Run {md_text(run_id)} is not in the history.")
@@ -124,8 +150,11 @@ def main() -> None:
     summary, warnings = page["summary"], page["warnings"]
     _header(summary)
     _attempts(page["attempts"])
-    st.plotly_chart(charts.loss_figure(page["loss"], warnings, summary["divergence_step"],
-                                       page["attempts"]), width="stretch", key="loss")  # fmt: skip
+    st.plotly_chart(
+        charts.loss_figure(page["loss"], warnings, summary["divergence_step"], page["attempts"]),
+        width="stretch",
+        key="loss",
+    )
     grid = st.columns(2)
     for i, label in enumerate(labels):
         metric, family = data.MONITORS[label]

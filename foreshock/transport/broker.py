@@ -111,9 +111,14 @@ class EmbeddedBroker:
     >>> broker.stop()                        # doctest: +SKIP
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: str | Path | None = None, max_memory_mb: float | None = None,
-                 on_start: Callable[[str], object] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | Path | None = None,
+        max_memory_mb: float | None = None,
+        on_start: Callable[[str], object] | None = None,
+    ) -> None:
         """``max_memory_mb``: recycle above this RSS (see :meth:`recycle_if_over`); None: never.
         ``on_start(bootstrap)`` runs after every start, e.g. to create the topics."""
         self.host, self.port = host, port or free_port(host)
@@ -131,12 +136,21 @@ class EmbeddedBroker:
         if self.running:
             return self
         url = f"tcp://{self.host}:{self.port}"
-        command = [find_tansu(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                   "--storage-engine", "memory://tansu/"]  # fmt: skip
+        command = [
+            find_tansu(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

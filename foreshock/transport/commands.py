@@ -24,20 +24,27 @@ def _broker(args: argparse.Namespace) -> int:
 
     limit = args.max_memory_mb or None
     try:
-        broker = EmbeddedBroker(port=args.port, host=args.host, max_memory_mb=limit,
-                                on_start=make_topics).start()  # fmt: skip
+        broker = EmbeddedBroker(
+            port=args.port, host=args.host, max_memory_mb=limit, on_start=make_topics
+        ).start()
     except BrokerNotFoundError as exc:
         print(f"foreshock broker: {exc}", file=sys.stderr)
         return 2
-    print(f"foreshock broker: Tansu (memory storage) on {broker.bootstrap}; Ctrl-C stops it. "
-          f"Clients: FORESHOCK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}", flush=True)  # fmt: skip
+    print(
+        f"foreshock broker: Tansu (memory storage) on {broker.bootstrap}; Ctrl-C stops it. "
+        f"Clients: FORESHOCK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}",
+        flush=True,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while broker.running and not stop.wait(5.0):
             if broker.recycle_if_over():
-                print(f"foreshock broker: recycled (RSS over {limit:g} MB; recycle "
-                      f"{broker.recycles}): clients re-send and rewind", flush=True)  # fmt: skip
+                print(
+                    f"foreshock broker: recycled (RSS over {limit:g} MB; recycle "
+                    f"{broker.recycles}): clients re-send and rewind",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         pass
     running = broker.running
@@ -62,8 +69,10 @@ def _spool_flush(args: argparse.Namespace) -> int:
     done = sink.wait_delivered(args.timeout)
     left = sink.pending()
     sink.close(timeout=5)
-    print(f"spool {settings.spool_dir}: {sink.delivered} messages delivered, "
-          f"{left} bytes still spooled")  # fmt: skip
+    print(
+        f"spool {settings.spool_dir}: {sink.delivered} messages delivered, "
+        f"{left} bytes still spooled"
+    )
     return 0 if done else 1
 
 

@@ -94,8 +94,9 @@ class Deduplicator:
         entry = self._streams.get(stream)
         return bool(entry and entry.above)
 
-    def missing(self, run_id: str, rank: int = 0, upto: int | None = None,
-                attempt: int = 0) -> list[int]:  # fmt: skip
+    def missing(
+        self, run_id: str, rank: int = 0, upto: int | None = None, attempt: int = 0
+    ) -> list[int]:
         """Seqs not yet seen below ``upto`` (default: the highest seen)."""
         stream = self._streams.get((run_id, rank, attempt), _Stream())
         top = upto if upto is not None else max(stream.above, default=stream.below - 1) + 1
@@ -113,12 +114,18 @@ class MetricsConsumer:
     found: a negative offset means the broker forgot it (it restarted without its data).
     """
 
-    def __init__(self, settings: KafkaSettings, group_id: str,
-                 topics: Iterable[str] | None = None, on_assign: Any = None,
-                 on_revoke: Any = None, gap_wait: float = 1.0,
-                 decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
-                 on_rewind: Callable[[list[tuple[int, int]]], None] | None = None,
-                 **config: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group_id: str,
+        topics: Iterable[str] | None = None,
+        on_assign: Any = None,
+        on_revoke: Any = None,
+        gap_wait: float = 1.0,
+        decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
+        on_rewind: Callable[[list[tuple[int, int]]], None] | None = None,
+        **config: Any,
+    ) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.settings = settings
@@ -136,14 +143,24 @@ class MetricsConsumer:
         self._anchor: dict[tuple[str, int, int], tuple[str, int, int]] = {}
         self._claims: dict[tuple[str, int, int], tuple[str, Any]] = {}  # stream -> its start
         self._rewind = False
-        self._consumer = Consumer(settings.librdkafka(
-            CONSUMER_DEFAULTS, **{"group.id": group_id, "error_cb": self._on_error,
-                                  "logger": RDKAFKA_LOG, **config}))  # fmt: skip
-        self._dlq = Producer(settings.librdkafka({"allow.auto.create.topics": False},
-                                                 logger=RDKAFKA_LOG))  # fmt: skip
+        self._consumer = Consumer(
+            settings.librdkafka(
+                CONSUMER_DEFAULTS,
+                **{
+                    "group.id": group_id,
+                    "error_cb": self._on_error,
+                    "logger": RDKAFKA_LOG,
+                    **config,
+                },
+            )
+        )
+        self._dlq = Producer(
+            settings.librdkafka({"allow.auto.create.topics": False}, logger=RDKAFKA_LOG)
+        )
         self._on_assign, self._on_revoke = on_assign, on_revoke
-        self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
-                                 on_lost=self._lost)  # fmt: skip
+        self._consumer.subscribe(
+            self.topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+        )
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         self._forget_offsets()
@@ -210,9 +227,12 @@ class MetricsConsumer:
         first = self._claims.get(stream_of(message))
         if first is not None and first != _claim(message):
             run_id, rank, attempt = stream_of(message)
-            self.dead_letter(raw, f"run id collision: run {run_id} rank {rank} attempt {attempt} "
-                             f"claimed by two producers ({first[0]} and {_claim(message)[0]}); "
-                             "the second one's messages are dropped as duplicates")  # fmt: skip
+            self.dead_letter(
+                raw,
+                f"run id collision: run {run_id} rank {rank} attempt {attempt} "
+                f"claimed by two producers ({first[0]} and {_claim(message)[0]}); "
+                "the second one's messages are dropped as duplicates",
+            )
 
     def _track_gap(self, message: dict[str, Any], topic: str) -> None:
         """Remember where each stream was last contiguous, and since when it has a gap."""
@@ -249,14 +269,24 @@ class MetricsConsumer:
 
     def dead_letter(self, raw: Any, reason: str) -> None:
         """Keep a bad message, verbatim, with why and where it came from."""
-        headers = {"reason": reason[:1000], "topic": raw.topic(),
-                   "partition": str(raw.partition()), "offset": str(raw.offset())}  # fmt: skip
-        self._dlq.produce(self.settings.deadletter_topic, key=raw.key(), value=raw.value(),
-                          headers=headers)  # fmt: skip
+        headers = {
+            "reason": reason[:1000],
+            "topic": raw.topic(),
+            "partition": str(raw.partition()),
+            "offset": str(raw.offset()),
+        }
+        self._dlq.produce(
+            self.settings.deadletter_topic, key=raw.key(), value=raw.value(), headers=headers
+        )
         self._dlq.poll(0)
         self.dead_letters += 1
-        log.warning("foreshock: dead-lettered %s[%s]@%s: %s", raw.topic(), raw.partition(),
-                    raw.offset(), reason)  # fmt: skip
+        log.warning(
+            "foreshock: dead-lettered %s[%s]@%s: %s",
+            raw.topic(),
+            raw.partition(),
+            raw.offset(),
+            reason,
+        )
 
     def _rewind_to_committed(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING

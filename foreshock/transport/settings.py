@@ -35,15 +35,25 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RDKAFKA_LOG", "KafkaSettings", "SettingsError", "config_section", "is_secret",
-           "load_settings", "redact"]  # fmt: skip
+__all__ = [
+    "RDKAFKA_LOG",
+    "KafkaSettings",
+    "SettingsError",
+    "config_section",
+    "is_secret",
+    "load_settings",
+    "redact",
+]
 
 RDKAFKA_LOG = logging.getLogger("foreshock.rdkafka")  # librdkafka's own log lines, all clients
 
 # sasl.password, ssl.key.password, ssl.keystore.password, sasl.oauthbearer.client.secret,
 # sasl.oauthbearer.config (may hold a token), ssl.key.pem (a private key, inline), ssl_key, …
-_SECRET = re.compile(r"password|secret|token|credential|oauthbearer\.config|(^|[._])key\.pem$"
-                     r"|(^|[._])ssl[._]key$|private", re.IGNORECASE)  # fmt: skip
+_SECRET = re.compile(
+    r"password|secret|token|credential|oauthbearer\.config|(^|[._])key\.pem$"
+    r"|(^|[._])ssl[._]key$|private",
+    re.IGNORECASE,
+)
 REDACTED = "***"
 
 
@@ -108,8 +118,12 @@ class KafkaSettings:
         self, defaults: dict[str, Any] | None = None, **overrides: Any
     ) -> dict[str, Any]:
         """Client config: ``defaults`` < bootstrap servers and pass-through < ``overrides``."""
-        return {**(defaults or {}), "bootstrap.servers": self.bootstrap_servers, **self.client,
-                **overrides}  # fmt: skip
+        return {
+            **(defaults or {}),
+            "bootstrap.servers": self.bootstrap_servers,
+            **self.client,
+            **overrides,
+        }
 
     def with_bootstrap(self, bootstrap_servers: str) -> KafkaSettings:
         return replace(self, bootstrap_servers=bootstrap_servers)

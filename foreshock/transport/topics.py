@@ -28,8 +28,12 @@ def topic_names(settings: KafkaSettings) -> list[str]:
     return [settings.metrics_topic, settings.warnings_topic, settings.deadletter_topic]
 
 
-def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
-                  names: list[str] | None = None, quiet: bool = False) -> Topics:  # fmt: skip
+def ensure_topics(
+    settings: KafkaSettings,
+    timeout: float = 10.0,
+    names: list[str] | None = None,
+    quiet: bool = False,
+) -> Topics:
     """Create missing topics; report partition counts and which topics were created.
 
     Raises ``KafkaException`` when the cluster cannot be reached within ``timeout`` seconds.
@@ -48,9 +52,15 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
     created = []
     if missing:
         config = {"retention.ms": str(settings.retention_ms)}
-        new = [NewTopic(name, num_partitions=settings.partitions,
-                        replication_factor=settings.replication_factor, config=config)
-               for name in missing]  # fmt: skip
+        new = [
+            NewTopic(
+                name,
+                num_partitions=settings.partitions,
+                replication_factor=settings.replication_factor,
+                config=config,
+            )
+            for name in missing
+        ]
         for name, future in admin.create_topics(new, request_timeout=timeout).items():
             try:
                 future.result(timeout)
@@ -64,6 +74,10 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 10.0,
     counts = {name: len(topics[name].partitions) for name in names if name in topics}
     for name, count in counts.items():
         if count < settings.partitions:
-            log.warning("foreshock: topic %s has %d partitions, configured %d",
-                        name, count, settings.partitions)  # fmt: skip
+            log.warning(
+                "foreshock: topic %s has %d partitions, configured %d",
+                name,
+                count,
+                settings.partitions,
+            )
     return Topics(counts, created)

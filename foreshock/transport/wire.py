@@ -45,8 +45,17 @@ import math
 import re
 from typing import Any
 
-__all__ = ["KINDS", "RUN_ID_PATTERN", "WIRE_VERSION", "WireError", "check_run_id", "decode",
-           "encode", "stream_of", "validate"]  # fmt: skip
+__all__ = [
+    "KINDS",
+    "RUN_ID_PATTERN",
+    "WIRE_VERSION",
+    "WireError",
+    "check_run_id",
+    "decode",
+    "encode",
+    "stream_of",
+    "validate",
+]
 
 WIRE_VERSION = 1
 KINDS = ("start", "metrics", "end")

@@ -35,8 +35,12 @@ if TYPE_CHECKING:  # torch-free at run time
     from foreshock.producers.sinks import Sink
 
 __all__ = [
-    "ForeshockCallback", "ForeshockLightningCallback", "MonitoredRun", "RunAccess", "missing_extra",
-]  # fmt: skip
+    "ForeshockCallback",
+    "ForeshockLightningCallback",
+    "MonitoredRun",
+    "RunAccess",
+    "missing_extra",
+]
 
 log = logging.getLogger("foreshock.integrations")
 
@@ -144,15 +148,18 @@ class MonitoredRun:
     def running(self) -> bool:
         return self.state == "running" and self.monitor is not None
 
-    def begin(self, model: nn.Module, labels: Mapping[str, Any] | None = None,
-              *run_names: Any) -> None:  # fmt: skip
+    def begin(
+        self, model: nn.Module, labels: Mapping[str, Any] | None = None, *run_names: Any
+    ) -> None:
         """Build the Monitor on ``model`` and write the ``start`` record. Without a ``run_id``,
         the run is named by :func:`trainer_run_id` (from ``run_names``, the trainer's own),
         so that a run resumed from a checkpoint keeps its id."""
         if self.state != "new":
             if self.state == "finished":
-                log.warning("foreshock: this callback already monitored a run and closed its "
-                            "sink; use a new callback per training run")  # fmt: skip
+                log.warning(
+                    "foreshock: this callback already monitored a run and closed its "
+                    "sink; use a new callback per training run"
+                )
             return
         try:
             from foreshock.producers.monitor import Monitor
@@ -166,8 +173,9 @@ class MonitoredRun:
             self.state = "running"
         except Exception:
             self.state = "disabled"
-            log.warning("foreshock: monitoring disabled, the Monitor could not be built",
-                        exc_info=True)  # fmt: skip
+            log.warning(
+                "foreshock: monitoring disabled, the Monitor could not be built", exc_info=True
+            )
             return
         if self.monitor.active:
             import torch
@@ -179,9 +187,17 @@ class MonitoredRun:
                 **dict(labels or {}),
                 **self.labels,
             }
-            self._write({"schema": RUN_SCHEMA, "kind": "start", "run_id": self.run_id,
-                         "rank": self.monitor.rank, "time": time.time(), "labels": merged,
-                         "monitor": self.monitor.describe()})  # fmt: skip
+            self._write(
+                {
+                    "schema": RUN_SCHEMA,
+                    "kind": "start",
+                    "run_id": self.run_id,
+                    "rank": self.monitor.rank,
+                    "time": time.time(),
+                    "labels": merged,
+                    "monitor": self.monitor.describe(),
+                }
+            )
 
     def step(self, step: int, loss: Any = None) -> dict[str, Any] | None:
         """``Monitor.step`` (itself never raises); the record on monitoring steps."""
@@ -199,10 +215,20 @@ class MonitoredRun:
         assert monitor is not None
         self.state = "finished"
         if monitor.active:
-            self._write({"schema": RUN_SCHEMA, "kind": "end", "run_id": self.run_id,
-                         "rank": monitor.rank, "time": time.time(), "status": status,
-                         "last_step": self.last_step, "records": monitor.records_written,
-                         "monitor_errors": monitor.errors, **fields})  # fmt: skip
+            self._write(
+                {
+                    "schema": RUN_SCHEMA,
+                    "kind": "end",
+                    "run_id": self.run_id,
+                    "rank": monitor.rank,
+                    "time": time.time(),
+                    "status": status,
+                    "last_step": self.last_step,
+                    "records": monitor.records_written,
+                    "monitor_errors": monitor.errors,
+                    **fields,
+                }
+            )
         try:
             monitor.close()
         except Exception:

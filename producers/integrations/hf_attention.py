@@ -102,8 +102,9 @@ def _switch_implementation(model: nn.Module) -> Callable[[], None]:
 def _wrapper(base: str) -> Callable[..., Any]:
     """The registered function: measure on monitoring steps, then call ``base`` unchanged."""
 
-    def attention(module: nn.Module, query: Any, key: Any, value: Any, mask: Any,
-                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    def attention(
+        module: nn.Module, query: Any, key: Any, value: Any, mask: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         observer = getattr(module, _OBSERVER, None)
         if observer is not None and observer[0].measuring:
             _observe(observer, module, query, key, mask, kwargs)
@@ -112,8 +113,14 @@ def _wrapper(base: str) -> Callable[..., Any]:
     return attention
 
 
-def _observe(observer: tuple[Monitor, str], module: nn.Module, query: Any, key: Any,
-             mask: Any, kwargs: dict[str, Any]) -> None:  # fmt: skip
+def _observe(
+    observer: tuple[Monitor, str],
+    module: nn.Module,
+    query: Any,
+    key: Any,
+    mask: Any,
+    kwargs: dict[str, Any],
+) -> None:
     monitor, name = observer
     try:
         causal = mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1

@@ -120,8 +120,9 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         **config_options: Any,
     ) -> None:
         self._max_logit = max_logit
-        self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
-                                framework="transformers")  # fmt: skip
+        self.run = MonitoredRun(
+            sink, run_id, make_config(config, config_options), labels, framework="transformers"
+        )
         self.feed = TrackerFeed(warnings)
         self._trackers = trackers
         self._handler: Any = None  # the Trainer's CallbackHandler
@@ -141,8 +142,9 @@ class ForeshockCallback(RunAccess, TrainerCallback):
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._find_handler()
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       **kwargs: Any) -> None:  # fmt: skip
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+    ) -> None:
         self._find_handler()  # a callback added after the Trainer's __init__ starts here
         if model is None:
             log.warning("foreshock: on_train_begin without a model; monitoring disabled")

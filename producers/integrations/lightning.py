@@ -103,8 +103,9 @@ class _ForeshockHooks(RunAccess):
         **config_options: Any,
     ) -> None:
         super().__init__()
-        self.run = MonitoredRun(sink, run_id, make_config(config, config_options), labels,
-                                framework="lightning")  # fmt: skip
+        self.run = MonitoredRun(
+            sink, run_id, make_config(config, config_options), labels, framework="lightning"
+        )
         self.loss_key = loss_key
         self.feed = TrackerFeed(warnings)
         self._trackers = trackers
@@ -122,12 +123,14 @@ class _ForeshockHooks(RunAccess):
         if self.run.running:
             self.feed.start(self.run.run_id, {**labels, **self.run.labels})
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._step_before = trainer.global_step
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not self.run.running:
             return
         loss = None
