@@ -2,8 +2,9 @@
 
 ``python -m benchmarks.readme --run NAME [NAME ...]`` (or ``--run all``) runs each benchmark's
 command, keeps its closing JSON line in ``benchmarks/results/<name>.json`` together with the
-command, the time and the machine, then rewrites the README from every stored result.
-``python -m benchmarks.readme`` alone only rewrites the README. Each row names the command
+command, the time and the machine, then rewrites the README from every stored result, and the
+generated parts of the docs (``docs/detectors.md``'s detection table, ``docs/benchmarks.md``'s
+figures). ``python -m benchmarks.readme`` alone only rewrites them. Each row names the command
 that produced it.
 """
 
@@ -418,6 +419,7 @@ def save(name: str, result: dict[str, Any], args: list[str], when: float | None 
 
 
 def render() -> str:
+    """``benchmarks/README.md``: every benchmark's figures."""
     lines = [
         "# Benchmarks: the numbers",
         "",
@@ -426,9 +428,16 @@ def render() -> str:
         "`python -m benchmarks.readme --run NAME`.",
         "",
     ]
+    return "\n".join(lines) + "\n" + results_section("##")
+
+
+def results_section(level: str = "###") -> str:
+    """One section per benchmark, headed at ``level``: the body of ``benchmarks/README.md``
+    and of the docs' benchmarks page (between :data:`RESULTS_MARKERS`)."""
+    lines: list[str] = []
     for name, (_, rows, title) in BENCHMARKS.items():
         path = RESULTS / f"{name}.json"
-        lines += [f"## {title}", ""]
+        lines += [f"{level} {title}", ""]
         if not path.exists():
             lines += [f"Not measured yet: `python -m benchmarks.readme --run {name}`.", ""]
             continue
@@ -444,11 +453,15 @@ def render() -> str:
 
 DETECTION_RESULTS = ("detection_table", "detection_table_capacity", "detection_table_mixtral")
 DETECTION_MARKERS = ("<!-- detection-table -->", "<!-- /detection-table -->")
+RESULTS_MARKERS = ("<!-- benchmark-results -->", "<!-- /benchmark-results -->")
+DOCS = HERE.parent / "docs"
+DETECTION_PAGE = DOCS / "detectors.md"  # the detection table, between DETECTION_MARKERS
+RESULTS_PAGE = DOCS / "benchmarks.md"  # results_section(), between RESULTS_MARKERS
 
 
 def detection_summary() -> str:
-    """The main README's detection table: one row per (profile, held-out scenario), from the
-    stored detection_table results."""
+    """The docs' detection table (``docs/detectors.md``): one row per (profile, held-out
+    scenario), from the stored detection_table results."""
     header = (
         "| profile | scenario (held out) | warned | cause right / wrong / ambiguous "
         "| lead: mechanism | lead: symptom | own family before symptom "
@@ -486,12 +499,32 @@ def _detection_row(profile: str, scenario: str, s: dict) -> str:
     )
 
 
-def with_detection_summary(readme: str) -> str:
-    """``readme`` with the text between the detection-table markers regenerated."""
-    start, end = DETECTION_MARKERS
-    head, rest = readme.split(start, 1)
+def with_section(text: str, markers: tuple[str, str], body: str) -> str:
+    """``text`` with what lies between ``markers`` replaced by ``body``."""
+    start, end = markers
+    head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{detection_summary()}\n{end}{tail}"
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def between(text: str, markers: tuple[str, str]) -> str:
+    """What lies between ``markers`` in ``text``, stripped."""
+    start, end = markers
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def with_detection_summary(text: str) -> str:
+    """``text`` with the text between the detection-table markers regenerated."""
+    return with_section(text, DETECTION_MARKERS, detection_summary())
+
+
+def write_docs() -> None:
+    """Regenerate the generated parts of ``benchmarks/README.md`` and the docs pages."""
+    (HERE / "README.md").write_text(render())
+    DETECTION_PAGE.write_text(with_detection_summary(DETECTION_PAGE.read_text()))
+    RESULTS_PAGE.write_text(
+        with_section(RESULTS_PAGE.read_text(), RESULTS_MARKERS, results_section())
+    )
 
 
 def main() -> None:
@@ -511,10 +544,8 @@ def main() -> None:
         name, file = args.from_output
         text = Path(file).read_text().strip().splitlines()[-1]
         save(name, json.loads(text), BENCHMARKS[name][0], when=Path(file).stat().st_mtime)
-    (HERE / "README.md").write_text(render())
-    main_readme = HERE.parent / "README.md"
-    main_readme.write_text(with_detection_summary(main_readme.read_text()))
-    print(f"wrote {HERE / 'README.md'} and the detection table in {main_readme}")
+    write_docs()
+    print(f"wrote {HERE / 'README.md'}, {DETECTION_PAGE} and {RESULTS_PAGE}")
 
 
 if __name__ == "__main__":

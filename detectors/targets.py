@@ -44,9 +44,12 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from foreshock.transport.settings import SettingsError, config_section
 
-__all__ = ["KINDS", "Target", "notify_targets"]
+__all__ = ["KINDS", "RECEIVER_SETTINGS", "SETTINGS", "Target", "notify_targets"]
 
 KINDS = ("webhook", "slack", "alertmanager")
+# the [notify] section's keys, and each [[notify.receivers]] entry's (docs/operating.md)
+SETTINGS = ("secret", "receivers")
+RECEIVER_SETTINGS = ("kind", "url", "headers", "secret")
 
 _AM_PATH = "/api/v2/alerts"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
@@ -169,7 +172,7 @@ def _receivers(section: dict[str, Any], env: Mapping[str, str], path: Any) -> li
         where = f"[[notify.receivers]] #{i + 1} of {path}"
         if not isinstance(entry, dict):
             raise SettingsError(f"{where} is not a table")
-        unknown = set(entry) - {"kind", "url", "headers", "secret"}
+        unknown = set(entry) - set(RECEIVER_SETTINGS)
         if unknown:
             raise SettingsError(f"{where}: unknown keys {sorted(unknown)}")
         if "kind" not in entry or "url" not in entry:
@@ -215,7 +218,7 @@ def notify_targets(
     section: dict[str, Any] = {}
     if path:
         section = config_section(path, "notify")
-        unknown = set(section) - {"secret", "receivers"}
+        unknown = set(section) - set(SETTINGS)
         if unknown:
             raise SettingsError(f"unknown [notify] settings in {path}: {sorted(unknown)}")
     default = env.get("FORESHOCK_NOTIFY_SECRET") or None

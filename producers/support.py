@@ -2,8 +2,9 @@
 
 Each entry builds a tiny model of that architecture offline from its transformers config class
 (random weights, nothing downloaded). ``tests/test_support_matrix.py`` checks every entry
-against a dense float64 reference and the model's own attention inputs, and the README's
-support table is ``render_table()`` (a docs test compares them), so the table can't drift.
+against a dense float64 reference and the model's own attention inputs, and the support
+table of ``docs/monitoring.md`` is ``render_table()`` (a docs test compares them), so the
+table can't drift.
 
     python -m foreshock.producers.support      # print the table (needs the hf extra)
 """
@@ -219,7 +220,7 @@ def support_rows(
 
 
 def render_table(rows: list[dict[str, Any]] | None = None) -> str:
-    """The README's support table (markdown)."""
+    """The support table of docs/monitoring.md (markdown)."""
     rows = support_rows() if rows is None else rows
     header = (
         "architecture",

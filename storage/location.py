@@ -30,9 +30,10 @@ from typing import Any
 
 from foreshock.transport.settings import REDACTED, config_section, is_secret
 
-__all__ = ["DEFAULT_STORE", "RETAIN_HOURS", "StoreLocation", "load_location"]
+__all__ = ["DEFAULT_STORE", "RETAIN_HOURS", "SETTINGS", "StoreLocation", "load_location"]
 
 DEFAULT_STORE = "foreshock-history"
+SETTINGS = ("uri", "options")  # the [store] section's keys (docs/storage.md lists them)
 RETAIN_HOURS = 168.0  # vacuum keeps a week of versions readable (Delta's own default)
 REMOTE_SCHEMES = (
     "s3://",
@@ -93,7 +94,7 @@ def load_location(
     path = config or env.get("FORESHOCK_CONFIG")
     if path:
         section = config_section(path, "store")
-        unknown = set(section) - {"uri", "options"}
+        unknown = set(section) - set(SETTINGS)
         if unknown:
             raise ValueError(f"unknown [store] settings in {path}: {sorted(unknown)}")
     options = {str(k): str(v) for k, v in section.get("options", {}).items()}

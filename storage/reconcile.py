@@ -7,7 +7,7 @@ seq in 0..last_seq. A stream is
 * ``complete`` — ended, all of 0..last_seq stored;
 * ``incomplete`` — ended with seqs missing: lost between producer and store (with the
   embedded broker: it restarted while holding messages of a producer that had already closed;
-  see RELIABILITY.md). The missing ranges say what to re-send, e.g. from a kept spool with
+  see docs/reliability.md). The missing ranges say what to re-send, e.g. from a kept spool with
   ``foreshock spool flush``;
 * ``open`` — no end yet (running, or its producer died): ``missing`` counts the gaps so far.
 

@@ -70,14 +70,12 @@ def test_a_run_is_judged_by_the_config_its_start_labels_call_for():
         ProfileConfigs({"mixtral": b})
 
 
-def test_readme_detection_table_is_the_stored_results():
-    """The README's detection figures are generated from benchmarks/results, never typed."""
-    from benchmarks.readme import DETECTION_MARKERS, detection_summary
+def test_docs_detection_table_is_the_stored_results():
+    """The docs' detection figures are generated from benchmarks/results, never typed."""
+    from benchmarks.readme import DETECTION_MARKERS, DETECTION_PAGE, between, detection_summary
 
-    readme = (RECORDED_DIR.parents[1] / "README.md").read_text()
-    start, end = DETECTION_MARKERS
-    section = readme.split(start, 1)[1].split(end, 1)[0]
-    assert section.strip() == detection_summary().strip()
+    section = between(DETECTION_PAGE.read_text(), DETECTION_MARKERS)
+    assert section == detection_summary().strip()
     assert (
         "| mixtral | fa-lowprec" in section and "| gpt-moe+capacity-1 | router-collapse" in section
     )

@@ -3,7 +3,7 @@
 Every case runs its own Tansu, detector worker, sink and dashboard on 127.0.0.1 (the broker is
 one of the things killed), streams recorded lab runs through real KafkaSinks, and compares the
 store with what the producers wrote and with an undisturbed offline replay of the detectors.
-The figures for RELIABILITY.md come from ``python -m benchmarks.reliability`` (same code).
+The figures for docs/reliability.md come from ``python -m benchmarks.reliability`` (same code).
 """
 
 from __future__ import annotations

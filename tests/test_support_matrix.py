@@ -4,7 +4,8 @@ For each: every attention layer and router is found (``discovery.skipped`` empty
 discovered factors reproduce the q and k the model itself hands its attention kernel (up to
 the per-token scale of an RMS norm); Δ2, Δ3, ΔW_q/ΔW_k entropies, router token entropy, load
 entropy, ε and mean cosine equal a dense float64 reference after a real training step; and
-``max_logit`` is recorded for every layer. The README's support table is ``render_table()``.
+``max_logit`` is recorded for every layer. docs/monitoring.md's support table is
+``render_table()``.
 """
 
 from __future__ import annotations
@@ -225,8 +226,8 @@ def test_factors_reproduce_the_models_own_q_and_k(arch: Any, monkeypatch: Any) -
                 assert float(cos.min()) > 1 - 1e-9, (spec.name, which, j, float(cos.min()))
 
 
-def test_readme_support_table_is_the_matrix() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_docs_support_table_is_the_matrix() -> None:
+    readme = (ROOT / "docs" / "monitoring.md").read_text()
     section = re.search(r"<!-- support-matrix -->\n(.*?)\n<!-- /support-matrix -->", readme, re.S)
-    assert section, "README lacks the support table: python -m foreshock.producers.support"
+    assert section, "docs/monitoring.md lacks the table: python -m foreshock.producers.support"
     assert section.group(1).strip() == render_table().strip()

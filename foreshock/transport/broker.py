@@ -14,7 +14,7 @@ What Tansu does differently from Apache Kafka (measured here, handled by foresho
   holds, ~1.7 kB per metrics message (~105 MB/min at 46k values/s). With ``max_memory_mb``
   the broker is *recycled* — restarted empty on the same port — once its RSS passes the
   limit. That is the broker-restart fault every client already survives without loss
-  (producers re-send their recent messages, consumers rewind; RELIABILITY.md), so a recycle
+  (producers re-send their recent messages, consumers rewind; docs/reliability.md), so a recycle
   costs a burst of re-sent messages, not data.
 """
 
