@@ -4,8 +4,10 @@ Ingest from Kafka with one and two sink processes; the dashboard's queries on a 
 through both read paths, after compaction and after z-order; the store's size on disk.
 
 **Ingest.** ``--ingest-runs`` runs × ``--ingest-records`` monitoring records (the shipped lab
-records, ~75 values each, run id and step renumbered; default 100 × 500: 3.7 M values, as many
-as the segment store's 50 × 1,000) are produced once to a metrics topic of ``--partitions``
+records, ~75 values each, run id and step renumbered; default 100 × 1,500: 11.1 M values, so
+that each sink's start and last flush — fixed costs of about half a second — do not decide the
+two-sink ratio: at 100 × 500 (3.7 M, the segment store's size) it measured 1.45–1.63×, at
+100 × 1,500 1.78×) are produced once to a metrics topic of ``--partitions``
 partitions (default 12) on the embedded Tansu (or ``--bootstrap``). Runs are keyed to
 partitions by hash, so few runs on few partitions split unevenly between two sinks (50 runs on
 6 partitions: 35 / 15, at most 1.43× for two sinks); 100 runs on 12 split 49 / 51. Then, for
@@ -706,7 +708,7 @@ def main() -> None:
         "--layouts", default=",".join(LAYOUTS), help=f"comma-separated, of {', '.join(LAYOUTS)}"
     )
     parser.add_argument("--ingest-runs", type=int, default=100)
-    parser.add_argument("--ingest-records", type=int, default=500)
+    parser.add_argument("--ingest-records", type=int, default=1500)
     parser.add_argument(
         "--ingest-repeats",
         type=int,
