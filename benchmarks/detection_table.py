@@ -72,6 +72,17 @@ RIGHT_CAUSE = {
 
 
 HEALTHY = "healthy"
+SCENARIO_HEADER = [
+    "scenario (held out)",
+    "warned",
+    "diverged",
+    "attribution ok",
+    "wrong",
+    "ambiguous",
+    "lead: mechanism",
+    "lead: symptom",
+    "own family before symptom",
+]
 ENVELOPE_HEADER = [
     "scenario (diverged)",
     "family",
@@ -190,6 +201,96 @@ def _envelope_rows(scenario: str, figures: dict) -> list[list]:
     return rows
 
 
+def _scenario_row(scenario: str, runs: list[dict]) -> tuple[list, dict]:
+    """The first table's row for one scenario's verdicts, and its figures."""
+    n = len(runs)
+    mech = [r["mechanism_lead"] for r in runs if r["mechanism_lead"] is not None]
+    sym = [r["symptom_lead"] for r in runs if r["symptom_lead"] is not None]
+    count = {
+        k: sum(r["attribution"] == k for r in runs)
+        for k in ("correct", "wrong", "ambiguous", "none")
+    }
+    detected = sum(r["detected"] for r in runs)
+    diverged = sum(r["divergence"] is not None for r in runs)
+    earlier = sum(r["before_symptom"] for r in runs)
+    if not diverged:  # a silent fault: its own warning before any symptom, over all runs
+        earlier = sum(r["before_any_symptom"] for r in runs)
+    row = [
+        f"{scenario} ({n})",
+        f"{detected}/{n}",
+        diverged,
+        count["correct"],
+        count["wrong"],
+        count["ambiguous"],
+        _median(mech),
+        _median(sym),
+        f"{earlier}/{diverged or n}" if scenario in OWN else "-",
+    ]
+    figures = {
+        "runs": n,
+        "detected": detected,
+        "attribution": count,
+        "diverged": diverged,
+        "own_family_before_symptom": earlier,
+        "mechanism_lead_median": _median(mech),
+        "symptom_lead_median": _median(sym),
+        "verdicts": runs,
+    }
+    return row, figures
+
+
+def judge_profile(
+    directory: Path,
+    held_out: str | None = None,
+    base: DetectorConfig | None = None,
+    band_margin: float = 0.5,
+    band_floor: float | None = None,
+) -> dict:
+    """Calibrate on ``directory``'s healthy runs outside ``held_out`` (default: the profile's
+    ``HELD_OUT_HEALTHY``), replay every other run, and judge it: the figures behind both tables
+    (``rows``, ``envelope_rows``, ``figures``) with the profile, config and split."""
+    loaded, scenario_of = _load(directory)
+    if not loaded:
+        raise SystemExit(f"no recorded runs in {directory}")
+    profile = profile_of(next(iter(loaded.values())).labels)
+    held_out = held_out or HELD_OUT_HEALTHY.get(profile, "")
+    held_seeds = seed_spans(held_out) if held_out else set()
+    calib = [
+        p
+        for p, run in loaded.items()
+        if scenario_of[p] == HEALTHY and _seed(p, run) not in held_seeds
+    ]
+    held = [p for p in loaded if p not in calib]
+    base = base or DetectorConfig(BAND_RULES)
+    config = calibrate_profile(
+        [loaded[p] for p in calib], base, replay_run, band_margin, band_floor
+    )
+    verdicts: dict[str, list[dict]] = {}
+    for path in held:
+        report = replay_run(loaded[path], config)
+        verdicts.setdefault(scenario_of[path], []).append(_judge(report, scenario_of[path]))
+    envelope = healthy_envelope(loaded[p] for p in loaded if scenario_of[p] == HEALTHY)
+    rows, figures, envelope_rows = [], {}, []
+    for scenario, runs in sorted(verdicts.items()):
+        row, figures[scenario] = _scenario_row(scenario, runs)
+        rows.append(row)
+        if scenario != HEALTHY:
+            fault_runs = [loaded[p] for p in held if scenario_of[p] == scenario]
+            figures[scenario]["envelope"] = _envelope_figures(fault_runs, runs, envelope, base)
+            if diverged := figures[scenario]["diverged"]:
+                envelope_rows += _envelope_rows(f"{scenario} ({diverged})", figures[scenario])
+    return {
+        "profile": profile,
+        "config": config,
+        "held_out": held_out,
+        "calibration_runs": len(calib),
+        "healthy_runs": sum(s == HEALTHY for s in scenario_of.values()),
+        "rows": rows,
+        "envelope_rows": envelope_rows,
+        "figures": figures,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RECORDED_DIR)
@@ -213,96 +314,27 @@ def main() -> None:
         help="drop a metric's rule, e.g. max_logit: what a model that can't report it gets",
     )
     args = parser.parse_args()
-    loaded, scenario_of = _load(args.runs)
-    paths = list(loaded)
-    if not paths:
-        raise SystemExit(f"no recorded runs in {args.runs}")
-    profile = profile_of(next(iter(loaded.values())).labels)
-    args.held_out = args.held_out or HELD_OUT_HEALTHY.get(profile, "")
-    held_seeds = seed_spans(args.held_out) if args.held_out else set()
-    calib = [
-        p for p in paths if scenario_of[p] == HEALTHY and _seed(p, loaded[p]) not in held_seeds
-    ]
-    held = [p for p in paths if p not in calib]
     base = _without(
         DetectorConfig(DEFAULT_RULES if args.run_relative else BAND_RULES), args.without
     )
-    config = calibrate_profile([loaded[p] for p in calib], base, replay_run)
-    margin = config.calibration["margin"]
+    judged = judge_profile(args.runs, args.held_out, base)
+    config, figures = judged["config"], judged["figures"]
     if args.save_config:
         config.save(args.save_config)
-    verdicts: dict[str, list[dict]] = {}
-    for path in held:
-        report = replay_run(loaded[path], config)
-        verdicts.setdefault(scenario_of[path], []).append(_judge(report, scenario_of[path]))
-    envelope = healthy_envelope(loaded[p] for p in paths if scenario_of[p] == HEALTHY)
-    rows, figures, envelope_rows = [], {}, []
-    for scenario, runs in sorted(verdicts.items()):
-        n = len(runs)
-        mech = [r["mechanism_lead"] for r in runs if r["mechanism_lead"] is not None]
-        sym = [r["symptom_lead"] for r in runs if r["symptom_lead"] is not None]
-        count = {
-            k: sum(r["attribution"] == k for r in runs)
-            for k in ("correct", "wrong", "ambiguous", "none")
-        }
-        detected = sum(r["detected"] for r in runs)
-        diverged = sum(r["divergence"] is not None for r in runs)
-        earlier = sum(r["before_symptom"] for r in runs)
-        if not diverged:  # a silent fault: its own warning before any symptom, over all runs
-            earlier = sum(r["before_any_symptom"] for r in runs)
-        rows.append(
-            [
-                f"{scenario} ({n})",
-                f"{detected}/{n}",
-                diverged,
-                count["correct"],
-                count["wrong"],
-                count["ambiguous"],
-                _median(mech),
-                _median(sym),
-                f"{earlier}/{diverged or n}" if scenario in OWN else "-",
-            ]
-        )
-        figures[scenario] = {
-            "runs": n,
-            "detected": detected,
-            "attribution": count,
-            "diverged": diverged,
-            "own_family_before_symptom": earlier,
-            "mechanism_lead_median": _median(mech),
-            "symptom_lead_median": _median(sym),
-            "verdicts": runs,
-        }
-        if scenario != HEALTHY:
-            fault_runs = [loaded[p] for p in held if scenario_of[p] == scenario]
-            figures[scenario]["envelope"] = _envelope_figures(fault_runs, runs, envelope, base)
-            if diverged:
-                envelope_rows += _envelope_rows(f"{scenario} ({diverged})", figures[scenario])
     dropped = f"; without {', '.join(args.without)}" if args.without else ""
     print(
-        f"profile {profile}: calibrated on {len(calib)} healthy runs "
-        f"(held out: seeds {args.held_out}), "
-        f"margin {margin}; "
+        f"profile {judged['profile']}: calibrated on {judged['calibration_runs']} healthy runs "
+        f"(held out: seeds {judged['held_out']}), "
+        f"margin {config.calibration['margin']}; "
         f"false-alarm bound per run: {config.false_alarm}; config {config.version}"
         f"{dropped}"
     )
-    header = [
-        "scenario (held out)",
-        "warned",
-        "diverged",
-        "attribution ok",
-        "wrong",
-        "ambiguous",
-        "lead: mechanism",
-        "lead: symptom",
-        "own family before symptom",
-    ]
-    print(format_table(header, rows))
-    n_healthy = sum(s == HEALTHY for s in scenario_of.values())
+    print(format_table(SCENARIO_HEADER, judged["rows"]))
     print(
-        f"\nenvelope lead (a ceiling: [min, max] of all {n_healthy} healthy runs, exit held "
-        "to divergence); median over diverged runs (n)"
+        f"\nenvelope lead (a ceiling: [min, max] of all {judged['healthy_runs']} healthy runs, "
+        "exit held to divergence); median over diverged runs (n)"
     )
+    envelope_rows = judged["envelope_rows"]
     print(
         format_table(ENVELOPE_HEADER, envelope_rows) if envelope_rows else "(no fault run diverged)"
     )
@@ -310,9 +342,9 @@ def main() -> None:
         print(f"no diverged run, no lead: {', '.join(calm)}")
     emit_json(
         {
-            "profile": profile,
+            "profile": judged["profile"],
             "config_version": config.version,
-            "calibration_runs": len(calib),
+            "calibration_runs": judged["calibration_runs"],
             "without": args.without,
             "false_alarm_bound": config.false_alarm,
             "scenarios": figures,

@@ -147,6 +147,27 @@ def _router_collapse(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _band_frontier(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for v in r["variants"]:
+        shipped = " (shipped)" if all(v[k] == r["shipped"][k] for k in r["shipped"]) else ""
+        share = "-" if v["share"] is None else f"{v['share']:.1%} of its envelope"
+        lead = (
+            ""
+            if v["fa_lowprec_lead"] is None
+            else f"fa-lowprec lead {v['fa_lowprec_lead']} ({share}), "
+        )
+        rows.append(
+            (
+                f"floor {v['floor']}, margin {v['margin']}, confirm {v['confirm']}{shipped}: "
+                f"{v['profile']}",
+                f"{lead}false warnings {v['false_warnings']}/{v['quiet_runs']}, "
+                f"wrong causes {v['wrong_cause']}",
+            )
+        )
+    return rows
+
+
 def _false_alarms(r: dict) -> list[tuple[str, str]]:
     rows = []
     for least, rates in r["false_warning_rate"].items():
@@ -363,6 +384,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         "Lead time and false warnings, GPT-MoE with expert capacity 1.0 (held-out lab runs)",
     ),
     "router_collapse": ([], _router_collapse, "What a router collapse costs"),
+    "band_frontier": ([], _band_frontier, "Band rule knobs: earlier warnings against false ones"),
     "false_alarms": (
         [],
         _false_alarms,

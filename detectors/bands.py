@@ -123,10 +123,16 @@ class BandStandardizer(base.Base):
 
 
 def band_thresholds(
-    runs: Sequence[Recorded], config: DetectorConfig, margin: float, replay: Any
+    runs: Sequence[Recorded],
+    config: DetectorConfig,
+    margin: float,
+    replay: Any,
+    floor: float = BAND_FLOOR,
 ) -> DetectorConfig:
     """``config`` with the bands of all ``runs`` and leave-one-out thresholds for its band
-    rules (see the module docstring); ``replay(run, config) -> report with .peaks``."""
+    rules (see the module docstring); ``replay(run, config) -> report with .peaks``.
+    ``floor`` is the least threshold in band widths (``benchmarks.band_frontier`` measures
+    what lowering it costs)."""
     metrics = {r.metric for r in config.rules if r.kind == "band"} | {INFLATION_METRIC}
     thresholds = dict(config.thresholds)
     peaks: dict[str, list[float]] = {m: [] for m in metrics}
@@ -140,14 +146,14 @@ def band_thresholds(
         for m in metrics - {INFLATION_METRIC}:
             peaks[m].append(report.peaks.get(m, 0.0))
         peaks[INFLATION_METRIC].append(_sustained_peak(run, bands, config))
-    h = {m: round(max(BAND_FLOOR, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
+    h = {m: round(max(floor, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
     thresholds |= {m: h[m] for m in metrics - {INFLATION_METRIC}}
     calibration = {
         **config.calibration,
         "bands": {
             "method": "leave-one-out max excursion",
             "margin": margin,
-            "floor": BAND_FLOOR,
+            "floor": floor,
             "runs": len(runs),
             "peaks": {m: round(max(p, default=0.0), 4) for m, p in peaks.items()},
         },

@@ -91,18 +91,24 @@ def leave_one_out_margin(
 
 
 def calibrate_profile(
-    healthy: Sequence[Any], base: DetectorConfig, replay: Any, band_margin: float = 0.5
+    healthy: Sequence[Any],
+    base: DetectorConfig,
+    replay: Any,
+    band_margin: float = 0.5,
+    band_floor: float | None = None,
 ) -> DetectorConfig:
     """Thresholds for one profile from its healthy runs (objects with ``records``): the
     conformal max-statistic with leave-one-out margins for run-relative rules, healthy bands
     with leave-one-out thresholds for band rules (:mod:`foreshock.detectors.bands`).
-    ``replay(run, config)`` gives a report with ``peaks``."""
-    from .bands import band_thresholds
+    ``replay(run, config)`` gives a report with ``peaks``; ``band_floor`` None: the shipped
+    ``bands.BAND_FLOOR``."""
+    from .bands import BAND_FLOOR, band_thresholds
 
     reports = [replay(run, uncalibrated(base)) for run in healthy]
     config = calibrate(reports, base, margin=leave_one_out_margin(reports, base))
     if any(rule.kind == "band" for rule in base.rules):
-        config = band_thresholds(healthy, config, band_margin, replay)
+        floor = BAND_FLOOR if band_floor is None else band_floor
+        config = band_thresholds(healthy, config, band_margin, replay, floor)
     return config
 
 
