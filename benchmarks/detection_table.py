@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from foreshock.catalogue import SCENARIOS
 from foreshock.detectors.calibrate import calibrate_profile
 from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, FAMILIES, DetectorConfig
 from foreshock.detectors.profiles import profile_of
@@ -54,21 +55,10 @@ from foreshock.producers.records import parse_series_key
 
 from ._table import emit_json, format_table
 
-# The family a fault's own warnings come from. gbs-small feeds the router's stable-winner loop
-# (noisier margins); a learning-rate ramp collapses the router first of the mechanisms.
-OWN = {
-    "fa-lowprec": {"attention-numerics"},
-    "lr-high": {"router"},
-    "gbs-small": {"router"},
-    "combined": {"attention-numerics", "router"},
-    "router-collapse": {"router"},
-}
-# The causes a first mechanism warning may rightly name: lr-high is an optimizer fault.
-RIGHT_CAUSE = {
-    **OWN,
-    "lr-high": {"optimizer", "router"},
-    "combined": {"attention-numerics", "router", "optimizer"},
-}
+# The family a fault's own warnings come from, and the causes its first mechanism warning may
+# rightly name (lr-high is an optimizer fault): the catalogue's.
+OWN = {s.name: set(s.own) for s in SCENARIOS if s.own}
+RIGHT_CAUSE = {s.name: set(s.right_causes) for s in SCENARIOS if s.own}
 
 
 HEALTHY = "healthy"

@@ -18,6 +18,7 @@ from typing import Any
 
 import streamlit as st
 
+from foreshock.catalogue import SERIES, series
 from foreshock.storage import queries
 from foreshock.storage.location import DEFAULT_STORE
 from foreshock.storage.reader import open_history
@@ -40,17 +41,21 @@ __all__ = [
 
 TTL = 2.0  # seconds between reads of the store's versions
 KEEP = 600.0  # seconds an answer for one version stays cached
+# The monitors a person can chart, in menu order; labels and families come from the catalogue.
+CHARTED = (
+    "attn.d2.entropy_mean",
+    "attn.dwq.entropy",
+    "attn.dwk.entropy",
+    "max_logit",
+    "router.token_entropy_norm",
+    "router.load_entropy",
+    "router.epsilon",
+    "grad_norm",
+)
 MONITORS: dict[str, tuple[str, str]] = {  # label -> (metric, family)
-    "Δ2 spectral entropy (QK increment)": ("attn.d2.entropy_mean", "attention-numerics"),
-    "ΔW_q spectral entropy": ("attn.dwq.entropy", "attention-numerics"),
-    "ΔW_k spectral entropy": ("attn.dwk.entropy", "attention-numerics"),
-    "max attention logit": ("max_logit", "attention-numerics"),
-    "router token entropy (normalised)": ("router.token_entropy_norm", "router"),
-    "expert-load entropy": ("router.load_entropy", "router"),
-    "router ε (row conditioning)": ("router.epsilon", "router"),
-    "grad norm": ("grad_norm", "symptom"),
+    series(m).label: (m, series(m).family) for m in CHARTED
 }
-PER_HEAD = {"attn.d2.entropy_mean": "attn.d2.entropy"}  # module metric -> its per-head metric
+PER_HEAD = {s.metric: s.per_head for s in SERIES if s.per_head}  # module metric -> per-head
 
 
 def store_path() -> str:

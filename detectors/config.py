@@ -23,18 +23,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.catalogue import FAMILIES, MECHANISMS, SERIES
+
 __all__ = [
     "BAND_RULES",
     "DEFAULT_RULES",
     "FAMILIES",
     "KINDS",
+    "MECHANISMS",
     "DetectorConfig",
     "SeriesRule",
 ]
-
-FAMILIES = ("attention-numerics", "router", "symptom")
-MECHANISMS = ("attention-numerics", "router")
-
 
 KINDS = ("cusum", "level", "band")
 
@@ -63,17 +62,16 @@ class SeriesRule:
         return ("up", "down") if self.direction == "both" else (self.direction,)
 
 
-DEFAULT_RULES: tuple[SeriesRule, ...] = (
-    SeriesRule("attn.d2.entropy_mean", "attention-numerics", "down"),
-    SeriesRule("attn.dwq.entropy", "attention-numerics", "down"),
-    SeriesRule("attn.dwk.entropy", "attention-numerics", "down"),
-    SeriesRule("max_logit", "attention-numerics", "up"),
-    SeriesRule("router.token_entropy_norm", "router", "down", "level"),
-    SeriesRule("router.load_entropy", "router", "down", "level"),
-    SeriesRule("router.epsilon", "router", "both"),
-    SeriesRule("loss", "symptom", "up"),
-    SeriesRule("grad_norm", "symptom", "up"),
-    SeriesRule("weight_norm", "symptom", "up"),
+# How each catalogue series fails when not by a change in rate (``cusum``, the default). The
+# router's entropies slide to a fraction of their warm-up level (see the module docstring).
+LEVEL_METRICS = ("router.token_entropy_norm", "router.load_entropy")
+# Only with expert capacity, and only judged against healthy runs (below).
+BAND_ONLY_METRICS = ("router.dropped_fraction",)
+
+DEFAULT_RULES: tuple[SeriesRule, ...] = tuple(
+    SeriesRule(s.metric, s.family, s.direction, "level" if s.metric in LEVEL_METRICS else "cusum")
+    for s in SERIES
+    if s.metric not in BAND_ONLY_METRICS
 )
 
 
@@ -90,7 +88,11 @@ BAND_METRICS = (
 )
 BAND_RULES: tuple[SeriesRule, ...] = (
     *(replace(r, kind="band") if r.metric in BAND_METRICS else r for r in DEFAULT_RULES),
-    SeriesRule("router.dropped_fraction", "router", "up", "band"),
+    *(
+        SeriesRule(s.metric, s.family, s.direction, "band")
+        for s in SERIES
+        if s.metric in BAND_ONLY_METRICS
+    ),
 )
 
 

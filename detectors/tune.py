@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 
 import polars as pl
 
+from foreshock.catalogue import SCENARIOS
+
 from .calibrate import calibrate, leave_one_out_margin, uncalibrated
 from .config import MECHANISMS, DetectorConfig
 from .engine import RunDetector
@@ -51,14 +53,10 @@ __all__ = [
     "tune",
 ]
 
-# the family whose warning detects each fault (combined: both); as benchmarks.detection_table
-OWN: dict[str, tuple[str, ...]] = {
-    "fa-lowprec": ("attention-numerics",),
-    "lr-high": ("router",),
-    "gbs-small": ("router",),
-    "combined": ("attention-numerics", "router"),
-}
-NOT_FAULTY = ("healthy", "fa-noise")  # any mechanism warning on these is a false warning
+# the family whose warning detects each fault (combined: both), from the catalogue; a
+# scenario the catalogue does not know is a fault of unknown family
+OWN: dict[str, tuple[str, ...]] = {s.name: s.own for s in SCENARIOS if not s.quiet}
+NOT_FAULTY = tuple(s.name for s in SCENARIOS if s.quiet)  # any mechanism warning is false
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "k": (0.25, 0.5, 1.0),
     "confirm": (1, 2, 3),
@@ -235,7 +233,7 @@ def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
     """One row per family the run is judged on: a fault's families, or every mechanism
-    family (false warnings) for a healthy or fa-noise run."""
+    family (false warnings) for a quiet run (healthy or a control)."""
     div = report.divergence_step
     if not run.faulty:
         return [

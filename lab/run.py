@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from foreshock import __version__
+from foreshock.detectors.divergence import DivergenceRule, divergence_step
 from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
 from foreshock.producers.records import RUN_SCHEMA, finite_or_none
@@ -28,7 +29,6 @@ from foreshock.producers.sinks import JsonlSink, Sink
 
 from .arch import LabModel, build
 from .data import ByteBatches, stdlib_bytes
-from .divergence import DivergenceRule, divergence_step
 from .faults import Fault
 from .model import GPTConfig
 

@@ -1,12 +1,5 @@
-"""Scenario names, torch-free so that the CLI can list them without importing torch."""
+"""Scenario names (the catalogue's), torch-free so that the CLI can list them without torch."""
 
-SCENARIOS = (
-    "healthy",
-    "fa-lowprec",
-    "fa-noise",
-    "lr-high",
-    "gbs-small",
-    "combined",
-    "router-collapse",
-    "router-mild",
-)
+from foreshock.catalogue import scenario_names
+
+SCENARIOS = scenario_names()

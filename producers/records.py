@@ -9,7 +9,7 @@ A record is a JSON object::
      "flags": ["nonfinite:grad_norm"]}
 
 Each value's key names a series: ``<metric>[@<module>][#h<head>]`` — the metric (its first dot
-component is its family: ``attn``, ``router``; symptoms have none), the module path in the
+component hints at its family, :mod:`foreshock.catalogue` says which), the module path in the
 model, and the head index for per-head values. A value is a float, or null where it is not
 finite (a flag then says which).
 """
@@ -24,7 +24,6 @@ __all__ = [
     "METRICS_SCHEMA",
     "RUN_SCHEMA",
     "SeriesKey",
-    "family_of",
     "finite_or_none",
     "parse_series_key",
     "series_key",
@@ -66,23 +65,6 @@ def parse_series_key(key: str) -> SeriesKey:
         raise ValueError(f"malformed series key: {key!r}")
     head = match["head"]
     return SeriesKey(match["metric"], match["module"], None if head is None else int(head))
-
-
-def family_of(metric: str) -> str:
-    """Monitor family of a metric: ``attention-numerics``, ``router`` or ``symptom``.
-
-    The metric's first component names it, except ``max_logit``: the attention logits are the
-    FA fault's feedback loop itself (biased Q/K gradients → growing logits), not a symptom.
-
-    >>> family_of("attn.dwq.entropy"), family_of("router.epsilon"), family_of("loss")
-    ('attention-numerics', 'router', 'symptom')
-    >>> family_of("max_logit")
-    'attention-numerics'
-    """
-    if metric == "max_logit":
-        return "attention-numerics"
-    prefix = metric.split(".", 1)[0]
-    return {"attn": "attention-numerics", "router": "router"}.get(prefix, "symptom")
 
 
 def finite_or_none(value: float) -> float | None:

@@ -42,7 +42,6 @@ __all__ = [
     "value_count_mismatches",
 ]
 
-MECHANISM_FAMILIES = ("attention-numerics", "router")
 
 _FLEET = """
 WITH w AS (

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from foreshock.detectors.divergence import DivergenceRule, divergence_step
 from foreshock.lab.arch import build
 from foreshock.lab.attention import LowPrecision, flash_attention, round_mantissa
-from foreshock.lab.divergence import DivergenceRule, divergence_step
 from foreshock.lab.faults import Fault
 from foreshock.lab.model import GPT, GPTConfig
 from foreshock.lab.run import RunConfig, _param_groups, config_from_labels, run_lab

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 import streamlit as st
 
+from foreshock.catalogue import MECHANISMS
 from foreshock.dashboard import data
 from foreshock.dashboard.text import html_text, md_code
 
@@ -80,7 +81,7 @@ def _filters() -> dict:
     projects = ["all", *data.projects()]
     project = cols[0].selectbox("project", projects)
     status = cols[1].selectbox("status", ["all", "warning", "diverged", "healthy", "finished"])
-    family = cols[2].selectbox("fault family", ["all", "attention-numerics", "router"])
+    family = cols[2].selectbox("fault family", ["all", *MECHANISMS])
     window = cols[3].selectbox("last data within", list(WINDOWS))
     pick = lambda v: None if v == "all" else v  # noqa: E731
     return {
