@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.harness import Replay, recorded_runs
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.wire import encode
 
@@ -24,20 +24,20 @@ from ._table import emit_json, format_table
 
 
 def _messages(copies: int) -> list[tuple[bytes, bytes]]:
+    """Every shipped run ``copies`` times (run ids ``b<copy>-<name>``), numbered and encoded;
+    every run ends ``finished`` so that no copy is told apart by its status."""
     out = []
-    runs = [load_run(p) for p in shipped_runs()]
+    runs = recorded_runs()
     for copy in range(copies):
         for run in runs:
-            run_id = f"b{copy}-{run.path.name.split('.')[0]}"
-            body = [{**run.start, "kind": "start"}] + [
-                {**r, "kind": "metrics"} for r in run.records
-            ]
-            body.append({**(run.end or {}), "kind": "end", "status": "finished"})
-            for seq, message in enumerate(body):
-                message = {**message, "run_id": run_id, "rank": 0, "seq": seq}
-                if message["kind"] == "end":
-                    message["last_seq"] = seq
-                out.append((run_id.encode(), encode(message)))
+            replay = Replay(run, f"b{copy}-{run.path.name.split('.')[0]}", interval=0)
+            last = len(replay) - 1
+            for seq in range(len(replay)):
+                kind = "start" if seq == 0 else "end" if seq == last else "metrics"
+                message = {**replay.message(seq), "kind": kind, "rank": 0, "seq": seq}
+                if kind == "end":
+                    message.update(status="finished", last_seq=seq)
+                out.append((replay.run_id.encode(), encode(message)))
     return out
 
 

@@ -35,13 +35,21 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.services import ServiceGroup, foreshock_command
-from foreshock.storage.store import store_exists
-from foreshock.transport.broker import free_port
+from foreshock.harness import (
+    DETECT,
+    SINK,
+    Pipeline,
+    finished,
+    paced,
+    recorded_run,
+    renumbered,
+    scoped,
+    scrape,
+    stored_totals,
+)
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, quantile
@@ -56,67 +64,31 @@ def _init_producer(counter: Any) -> None:
 
 def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
     """One producer process: its runs, one record each per 1/rate s, then their end."""
-    from foreshock.lab.recorded import load_run, shipped_runs
     from foreshock.producers.kafka_sink import KafkaSink
 
     ids, settings_dict, rate, records = args
     settings = KafkaSettings(**settings_dict)
-    paths = shipped_runs()
-    runs = {i: load_run(paths[i % len(paths)]) for i in ids}
+    runs = {i: recorded_run(i) for i in ids}
     sink = KafkaSink(settings, name=f"fleet-{uuid.uuid4().hex[:6]}")
     sink.wait_delivered(30)
     for i, run in runs.items():
         sink.write({**run.start, "run_id": f"fleet-{i}"})
     with _WRITTEN.get_lock():
         _WRITTEN.value += len(runs)
-    start, values = time.monotonic(), 0
-    for n in range(records):
-        time.sleep(max(0.0, start + n / rate - time.monotonic()))
+    values = 0
+    for n in paced(records, rate):
         for i, run in runs.items():
-            record = run.records[n % len(run.records)]
-            sink.write({**record, "run_id": f"fleet-{i}", "step": n * 25, "time": time.time()})
+            record = renumbered(run, n, f"fleet-{i}", step=n * 25)
+            sink.write(record)
             values += len(record["values"])
         with _WRITTEN.get_lock():
             _WRITTEN.value += len(runs)
     for i in runs:
-        sink.write(
-            {
-                "schema": "foreshock.run/1",
-                "kind": "end",
-                "run_id": f"fleet-{i}",
-                "status": "finished",
-                "divergence_step": None,
-            }
-        )
+        sink.write(finished(f"fleet-{i}"))
     with _WRITTEN.get_lock():
         _WRITTEN.value += len(runs)
     sink.close(timeout=120)
     return {"values": values, "pending": sink.pending(), "spooled": sink.spooled}
-
-
-def scrape(url: str) -> tuple[float, float]:
-    """(messages consumed, consumer lag summed over partitions) from a service's /metrics.
-
-    Lag as the service's own consumer sees it (high watermarks from its fetches): Tansu
-    answers a direct watermark query with a wrong end offset, so nothing here asks for one.
-    """
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return float("nan"), float("nan")
-    consumed = lag = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "foreshock_messages_consumed_total":
-                consumed += sample.value
-            elif sample.name == "foreshock_consumer_lag":
-                lag += sample.value
-    return consumed, lag
 
 
 def _sample(urls: dict[str, list[str]], written: int, store: Path) -> dict[str, dict]:
@@ -126,20 +98,9 @@ def _sample(urls: dict[str, list[str]], written: int, store: Path) -> dict[str, 
     out = {}
     for service, service_urls in urls.items():
         scraped = [scrape(u) for u in service_urls]
-        done = sum(c for c, _ in scraped) if service == "detectors" else _stored_messages(store)
+        done = sum(c for c, _ in scraped) if service == "detectors" else stored_totals(store)[0]
         out[service] = {"lag": sum(lag for _, lag in scraped), "backlog": written - done}
     return out
-
-
-def _stored_messages(store: Path) -> int:
-    from foreshock.storage.reader import open_history
-
-    if not store_exists(str(store)):
-        return 0
-    with open_history(store) as history:
-        return history.sql(
-            "SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM run_events) AS n"
-        ).to_pylist()[0]["n"]
 
 
 class WarningClock(threading.Thread):
@@ -187,16 +148,6 @@ def _latencies(store: Path, arrivals: dict[str, tuple[str, int, float]]) -> list
     ]
 
 
-def _stored_values(store: Path) -> int:
-    from foreshock.storage.reader import open_history
-
-    if not store_exists(str(store)):
-        return 0
-    with open_history(store) as history:
-        rows = history.sql("SELECT coalesce(sum(n_values), 0)::BIGINT AS v FROM steps")
-        return rows.to_pylist()[0]["v"]
-
-
 def _finite_max(values: list[float]) -> float | None:
     finite = [v for v in values if v == v]
     return max(finite) if finite else None
@@ -206,53 +157,30 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
     """One (N, W) point; see the module docstring."""
     from foreshock.storage import queries
     from foreshock.storage.reader import open_history
-    from foreshock.transport.topics import ensure_topics
 
     name = f"fleet{n}w{workers}-{uuid.uuid4().hex[:4]}"
-    settings = replace(
-        base,
-        metrics_topic=f"{name}.metrics",
-        warnings_topic=f"{name}.warnings",
-        deadletter_topic=f"{name}.dead",
-    )
-    ensure_topics(settings)
     root = Path(tempfile.mkdtemp(prefix="foreshock-fleet-"))
     store = root / "history"
-    env = {
-        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-        "FORESHOCK_KAFKA_SPOOL_DIR": str(root / "spool"),
-    }
-    clock = WarningClock(settings)
-    clock.start()
+    pipeline = Pipeline(
+        scoped(base, name, spool_dir=str(root / "spool")),
+        store=store,
+        log_dir=root / "logs",
+        parts={SINK: SINK} | {f"detect-{w}": DETECT for w in range(workers)},
+        groups={SINK: f"{name}-sink", DETECT: f"{name}-det"},
+    )
     samples: list[tuple[float, dict[str, dict[str, float]]]] = []
-    with ServiceGroup(env, root / "logs") as group:
-        ports = {"sink": [free_port()], "detectors": [free_port() for _ in range(workers)]}
-        urls = {k: [f"http://127.0.0.1:{p}/metrics" for p in v] for k, v in ports.items()}
-        group.start(
-            "sink",
-            foreshock_command(
-                "sink",
-                "--store",
-                str(store),
-                "--group",
-                f"{name}-sink",
-                "--metrics-port",
-                str(ports["sink"][0]),
-            ),
-        )
-        for w, port in enumerate(ports["detectors"]):
-            group.start(
-                f"detect-{w}",
-                foreshock_command("detect", "--group", f"{name}-det", "--metrics-port", str(port)),
-            )
+    with pipeline.start():
+        settings = pipeline.settings
+        clock = WarningClock(settings)
+        clock.start()
+        urls = {
+            "sink": [pipeline.metrics_url(SINK)],
+            "detectors": [pipeline.metrics_url(f"detect-{w}") for w in range(workers)],
+        }
         time.sleep(8)  # group joins (Tansu holds a JoinGroup for half the session timeout)
         procs = min(args.processes, n)
         chunks = [list(range(k, n, procs)) for k in range(procs)]
-        settings_dict = {**settings.__dict__, "spool_dir": str(root / "spool")}
+        settings_dict = {**settings.__dict__}
         context = mp.get_context("spawn")
         written = context.Value("q", 0)
         t0 = time.monotonic()
@@ -276,7 +204,7 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
         total_s = time.monotonic() - t0
         time.sleep(3)  # the last warnings
         samples.append((time.monotonic() - t0, _sample(urls, written.value, store)))
-        stored = _stored_values(store)
+        stored = stored_totals(store)[1]
         clock.stop.set()
         clock.join(5)
         query_t = time.perf_counter()

@@ -50,17 +50,26 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.services import ServiceGroup, foreshock_command
-from foreshock.storage.store import store_exists
-from foreshock.transport.broker import free_port
+from foreshock.harness import (
+    DASHBOARD,
+    DETECT,
+    SINK,
+    Pipeline,
+    finished,
+    recorded_runs,
+    renumbered,
+    scoped,
+    scrape,
+    stored_totals,
+    wait_healthy,
+)
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, median
-from .fleet import _finite_max, scrape
+from .fleet import _finite_max
 
 SATURATION = Path(__file__).parent / "results" / "fleet_saturation.json"
 SERVICES = ("broker", "detector", "sink", "dashboard")
@@ -83,13 +92,11 @@ def _count(n: int) -> None:
 
 def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
     """One producer process: keep its slots busy until the end of the load, then end them."""
-    from foreshock.lab.recorded import load_run, shipped_runs
     from foreshock.producers.kafka_sink import KafkaSink
 
     slots, n_slots, settings_dict, opts = args
     settings = KafkaSettings(**settings_dict)
-    paths = shipped_runs()
-    runs = [load_run(p) for p in paths]
+    runs = recorded_runs()
     sink = KafkaSink(settings, name=f"soak-{uuid.uuid4().hex[:6]}")
     sink.wait_delivered(30)
     t0, rate, run_s = opts["t0"], opts["rate"], opts["run_seconds"]
@@ -109,15 +116,7 @@ def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
 
     def end(slot: int) -> None:
         nonlocal ended
-        sink.write(
-            {
-                "schema": "foreshock.run/1",
-                "kind": "end",
-                "run_id": state[slot]["id"],
-                "status": "finished",
-                "divergence_step": None,
-            }
-        )
+        sink.write(finished(state[slot]["id"]))
         ended += 1
 
     time.sleep(max(0.0, t0 - time.time()))
@@ -140,8 +139,8 @@ def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
                 start(slot, s["gen"] + 1, due)
                 written += 2
                 s = state[slot]
-            record = s["run"].records[s["n"] % len(s["run"].records)]
-            sink.write({**record, "run_id": s["id"], "step": s["n"] * 25, "time": time.time()})
+            record = renumbered(s["run"], s["n"], s["id"], step=s["n"] * 25)
+            sink.write(record)
             s["n"] += 1
             values += len(record["values"])
             records += 1
@@ -196,25 +195,11 @@ def _rss_mb(groups: dict[str, int], extra: dict[str, list[int]]) -> dict[str, fl
     return {name: round(v / 1024, 1) if name in seen else None for name, v in kb.items()}
 
 
-def _stored(store: Path) -> tuple[int, int]:
-    """(messages, metric values) in the store: steps + run events, and their values."""
-    from foreshock.storage.reader import open_history
-
-    if not store_exists(str(store)):
-        return 0, 0
-    with open_history(store) as history:
-        row = history.sql(
-            "SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM run_events) AS n, "
-            "(SELECT coalesce(sum(n_values), 0)::BIGINT FROM steps) AS v"
-        ).to_pylist()[0]
-    return row["n"], row["v"]
-
-
 def _pipeline(urls: dict[str, str], written: Any, store: Path) -> dict[str, Any]:
     """Consumer lag (each service's own gauge) and backlog: messages written by the producers
     and not yet consumed by the detector, or not yet stored by the sink. The store and the
     services are read before the producers' counter, so a backlog is never understated."""
-    stored_messages, stored_values = _stored(store)
+    stored_messages, stored_values = stored_totals(store)
     detector, sink = scrape(urls["detector"]), scrape(urls["sink"])
     n = written.value
     return {
@@ -279,17 +264,6 @@ class PageProbe(threading.Thread):
                 return
 
 
-def _wait_healthy(url: str, timeout: float = 90) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                return True
-        except OSError:
-            time.sleep(0.5)
-    return False
-
-
 # ---- the run ---------------------------------------------------------------------------------
 def saturation_rate() -> float:
     """Sustained values/s with one detector worker, from the stored fleet_saturation result."""
@@ -301,9 +275,7 @@ def saturation_rate() -> float:
 
 
 def _mean_values_per_record() -> float:
-    from foreshock.lab.recorded import load_run, shipped_runs
-
-    runs = [load_run(p) for p in shipped_runs()]
+    runs = recorded_runs()
     return sum(sum(len(r["values"]) for r in x.records) / len(x.records) for x in runs) / len(runs)
 
 
@@ -318,7 +290,6 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float | None:
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     from foreshock.transport.broker import EmbeddedBroker
-    from foreshock.transport.topics import ensure_topics
 
     saturation = saturation_rate()
     target = args.values_per_s or args.fraction * saturation
@@ -338,61 +309,27 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     )
     root = Path(tempfile.mkdtemp(prefix="foreshock-soak-"))
     store = root / "history"
+    name = f"soak-{uuid.uuid4().hex[:4]}"
     broker = EmbeddedBroker(log_path=root / "broker.log", max_memory_mb=args.broker_max_mb or None)
+    pipeline = Pipeline(
+        scoped(KafkaSettings(partitions=6), name, spool_dir=str(root / "spool")),
+        store=store,
+        log_dir=root / "logs",
+        parts={"sink": SINK, "detector": DETECT, "dashboard": DASHBOARD},
+        groups={SINK: f"{name}-sink", DETECT: f"{name}-det"},
+        env={"STREAMLIT_SERVER_ENABLE_AGENT_API": "true"},
+        broker=broker,
+        recreate_topics=True,  # a recycled broker comes up empty
+    )
     samples: list[dict[str, Any]] = []
     try:
-        broker.start()
-        name = f"soak-{uuid.uuid4().hex[:4]}"
-        settings = replace(
-            KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=6),
-            metrics_topic=f"{name}.metrics",
-            warnings_topic=f"{name}.warnings",
-            deadletter_topic=f"{name}.dead",
-            spool_dir=str(root / "spool"),
-        )
-        ensure_topics(settings)
-        broker.on_start = lambda _bootstrap: ensure_topics(settings)
-        env = {
-            "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-            "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-            "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-            "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-            "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
-            "STREAMLIT_SERVER_ENABLE_AGENT_API": "true",
-        }
-        with ServiceGroup(env, root / "logs") as group:
-            ports = {"sink": free_port(), "detector": free_port(), "dashboard": free_port()}
-            urls = {k: f"http://127.0.0.1:{ports[k]}/metrics" for k in ("detector", "sink")}
-            processes = {
-                "sink": group.start(
-                    "sink",
-                    foreshock_command(
-                        "sink",
-                        "--store",
-                        str(store),
-                        "--group",
-                        f"{name}-sink",
-                        "--metrics-port",
-                        str(ports["sink"]),
-                    ),
-                ),
-                "detector": group.start(
-                    "detector",
-                    foreshock_command(
-                        "detect", "--group", f"{name}-det", "--metrics-port", str(ports["detector"])
-                    ),
-                ),
-                "dashboard": group.start(
-                    "dashboard",
-                    foreshock_command(
-                        "dashboard", "--store", str(store), "--port", str(ports["dashboard"])
-                    ),
-                ),
-            }
-            groups = {"broker": broker.process.pid, **{k: p.pid for k, p in processes.items()}}
-            dash_url = f"http://127.0.0.1:{ports['dashboard']}"
-            if not _wait_healthy(dash_url):
+        with pipeline.start():
+            settings, group = pipeline.settings, pipeline.group
+            urls = {k: pipeline.metrics_url(k) for k in ("detector", "sink")}
+            groups = {"broker": broker.process.pid}
+            groups |= {k: p.pid for k, p in group.processes.items()}
+            dash_url = pipeline.url()
+            if not wait_healthy(dash_url, 90):
                 raise RuntimeError(f"the dashboard did not start; log in {root / 'logs'}")
             time.sleep(8)  # consumer group joins (Tansu holds a JoinGroup for a while)
             probe = PageProbe(dash_url, args.page_every)
@@ -455,7 +392,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             logs = root / "logs"
             tail = {n: _tail(logs / f"{n}.log") for n in final["failed"]}
     finally:
-        broker.stop()
+        pipeline.stop()
         if args.keep:
             print(f"kept {root}", flush=True)
         else:

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.harness import paced, recorded_runs, renumbered
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, quantile
@@ -40,19 +40,15 @@ def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int
         deadletter_topic=f"{topic}.dead",
         spool_dir=spool_dir,
     )
-    runs = [load_run(p).records for p in shipped_runs()]
+    runs = recorded_runs()
     sinks = {i: KafkaSink(settings, name=f"bench-{i}") for i in ids}
     for sink in sinks.values():  # connected, topics checked: measure the steady state
         sink.wait_delivered(30)
     written = values = 0
     first = time.time()
-    for n in range(per_producer):
-        if rate > 0:
-            time.sleep(max(0.0, first + n / rate - time.time()))
+    for n in paced(per_producer, rate, start=first, clock=time.time):
         for i in ids:
-            records = runs[i % len(runs)]
-            record = dict(records[n % len(records)])
-            record.update(run_id=f"sim-{i}", step=n, time=time.time())
+            record = renumbered(runs[i % len(runs)], n, f"sim-{i}", step=n)
             sinks[i].write(record)
             written += 1
             values += len(record["values"])

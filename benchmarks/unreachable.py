@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.harness import scoped, service_env
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 
@@ -89,15 +90,7 @@ def train_once(mode: str, run_id: str, steps: int, settings: KafkaSettings) -> d
 
 def flush(settings: KafkaSettings, timeout: float) -> tuple[float, str]:
     """``foreshock spool flush`` for ``settings``' spool folder; (seconds, its output)."""
-    env = {
-        **os.environ,
-        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-        "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
-    }
+    env = {**os.environ, **service_env(settings)}
     tick = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", str(timeout)],
@@ -202,22 +195,16 @@ def main() -> None:
     logging.getLogger("foreshock.producers.kafka_sink").setLevel(logging.ERROR)  # "kept in …"
     root = Path(tempfile.mkdtemp(prefix="foreshock-unreachable-"))
     token = uuid.uuid4().hex[:6]
-    topics = {
-        "metrics_topic": f"unreach-{token}.metrics",
-        "warnings_topic": f"unreach-{token}.warnings",
-        "deadletter_topic": f"unreach-{token}.dead",
-    }
     closed_port = free_port()  # nothing listens here until the flush
     live_broker = EmbeddedBroker(log_path=root / "live-broker.log")
     later_broker = EmbeddedBroker(port=closed_port, log_path=root / "later-broker.log")
     results: list[dict[str, Any]] = []
     try:
         live_broker.start()
-        live = KafkaSettings(
-            bootstrap_servers=live_broker.bootstrap,
-            partitions=3,
+        live = scoped(
+            KafkaSettings(bootstrap_servers=live_broker.bootstrap, partitions=3),
+            f"unreach-{token}",
             spool_dir=str(root / "spool-live"),
-            **topics,
         )
         away = replace(
             live, bootstrap_servers=f"127.0.0.1:{closed_port}", spool_dir=str(root / "spool-away")

@@ -25,6 +25,16 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from foreshock.transport.warning import (
+    ACTIONS,
+    DETECTOR_EVENTS,
+    EVENTS,
+    FACTS,
+    RESOLVED_BY,
+    SCHEMA,
+    resolved_by,
+)
+
 __all__ = [
     "ACTIONS",
     "DETECTOR_EVENTS",
@@ -37,47 +47,8 @@ __all__ = [
     "state_of",
 ]
 
-DETECTOR_EVENTS = ("opened", "updated", "cleared")
-ACTIONS = ("acknowledged", "silenced")
-EVENTS = DETECTOR_EVENTS + ACTIONS
 STATES = ("open", "acknowledged", "silenced", "resolved")
-RESOLVED_BY = ("statistic", "run ended")
-
-# the warning's own facts, copied into a person's event from the warning's latest state
-_FACTS = (
-    "id",
-    "run_id",
-    "family",
-    "module",
-    "series",
-    "direction",
-    "step",
-    "role",
-    "statistic",
-    "threshold",
-    "false_alarm_rate",
-    "config_version",
-    "divergence_step",
-    "lead_time",
-)
 _MAX_TEXT = 500
-
-
-def resolved_by(event: dict[str, Any]) -> str | None:
-    """Why a ``cleared`` event resolved its warning (None for any other event).
-
-    A clearing stored before the reason was recorded was a statistic's: nothing else cleared.
-
-    >>> resolved_by({"event": "cleared", "evidence": {"resolved_by": "run ended"}})
-    'run ended'
-    >>> resolved_by({"event": "cleared", "evidence": None}), resolved_by({"event": "opened"})
-    ('statistic', None)
-    """
-    if event.get("event") != "cleared":
-        return None
-    evidence = event.get("evidence")
-    reason = evidence.get("resolved_by") if isinstance(evidence, dict) else None
-    return reason if reason in RESOLVED_BY else "statistic"
 
 
 def state_of(events: Iterable[dict[str, Any]], now: float | None = None) -> str:
@@ -158,8 +129,8 @@ def action_event(
         "via": via,
     }
     return {
-        "schema": "foreshock.warning/1",
-        **{k: warning.get(k) for k in _FACTS},
+        "schema": SCHEMA,
+        **{k: warning.get(k) for k in FACTS},
         "event": kind,
         "cleared_step": None,
         "evidence": evidence,

@@ -8,7 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-from foreshock.services import stop_on_signals
 from foreshock.table import format_table
 
 from .config import DetectorConfig
@@ -98,29 +97,17 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
-    from foreshock.telemetry import MetricsPortError
-    from foreshock.transport.settings import load_settings
+    from foreshock.transport.service import config_from_args, serve
 
-    from .worker import DetectorWorker
+    from .worker import DetectorWorker, WorkerConfig
 
-    try:
-        worker = DetectorWorker(
-            load_settings(args.config),
-            _detect_config(args),
-            group_id=args.group,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-        )
-    except MetricsPortError as exc:
-        print(f"foreshock detect: {exc}", file=sys.stderr)
-        return 2
-    stop = stop_on_signals()
-    print(f"foreshock detect: group {args.group}, config {worker.config.version}", flush=True)
-    if worker.telemetry is not None:
-        print(f"foreshock detect: metrics at {worker.telemetry.url}", flush=True)
-    worker.run(stop, idle_exit=args.idle_exit)
-    print(f"foreshock detect: {worker.messages} messages, {worker.warnings} events", flush=True)
-    return 0
+    config = config_from_args(WorkerConfig, args, detectors=_detect_config(args))
+    started = f"group {args.group}, config {config.detectors.version}"
+    return serve("detect", DetectorWorker, config, args, lambda _: started, _detected)
+
+
+def _detected(worker) -> str:
+    return f"{worker.messages} messages, {worker.warnings} events"
 
 
 def _detect(args: argparse.Namespace) -> int:
@@ -308,10 +295,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 def _notify(args: argparse.Namespace) -> int:
-    from foreshock.transport.settings import load_settings
-
-    from .notifier import Notifier
-    from .targets import notify_targets
+    from foreshock.notify.notifier import Notifier, NotifyConfig
+    from foreshock.notify.targets import notify_targets
+    from foreshock.transport.service import config_from_args, serve
 
     targets = notify_targets(args.webhook + args.slack + args.alertmanager, args.config)
     if not targets:
@@ -322,33 +308,20 @@ def _notify(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    notifier = Notifier(
-        load_settings(args.config),
-        targets,
-        args.dashboard_url,
-        group_id=args.group,
-        updates=args.updates,
-        retries=args.retries,
-        patience=args.patience,
-        refresh=args.am_refresh,
+    config = config_from_args(NotifyConfig, args, targets=targets)
+    started = f"group {args.group} -> {', '.join(t.where for t in targets)}"
+    return serve("notify", Notifier, config, args, lambda _: started, _notified)
+
+
+def _notified(notifier) -> str:
+    return "{delivered} delivered, {failed} failed, {duplicates} duplicates".format(
+        **notifier.stats
     )
-    stop = stop_on_signals()
-    print(
-        f"foreshock notify: group {args.group} -> {', '.join(t.where for t in targets)}", flush=True
-    )
-    notifier.run(stop, idle_exit=args.idle_exit)
-    s = notifier.stats
-    print(
-        f"foreshock notify: {s['delivered']} delivered, {s['failed']} failed, "
-        f"{s['duplicates']} duplicates",
-        flush=True,
-    )
-    return 0
 
 
 def _add_notify(sub: argparse._SubParsersAction) -> None:
-    from .delivery import Target
-    from .notifier import DEFAULT_DASHBOARD
+    from foreshock.notify.delivery import Target
+    from foreshock.notify.notifier import DEFAULT_DASHBOARD
 
     def target(kind: str):
         def parse(url: str) -> Target:

@@ -76,15 +76,12 @@ DEFAULT_RULES: tuple[SeriesRule, ...] = tuple(
 
 
 # Compared with the healthy runs of the run's profile at the same step where a profile's
-# calibration has them (``foreshock.detectors.bands``): the series whose slow faults a
-# run-relative rule sees late. Capacity-limited routers add their dropped fraction.
-BAND_METRICS = (
-    "attn.d2.entropy_mean",
-    "attn.dwq.entropy",
-    "attn.dwk.entropy",
-    "max_logit",
-    "router.token_entropy_norm",
-    "router.load_entropy",
+# calibration has them (``foreshock.detectors.bands``): the mechanism series whose slow faults a
+# run-relative rule sees late — all but ε, which stays a CUSUM in both directions (see the
+# module docstring). Capacity-limited routers add their dropped fraction.
+RUN_RELATIVE_ONLY = ("router.epsilon",)
+BAND_METRICS = tuple(
+    r.metric for r in DEFAULT_RULES if r.family in MECHANISMS and r.metric not in RUN_RELATIVE_ONLY
 )
 BAND_RULES: tuple[SeriesRule, ...] = (
     *(replace(r, kind="band") if r.metric in BAND_METRICS else r for r in DEFAULT_RULES),

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from foreshock.producers.records import parse_series_key
+from foreshock.transport.warning import SCHEMA
 
 from .bands import INFLATION_METRIC, BandStandardizer
 from .config import MECHANISMS, DetectorConfig, SeriesRule
@@ -45,9 +46,8 @@ from .level import SustainedLevel
 from .profiles import ProfileConfigs
 from .standardize import LogRatioStandardizer, TrendStandardizer, WarmupStandardizer
 
-__all__ = ["ALERT_SCHEMA", "Alert", "RunDetector"]
+__all__ = ["RunDetector", "RunWarning"]
 
-ALERT_SCHEMA = "foreshock.warning/1"
 # What a user should check, by the cause a warning names (or the family of a symptom).
 CHECK = {
     "attention-numerics": "attention numerics: a low-precision FlashAttention backward (O in "
@@ -68,7 +68,10 @@ Standardizer = WarmupStandardizer | TrendStandardizer | BandStandardizer
 
 
 @dataclass
-class Alert:
+class RunWarning:
+    """One warning of a run, as the detectors hold it; ``to_message()`` is its event on the
+    warnings topic (:mod:`foreshock.transport.warning`: the fields are the schema's)."""
+
     id: str
     run_id: str
     family: str
@@ -88,7 +91,7 @@ class Alert:
     cleared_step: int | None = None
 
     def to_message(self) -> dict[str, Any]:
-        return {"schema": ALERT_SCHEMA, **asdict(self)}
+        return {"schema": SCHEMA, **asdict(self)}
 
 
 def alert_id(run_id: str, family: str, module: str | None, step: int, version: str) -> str:
@@ -141,8 +144,8 @@ class RunDetector:
         """Every piece of state a run's records build (not its config or kept records)."""
         self._series: dict[str, _Series] = {}
         self._ignored: set[str] = set()  # series keys no rule reads
-        self._open: dict[tuple[str, str | None], Alert] = {}
-        self.alerts: list[Alert] = []
+        self._open: dict[tuple[str, str | None], RunWarning] = {}
+        self.alerts: list[RunWarning] = []
         self.cause: str | None = None
         self.peaks: dict[str, float] = {}  # metric -> largest statistic (for calibration)
         self.divergence = LossDivergence()
@@ -150,9 +153,9 @@ class RunDetector:
         self.last_step = -1
         self._inflation: tuple[BandStandardizer, SustainedLevel] | None = None
 
-    def update(self, message: dict[str, Any]) -> list[Alert]:
+    def update(self, message: dict[str, Any]) -> list[RunWarning]:
         kind = message.get("kind", "metrics")
-        events: list[Alert] = []
+        events: list[RunWarning] = []
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
@@ -196,7 +199,7 @@ class RunDetector:
         self._replaying = False
         self.resumes.append((attempt, step))
 
-    def _metrics(self, step: int, values: dict[str, Any]) -> list[Alert]:
+    def _metrics(self, step: int, values: dict[str, Any]) -> list[RunWarning]:
         """Update every series first, then open warnings: attribution sees the whole record."""
         self._track_inflation(step, values.get(INFLATION_METRIC))
         fired = []
@@ -279,7 +282,7 @@ class RunDetector:
 
     def _open_alert(
         self, series: _Series, direction: str, cusum: OneSidedCUSUM, step: int
-    ) -> Alert:
+    ) -> RunWarning:
         family = series.family
         if family in MECHANISMS:
             if self.cause is None:
@@ -293,7 +296,7 @@ class RunDetector:
             )
         else:
             role = "symptom"
-        alert = Alert(
+        alert = RunWarning(
             id=alert_id(self.run_id, family, series.module, step, self.config.version),
             run_id=self.run_id,
             family=family,
@@ -319,7 +322,7 @@ class RunDetector:
         )
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
-        return Alert(**asdict(alert))  # the event is a snapshot; the alert itself lives on
+        return RunWarning(**asdict(alert))  # the event is a snapshot; the alert itself lives on
 
     def _attribute(self, family: str) -> str:
         """The cause a first mechanism warning of ``family`` names (see the module docstring)."""
@@ -340,7 +343,7 @@ class RunDetector:
         ]
         return max(ratios, default=0.0)
 
-    def _clear(self, step: int, ended: str | None = None) -> list[Alert]:
+    def _clear(self, step: int, ended: str | None = None) -> list[RunWarning]:
         """Resolve the open warnings whose statistics are all back below h — or, once the run
         ``ended`` (its end status), every open warning."""
         events = []
@@ -354,14 +357,14 @@ class RunDetector:
             if not alarmed or ended is not None:
                 del self._open[(family, module)]
                 alert.cleared_step = step
-                event = Alert(**{**asdict(alert), "event": "cleared"})
+                event = RunWarning(**{**asdict(alert), "event": "cleared"})
                 event.evidence = {**event.evidence, "resolved_by": "statistic"}
                 if ended is not None:
                     event.evidence.update(resolved_by="run ended", run_status=ended)
                 events.append(event)
         return events
 
-    def _diverged(self, step: int, exact: bool = False) -> list[Alert]:
+    def _diverged(self, step: int, exact: bool = False) -> list[RunWarning]:
         """Set the divergence step; the producer's exact (every-step) one overrides ours."""
         if self.divergence_step is not None and (not exact or step == self.divergence_step):
             return []
@@ -369,7 +372,7 @@ class RunDetector:
         events = []
         for alert in self.alerts:
             alert.divergence_step, alert.lead_time = step, _lead(step, alert.step)
-            events.append(Alert(**{**asdict(alert), "event": "updated"}))
+            events.append(RunWarning(**{**asdict(alert), "event": "updated"}))
         return events
 
 

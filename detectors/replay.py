@@ -9,7 +9,7 @@ from typing import Any
 from foreshock.lab.recorded import RecordedRun, load_run
 
 from .config import DetectorConfig
-from .engine import Alert, RunDetector
+from .engine import RunDetector, RunWarning
 from .profiles import ProfileConfigs
 
 __all__ = ["RunReport", "replay", "replay_run"]
@@ -20,11 +20,11 @@ class RunReport:
     run_id: str
     labels: dict[str, Any]
     divergence_step: int | None  # the producer's own (exact, every step) when it sent one
-    alerts: list[Alert]
+    alerts: list[RunWarning]
     peaks: dict[str, float]
-    events: list[Alert] = field(default_factory=list)
+    events: list[RunWarning] = field(default_factory=list)
 
-    def first(self, family: str, before: int | None = None) -> Alert | None:
+    def first(self, family: str, before: int | None = None) -> RunWarning | None:
         """The first warning of ``family`` (optionally only those before step ``before``)."""
         hits = [
             a for a in self.alerts if a.family == family and (before is None or a.step < before)

@@ -28,49 +28,71 @@ import json
 import logging
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from foreshock.memory import MemoryTrimmer
+from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.service import as_config
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
 from .config import DetectorConfig
 from .engine import RunDetector
 from .ordering import SeqOrderer
+from .profiles import ProfileConfigs
 
-__all__ = ["DetectorWorker"]
+__all__ = ["DetectorWorker", "WorkerConfig"]
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a detector worker runs (``foreshock detect`` builds it from its flags).
+
+    ``detectors``: the detector config (one, or one per profile). ``metrics_port``: serve the
+    worker's health at ``http://metrics_host:PORT/metrics``
+    (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off).
+    ``resend_window``: the warning events re-sent after a broker forgot its data.
+    """
+
+    detectors: DetectorConfig | ProfileConfigs
+    group_id: str = "foreshock-detectors"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    resend_window: int = 10_000
+
+
 class DetectorWorker:
-    """``metrics_port``: serve this worker's health at ``http://metrics_host:PORT/metrics``
-    (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off)."""
+    """The detect service: ``run(stop)`` consumes metrics and produces warning events.
+
+    ``DetectorWorker(settings, detectors, group_id=…)`` (the keywords of :class:`WorkerConfig`)
+    is the same as ``DetectorWorker(settings, WorkerConfig(detectors, group_id=…))``.
+    """
 
     def __init__(
         self,
         settings: KafkaSettings,
-        config: DetectorConfig,
-        group_id: str = "foreshock-detectors",
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
-        resend_window: int = 10_000,
+        config: WorkerConfig | DetectorConfig | ProfileConfigs,
+        **options: Any,
     ) -> None:
         from confluent_kafka import Producer
 
-        self.settings, self.config = settings, config
+        self.settings = settings
+        self.config = config = as_config(WorkerConfig, config, options)
         self.telemetry = None  # first: a port in use fails before anything else is opened
-        if metrics_port is not None:
+        if config.metrics_port is not None:
             from foreshock.telemetry import ServiceTelemetry
 
-            self.telemetry = ServiceTelemetry("detector", metrics_port, metrics_host)
+            self.telemetry = ServiceTelemetry("detector", config.metrics_port, config.metrics_host)
         ensure_topics(settings)
-        self._resume_at: dict[int, int] = {}
-        self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=resend_window)
+        self.cursor = ReplayCursor()
+        self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=config.resend_window)
         self.resent = 0
         self.consumer = MetricsConsumer(
-            settings, group_id, on_assign=self._on_assign, on_rewind=self._on_rewind
+            settings, config.group_id, on_assign=self._on_assign, on_rewind=self._on_rewind
         )
         self.producer = Producer(
             settings.librdkafka(
@@ -80,25 +102,21 @@ class DetectorWorker:
         )
         self.runs: dict[str, RunDetector] = {}
         self._live_ranks: dict[str, set[int]] = {}
+        self.checkpoint = Checkpoint(
+            self.consumer, "detect", flush=lambda: self.producer.flush(30) == 0
+        )
         self.orderer = SeqOrderer()
         self.messages = self.values = self.warnings = 0
         self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where to resume emitting; read each partition from its beginning."""
-        from confluent_kafka import OFFSET_BEGINNING
-
-        committed = consumer.committed(partitions, timeout=10)
-        for tp in committed:
-            self._resume_at[tp.partition] = max(tp.offset, 0)
-            tp.offset = OFFSET_BEGINNING
-        consumer.assign(committed)
+        self.cursor.replay_from_start(consumer, partitions)
 
     def _on_rewind(self, found: list[tuple[int, int]]) -> None:
         """After the broker was away: resume emitting at the committed offsets it still knows
         (0 where it forgot them), and re-send the recent warnings if it forgot anything."""
-        for partition, offset in found:
-            self._resume_at[partition] = max(offset, 0)
+        self.cursor.resume_at(found)
         if any(offset < 0 for _, offset in found):
             for key, value in self._recent:
                 self._produce(key, value)
@@ -114,13 +132,13 @@ class DetectorWorker:
         for ready in self.orderer.push(message):
             run_id = ready["run_id"]
             detector = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, RunDetector(run_id, self.config)
+                run_id, RunDetector(run_id, self.config.detectors)
             )
             events = detector.update(ready)
             self._forget_if_ended(ready)
             self.messages += 1
             self.values += len(ready.get("values", ()))
-            if self._history(ready["_partition"], ready["_offset"]):
+            if self.cursor.history(ready["_partition"], ready["_offset"]):
                 continue  # replaying history: state only, these warnings were emitted before
             for event in events:
                 key, value = run_id.encode(), json.dumps(event.to_message()).encode()
@@ -159,13 +177,6 @@ class DetectorWorker:
                 with contextlib.suppress(Exception):
                     ensure_topics(self.settings, timeout=2.0)
 
-    def _history(self, partition: int, offset: int) -> bool:
-        """True below the partition's resume point; reaching it ends that partition's replay."""
-        resume = self._resume_at.get(partition, 0)
-        if offset >= resume - 1:
-            self._resume_at.pop(partition, None)
-        return offset < resume
-
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         """Consume until ``stop`` is set (or ``idle_exit`` seconds pass with nothing new)."""
         import time
@@ -180,8 +191,7 @@ class DetectorWorker:
                 self.warnings += self.process(message)
             t2 = time.perf_counter()
             if batch:
-                if self.producer.flush(30) == 0:
-                    self.consumer.commit()
+                self.checkpoint.commit()
                 idle_since = time.monotonic()
                 self.seconds["consume+decode"] += t1 - t0
                 self.seconds["detect"] += t2 - t1
@@ -189,8 +199,7 @@ class DetectorWorker:
             elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                 break
             self._report()
-        self.producer.flush(30)
-        self.consumer.commit()
+        self.checkpoint.commit(final=True)
         self._report(final=True)
         self.consumer.close()
         if self.telemetry is not None:

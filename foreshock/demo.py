@@ -15,14 +15,13 @@
 
 from __future__ import annotations
 
-import heapq
 import random
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from foreshock.harness import DASHBOARD, DETECT, SINK, Pipeline, Replay, Replayer, recorded_interval
 from foreshock.services import ServiceGroup, foreshock_command
 from foreshock.table import format_table
 
@@ -43,54 +42,6 @@ class DemoConfig:
     progress_every: float = 5.0
 
 
-class Replayer(threading.Thread):
-    """Writes recorded runs to one KafkaSink, each record at its (accelerated) time."""
-
-    def __init__(self, sink: Any, runs: list[tuple[str, Any]], speed: float, spread: float):
-        super().__init__(name="foreshock-demo-replay", daemon=True)
-        self.sink, self.done, self.written = sink, threading.Event(), 0
-        self.stop_event = threading.Event()
-        rng, now = random.Random(0), time.monotonic()
-        self._heap: list[tuple[float, int, int]] = []
-        self._runs = runs
-        for i in range(len(runs)):
-            heapq.heappush(self._heap, (now + rng.uniform(0, spread), i, -1))
-        self._interval = [_record_interval(run) / speed for _, run in runs]
-
-    def run(self) -> None:
-        while self._heap and not self.stop_event.is_set():
-            due, i, j = heapq.heappop(self._heap)
-            self.stop_event.wait(max(0.0, due - time.monotonic()))
-            run_id, run = self._runs[i]
-            if j == -1:
-                self.sink.write(
-                    {
-                        **run.start,
-                        "run_id": run_id,
-                        "labels": {
-                            **run.start.get("labels", {}),
-                            "project": "demo",
-                            "source": "replayed",
-                        },
-                    }
-                )
-            elif j < len(run.records):
-                self.sink.write({**run.records[j], "run_id": run_id, "time": time.time()})
-            else:
-                self.sink.write(
-                    {**(run.end or {"status": "finished"}), "kind": "end", "run_id": run_id}
-                )
-                continue
-            self.written += 1
-            heapq.heappush(self._heap, (due + self._interval[i], i, j + 1))
-        self.done.set()
-
-
-def _record_interval(run: Any) -> float:
-    times = [r["time"] for r in run.records if "time" in r]
-    return (times[-1] - times[0]) / max(1, len(times) - 1) if len(times) > 1 else 2.5
-
-
 def _replay_plan(count: int, tag: str) -> list[tuple[str, Any]]:
     from foreshock.lab.recorded import load_run, shipped_runs
 
@@ -102,6 +53,24 @@ def _replay_plan(count: int, tag: str) -> list[tuple[str, Any]]:
         suffix = f"-c{copy}" if copy else ""  # every replayed run gets a run id of its own
         plan.append((f"replay-{path.name.split('.')[0]}-{tag}{suffix}", load_run(path)))
     return plan
+
+
+def _replays(plan: list[tuple[str, Any]], speed: float, spread: float) -> list[Replay]:
+    """The plan's runs at ``speed`` × their recorded pace, stamped now and labelled as the
+    demo's replayed runs, their starts spread at random (the same spread every time) over
+    ``spread`` s."""
+    rng = random.Random(0)
+    return [
+        Replay(
+            run,
+            run_id,
+            interval=recorded_interval(run) / speed,
+            offset=rng.uniform(0, spread),
+            labels={"project": "demo", "source": "replayed"},
+            restamp=True,
+        )
+        for run_id, run in plan
+    ]
 
 
 def _progress(store: Path) -> dict[str, Any]:
@@ -120,16 +89,6 @@ def _progress(store: Path) -> dict[str, Any]:
         "warned": sum(r["first_warning_step"] is not None for r in rows),
         "diverged": sum(r["divergence_step"] is not None for r in rows),
     }
-
-
-def _start_services(group: ServiceGroup, store: Path, config: DemoConfig) -> None:
-    group.start("sink", foreshock_command("sink", "--store", str(store)))
-    for i in range(config.workers):
-        group.start(f"detect-{i}", foreshock_command("detect"))
-    group.start(
-        "dashboard",
-        foreshock_command("dashboard", "--store", str(store), "--port", str(config.port)),
-    )
 
 
 def _start_live(group: ServiceGroup, config: DemoConfig, bootstrap: str, tag: str) -> None:
@@ -165,8 +124,7 @@ def run_demo(config: DemoConfig) -> int:
 
     from foreshock.producers.kafka_sink import KafkaSink
     from foreshock.transport.broker import EmbeddedBroker
-    from foreshock.transport.settings import load_settings
-    from foreshock.transport.topics import ensure_topics
+    from foreshock.transport.settings import KafkaSettings
 
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -174,35 +132,37 @@ def run_demo(config: DemoConfig) -> int:
     store = config.store or Path("foreshock-demo") / time.strftime("%Y%m%d-%H%M%S")
     store = store.resolve()
     t0 = time.monotonic()
-    with EmbeddedBroker() as broker:
-        env = {
-            "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-            "FORESHOCK_KAFKA_SPOOL_DIR": str(store.parent / f".spool-{store.name}"),
-        }
-        settings = load_settings(env=env)
-        ensure_topics(settings)
-        with ServiceGroup(env, store.parent / f"logs-{store.name}") as group:
-            _start_services(group, store, config)
-            print(
-                f"foreshock demo: dashboard at http://127.0.0.1:{config.port}  "
-                f"(history: {store}; logs: {group.log_dir})",
-                flush=True,
-            )
-            _start_live(group, config, broker.bootstrap, tag)
-            sink = KafkaSink(settings, name=f"demo-{tag}")
-            replayer = Replayer(
-                sink, _replay_plan(config.replayed, tag), config.speed, spread=config.duration / 3
-            )
-            replayer.start()
-            try:
-                _watch(group, replayer, store, config, t0)
-            except KeyboardInterrupt:
-                print("\nforeshock demo: interrupted; stopping everything", flush=True)
-            finally:
-                replayer.stop_event.set()
-                sink.close(timeout=10)
-            _print_leads(store)
-            failed = group.failed()
+    pipeline = Pipeline(
+        KafkaSettings(spool_dir=str(store.parent / f".spool-{store.name}")),
+        store=store,
+        log_dir=store.parent / f"logs-{store.name}",
+        parts={"sink": SINK}
+        | {f"detect-{i}": DETECT for i in range(config.workers)}
+        | {"dashboard": DASHBOARD},
+        metrics=False,
+        ports={"dashboard": config.port},
+        broker=EmbeddedBroker(),
+    )
+    with pipeline.start():
+        print(
+            f"foreshock demo: dashboard at {pipeline.url()}  "
+            f"(history: {store}; logs: {pipeline.log_dir})",
+            flush=True,
+        )
+        _start_live(pipeline.group, config, pipeline.settings.bootstrap_servers, tag)
+        sink = KafkaSink(pipeline.settings, name=f"demo-{tag}")
+        plan = _replay_plan(config.replayed, tag)
+        replayer = Replayer(sink, _replays(plan, config.speed, spread=config.duration / 3))
+        replayer.start()
+        try:
+            _watch(pipeline.group, replayer, store, config, t0)
+        except KeyboardInterrupt:
+            print("\nforeshock demo: interrupted; stopping everything", flush=True)
+        finally:
+            replayer.stop_event.set()
+            sink.close(timeout=10)
+        _print_leads(store)
+        failed = pipeline.group.failed()
     print(
         f"foreshock demo: stopped everything after {time.monotonic() - t0:.0f} s. "
         f"Browse the history again: foreshock dashboard --store {store}",

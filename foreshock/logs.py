@@ -5,7 +5,7 @@ Without this, Python prints only WARNING and above, as the bare message: a servi
 CLI calls :func:`configure` once per command, so every service — ``detect``, ``sink``,
 ``notify``, ``topics``, the broker — logs the same way::
 
-    2026-03-01T12:00:00.123Z INFO foreshock.detectors.delivery: foreshock notify: ...
+    2026-03-01T12:00:00.123Z INFO foreshock.notify.delivery: foreshock notify: ...
 
 Times are UTC (one clock across a fleet's machines and containers), with milliseconds. The
 level comes from ``--log-level`` (anywhere on the command line), else ``FORESHOCK_LOG_LEVEL``,

@@ -11,9 +11,8 @@ import json
 import statistics
 import sys
 
-from foreshock.services import stop_on_signals
 from foreshock.table import format_table
-from foreshock.telemetry import MetricsPortError, add_metrics_options
+from foreshock.telemetry import add_metrics_options
 
 from .location import RETAIN_HOURS
 
@@ -27,31 +26,17 @@ def _location(args: argparse.Namespace):
 
 
 def _sink(args: argparse.Namespace) -> int:
-    from foreshock.transport.settings import load_settings
+    from foreshock.transport.service import config_from_args, serve
 
-    from .sink import StorageSink
+    from .sink import SinkConfig, StorageSink
 
-    location = _location(args)
-    try:
-        sink = StorageSink(
-            load_settings(args.config),
-            location,
-            group_id=args.group,
-            retention_days=args.retention_days,
-            retain_hours=args.retain_hours,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-        )
-    except MetricsPortError as exc:
-        print(f"foreshock sink: {exc}", file=sys.stderr)
-        return 2
-    stop = stop_on_signals()
-    print(f"foreshock sink: {location.uri} (group {args.group})", flush=True)
-    if sink.telemetry is not None:
-        print(f"foreshock sink: metrics at {sink.telemetry.url}", flush=True)
-    sink.run(stop, idle_exit=args.idle_exit)
-    print(f"foreshock sink: {json.dumps(sink.stats)}", flush=True)
-    return 0
+    config = config_from_args(SinkConfig, args, root=_location(args))
+    started = f"{config.root.uri} (group {args.group})"
+    return serve("sink", StorageSink, config, args, lambda _: started, _sunk)
+
+
+def _sunk(sink) -> str:
+    return json.dumps(sink.stats)
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -24,30 +24,13 @@ from typing import Any
 import pyarrow as pa
 
 from foreshock.producers.records import parse_series_key
+from foreshock.transport.warning import FIELDS as WARNING_FIELDS
+from foreshock.transport.warning import REQUIRED as WARNING_REQUIRED
 from foreshock.transport.wire import RUN_ID_PATTERN
 
 from .schema import TABLES
 
 __all__ = ["BatchBuilder", "RecordError", "split_key"]
-
-WARNING_FIELDS = (
-    "id",
-    "event",
-    "run_id",
-    "family",
-    "module",
-    "series",
-    "direction",
-    "step",
-    "role",
-    "statistic",
-    "threshold",
-    "false_alarm_rate",
-    "config_version",
-    "divergence_step",
-    "lead_time",
-    "cleared_step",
-)
 
 
 _isfinite = math.isfinite
@@ -177,7 +160,7 @@ class BatchBuilder:
 
     def add_warning(self, event: dict[str, Any], received_at: float) -> None:
         """One warning event (``foreshock.warning/1``); RecordError if it lacks its keys."""
-        for name in ("id", "event", "run_id", "family", "step"):
+        for name in WARNING_REQUIRED:
             if event.get(name) is None:
                 raise RecordError(f"warning event without {name!r}")
         _run_id(event)

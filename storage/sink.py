@@ -36,13 +36,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from foreshock.memory import MemoryTrimmer
+from foreshock.transport.checkpoint import Checkpoint
 from foreshock.transport.consumer import Deduplicator, MetricsConsumer
+from foreshock.transport.service import as_config
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
+from foreshock.transport.warning import check
 from foreshock.transport.wire import WireError
 
 from . import queries
@@ -54,7 +58,7 @@ from .retention import prune
 from .rows import BatchBuilder, RecordError
 from .store import DeltaStore
 
-__all__ = ["StorageSink"]
+__all__ = ["SinkConfig", "StorageSink"]
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,8 @@ log = logging.getLogger(__name__)
 def _decode_warning(raw: Any) -> dict[str, Any]:
     """A ``foreshock.warning/1`` event, or :class:`WireError` (the consumer dead-letters it).
 
-    Only what the dedup key needs is checked here (``id`` and ``event`` strings or null,
-    ``divergence_step`` and ``cleared_step`` ints or null); :meth:`BatchBuilder.add_warning`
-    checks the rest.
+    Only what the dedup key needs is checked here (:func:`~foreshock.transport.warning.check`
+    with ``key_only``); :meth:`BatchBuilder.add_warning` checks the rest.
     """
     import json
 
@@ -74,15 +77,9 @@ def _decode_warning(raw: Any) -> dict[str, Any]:
         raise WireError("warning is not JSON: nested too deeply") from None
     except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
         raise WireError(f"warning is not JSON: {exc}") from None
-    if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
-        raise WireError("not a foreshock.warning/1 event")
-    for name in ("id", "event"):
-        if not isinstance(event.get(name), str | None):
-            raise WireError(f"warning event whose {name!r} is not a string")
-    for name in ("divergence_step", "cleared_step"):
-        value = event.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise WireError(f"warning event whose {name!r} is not an integer or null")
+    problem = check(event, key_only=True)
+    if problem is not None:
+        raise WireError(problem)
     return event
 
 
@@ -102,45 +99,59 @@ def _decode_dead_letter(raw: Any) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class SinkConfig:
+    """How a sink runs (``foreshock sink`` builds it from its flags and the settings file).
+
+    ``root``: the store (a folder, a URI, a :class:`StoreLocation`; None: the settings'
+    ``[store]``). Steps 1 and 5 above: ``batch_values``, ``max_wait``, ``compact_every``,
+    ``retention_days``, ``retain_hours``. ``metrics_port``: serve the sink's health at
+    ``http://metrics_host:PORT/metrics`` (:class:`~foreshock.telemetry.ServiceTelemetry`; 0
+    picks a free port; None: off).
+    """
+
+    root: str | Path | StoreLocation | None
+    group_id: str = "foreshock-sink"
+    batch_values: int = 500_000
+    max_wait: float = 1.0
+    compact_every: float = 30.0
+    retention_days: float | None = None
+    retain_hours: float = RETAIN_HOURS
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+
+
 class StorageSink:
     """The sink service; ``run(stop)`` loops steps 1–5 until ``stop`` is set.
 
-    ``metrics_port``: serve the sink's health at ``http://metrics_host:PORT/metrics``
-    (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off).
+    ``StorageSink(settings, root, group_id=…)`` (the keywords of :class:`SinkConfig`) is the
+    same as ``StorageSink(settings, SinkConfig(root, group_id=…))``.
     """
 
     def __init__(
         self,
         settings: KafkaSettings,
-        root: str | Path | StoreLocation | None,
-        group_id: str = "foreshock-sink",
-        batch_values: int = 500_000,
-        max_wait: float = 1.0,
-        compact_every: float = 30.0,
-        retention_days: float | None = None,
-        retain_hours: float = RETAIN_HOURS,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
+        config: SinkConfig | str | Path | StoreLocation | None,
+        **options: Any,
     ) -> None:
         self.settings = settings
-        self.batch_values, self.max_wait = batch_values, max_wait
-        self.compact_every, self.retention_days = compact_every, retention_days
-        self.retain_hours = retain_hours
+        self.config = config = as_config(SinkConfig, config, options)
+        root = config.root
         self.store = DeltaStore(str(root) if isinstance(root, Path) else root)
         self.location = self.store.location
         self.telemetry = None
-        if metrics_port is not None:
+        if config.metrics_port is not None:
             from foreshock.telemetry import ServiceTelemetry
 
             try:
-                self.telemetry = ServiceTelemetry("sink", metrics_port, metrics_host)
+                self.telemetry = ServiceTelemetry("sink", config.metrics_port, config.metrics_host)
             except BaseException:  # the port is in use
                 self.store.close()
                 raise
         ensure_topics(settings)
         self.consumer = MetricsConsumer(
             settings,
-            group_id,
+            config.group_id,
             decoders={
                 settings.warnings_topic: _decode_warning,
                 settings.deadletter_topic: _decode_dead_letter,
@@ -148,6 +159,7 @@ class StorageSink:
             on_assign=self._assigned,
             on_revoke=self._revoked,
         )
+        self.checkpoint = Checkpoint(self.consumer, "sink", flush=self._write_batch)
         self._seen_events: set[tuple] = set()
         self._values_stored: set[tuple[str, int, int, int]] = set()
         self.attempts = AttemptTracker()
@@ -298,7 +310,8 @@ class StorageSink:
     def step(self) -> int:
         """One loop (steps 1–4); returns the number of messages stored."""
         start, count = time.monotonic(), 0
-        while self.builder.values < self.batch_values and time.monotonic() - start < self.max_wait:
+        limit, wait = self.config.batch_values, self.config.max_wait
+        while self.builder.values < limit and time.monotonic() - start < wait:
             batch = self.consumer.poll_batch(2000, timeout=0.2)
             now = time.time()
             if batch and self.first_message_at is None:
@@ -313,14 +326,17 @@ class StorageSink:
         return count
 
     def _flush(self) -> None:
-        """Steps 3–4 for what the builder holds."""
-        if not len(self.builder):
-            return
+        """Steps 3–4 for what the builder holds (:class:`Checkpoint`: write, then commit)."""
+        if len(self.builder):
+            self.checkpoint.commit()
+
+    def _write_batch(self) -> bool:
+        """Step 3: the builder's batch into the store (retried until it is written)."""
         values = self.builder.values
         self._write(self.builder.take())
-        self.consumer.commit()
         self.stats["values"] += values
         self.stats["batches"] += 1
+        return True
 
     def _report(self, final: bool = False) -> None:
         """The stats (and, every few seconds, the lag) to the telemetry, if served."""
@@ -354,15 +370,15 @@ class StorageSink:
 
     def maintain(self) -> None:
         """Step 5: retention, compaction, vacuum."""
-        if self.retention_days is not None:
-            prune(self.store, self.retention_days)
-        self.store.maintain(self.retain_hours)
+        if self.config.retention_days is not None:
+            prune(self.store, self.config.retention_days)
+        self.store.maintain(self.config.retain_hours)
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         stop_maintenance = threading.Event()
 
         def maintenance() -> None:
-            while not stop_maintenance.wait(self.compact_every):
+            while not stop_maintenance.wait(self.config.compact_every):
                 try:
                     self.maintain()
                 except Exception:

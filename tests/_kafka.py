@@ -91,16 +91,14 @@ def tiny_training(
 
 def publish_recorded(settings: KafkaSettings, names: list[str]) -> None:
     """Send shipped lab runs (start, records, end) under their names through a KafkaSink."""
-    from foreshock.lab.recorded import load_run, shipped_runs
+    from foreshock.harness import Replay, recorded_run
     from foreshock.producers.kafka_sink import KafkaSink
 
     sink = KafkaSink(settings)
     for name in names:
-        run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
-        sink.write({**run.start, "run_id": name})
-        for record in run.records:
-            sink.write({**record, "run_id": name})
-        sink.write({**run.end, "run_id": name})
+        replay = Replay(recorded_run(name), name, interval=0)
+        for j in range(len(replay)):
+            sink.write(replay.message(j))
     sink.close()
     assert sink.pending() == 0
 
@@ -109,12 +107,6 @@ def service_env(settings: KafkaSettings) -> dict[str, str]:
     """The environment a `foreshock` subprocess needs to use these settings' topics."""
     import os
 
-    return {
-        **os.environ,
-        "FORESHOCK_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "FORESHOCK_KAFKA_METRICS_TOPIC": settings.metrics_topic,
-        "FORESHOCK_KAFKA_WARNINGS_TOPIC": settings.warnings_topic,
-        "FORESHOCK_KAFKA_DEADLETTER_TOPIC": settings.deadletter_topic,
-        "FORESHOCK_KAFKA_PARTITIONS": str(settings.partitions),
-        "FORESHOCK_KAFKA_SPOOL_DIR": settings.spool_dir,
-    }
+    from foreshock import harness
+
+    return {**os.environ, **harness.service_env(settings)}

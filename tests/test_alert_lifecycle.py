@@ -21,12 +21,12 @@ from test_notify import DASH, Receiver, _closed_port, _event, _produce
 from foreshock.detectors import alerts, warnings_commands
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
-from foreshock.detectors.notifier import Notifier
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.signing import verify
-from foreshock.detectors.targets import Target, notify_targets
 from foreshock.detectors.worker import DetectorWorker
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.notify.notifier import Notifier, NotifyConfig
+from foreshock.notify.signing import verify
+from foreshock.notify.targets import Target, notify_targets
 from foreshock.storage import acks
 from foreshock.storage.acks import warning_states
 from foreshock.storage.reader import open_history
@@ -106,13 +106,15 @@ def test_a_warning_opens_and_resolves_through_the_broker_while_a_receiver_hangs(
     ]
     notify = Notifier(
         kafka_settings,
-        targets,
-        DASH,
-        group_id="life-notify",
-        timeout=0.5,
-        backoff=0.1,
-        max_delay=0.5,
-        refresh=0,
+        NotifyConfig(
+            targets,
+            DASH,
+            group_id="life-notify",
+            timeout=0.5,
+            backoff=0.1,
+            max_delay=0.5,
+            refresh=0,
+        ),
     )
     worker = DetectorWorker(kafka_settings, default_config(), group_id="life-detect")
     stop = threading.Event()
@@ -208,7 +210,9 @@ def test_people_acknowledge_and_silence_and_every_receiver_hears_it(
         Target("webhook", receiver.url("/hook"), secret=SECRET),
         Target("slack", receiver.url("/slack")),
     ]
-    notify = Notifier(kafka_settings, targets, DASH, group_id="people-notify", refresh=0.5)
+    notify = Notifier(
+        kafka_settings, NotifyConfig(targets, DASH, group_id="people-notify", refresh=0.5)
+    )
     stop = threading.Event()
     thread = _in_thread(notify, stop)
 
@@ -323,7 +327,7 @@ url = "http://127.0.0.1:{down}/services/T0/B0/sl4ck-path-secret"
 
     caplog.set_level(logging.DEBUG, logger="foreshock")
     notify = Notifier(
-        kafka_settings, targets, DASH, group_id="auth-notify", retries=1, backoff=0.01
+        kafka_settings, NotifyConfig(targets, DASH, group_id="auth-notify", retries=1, backoff=0.01)
     )
     try:
         opened = _event("r-auth", "blocks.0.moe", 300)

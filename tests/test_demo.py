@@ -6,10 +6,10 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
 
+from foreshock.services import foreshock_command
 from foreshock.transport.broker import free_port
 
 
@@ -18,30 +18,22 @@ def _processes_mentioning(text: str) -> list[str]:
     return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
 
 
+def _demo(store, port: int, replayed: int, speed: float, duration: float) -> list[str]:
+    """``foreshock demo`` with replayed runs only (no training: fast, and no torch needed)."""
+    return [
+        *foreshock_command("demo", "--live", "0", "--replayed", str(replayed)),
+        *("--speed", str(speed), "--duration", str(duration)),
+        *("--port", str(port), "--store", str(store)),
+    ]
+
+
 @pytest.mark.slow
 def test_demo_runs_twice_and_leaves_nothing_behind(tmp_path):
     port = free_port()
     for attempt in range(2):
         store = tmp_path / f"history-{attempt}"
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "foreshock.cli",
-                "demo",
-                "--live",
-                "0",
-                "--replayed",
-                "6",
-                "--speed",
-                "60",
-                "--duration",
-                "150",
-                "--port",
-                str(port),
-                "--store",
-                str(store),
-            ],
+            _demo(store, port, replayed=6, speed=60, duration=150),
             capture_output=True,
             text=True,
             timeout=300,
@@ -72,24 +64,7 @@ def _next_line(stream) -> str:
 def test_ctrl_c_or_sigterm_stops_everything_the_demo_started(tmp_path, sig):
     store = tmp_path / "history"
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "foreshock.cli",
-            "demo",
-            "--live",
-            "0",
-            "--replayed",
-            "4",
-            "--speed",
-            "5",
-            "--duration",
-            "300",
-            "--port",
-            str(free_port()),
-            "--store",
-            str(store),
-        ],
+        _demo(store, free_port(), replayed=4, speed=5, duration=300),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

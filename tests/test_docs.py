@@ -24,8 +24,8 @@ from benchmarks.readme import (
     results_section,
 )
 from foreshock.cli import build_parser
-from foreshock.detectors.targets import RECEIVER_SETTINGS
-from foreshock.detectors.targets import SETTINGS as NOTIFY_SETTINGS
+from foreshock.notify.targets import RECEIVER_SETTINGS
+from foreshock.notify.targets import SETTINGS as NOTIFY_SETTINGS
 from foreshock.storage.location import SETTINGS as STORE_SETTINGS
 from foreshock.transport.settings import KafkaSettings
 

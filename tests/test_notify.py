@@ -21,11 +21,11 @@ from _kafka import service_env
 from confluent_kafka import Producer
 
 from foreshock.cli import main
-from foreshock.detectors import delivery, notifier, signing, targets
-from foreshock.detectors.courier import Courier, Job
-from foreshock.detectors.delivery import Target
-from foreshock.detectors.engine import Alert, alert_id
-from foreshock.detectors.notifier import Notifier
+from foreshock.detectors.engine import RunWarning, alert_id
+from foreshock.notify import delivery, notifier, signing, targets
+from foreshock.notify.courier import Courier, Job
+from foreshock.notify.delivery import Target
+from foreshock.notify.notifier import Notifier, NotifyConfig
 from foreshock.transport.topics import ensure_topics
 
 DASH = "http://dash.example:8501"
@@ -138,7 +138,7 @@ def _closed_port() -> int:
 
 
 def _event(run_id: str, module: str, step: int, event: str = "opened", **extra) -> dict:
-    return Alert(
+    return RunWarning(
         id=alert_id(run_id, "router", module, step, "v-test"),
         run_id=run_id,
         family="router",
@@ -192,13 +192,15 @@ def _targets(receiver: Receiver, down_port: int) -> list[Target]:
 def _run_notifier(settings, receiver: Receiver, down_port: int, refresh: float = 60.0) -> Notifier:
     notify = Notifier(
         settings,
-        _targets(receiver, down_port),
-        DASH,
-        group_id="notify-a",
-        retries=3,
-        backoff=0.05,
-        timeout=2.0,
-        refresh=refresh,
+        NotifyConfig(
+            _targets(receiver, down_port),
+            DASH,
+            group_id="notify-a",
+            retries=3,
+            backoff=0.05,
+            timeout=2.0,
+            refresh=refresh,
+        ),
     )
     notify.run(threading.Event(), idle_exit=4)
     return notify
@@ -316,7 +318,8 @@ def test_updates_are_sent_once_per_divergence_and_spare_resolved_alerts(kafka_se
             Target("alertmanager", receiver.url("/am/")),
         ]
         notify = Notifier(
-            kafka_settings, targets, DASH, group_id="notify-updates", updates=True, retries=0
+            kafka_settings,
+            NotifyConfig(targets, DASH, group_id="notify-updates", updates=True, retries=0),
         )
         exact = {**A_UPDATED, "divergence_step": 880, "lead_time": 430}
         for i, event in enumerate([A, A_UPDATED, A_UPDATED, A_CLEARED, exact]):

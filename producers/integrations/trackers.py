@@ -52,7 +52,7 @@ from foreshock.producers.records import parse_series_key
 
 if TYPE_CHECKING:
     from foreshock.detectors.config import DetectorConfig
-    from foreshock.detectors.engine import Alert
+    from foreshock.detectors.engine import RunWarning
     from foreshock.detectors.profiles import ProfileConfigs
 
 __all__ = [
@@ -109,7 +109,7 @@ def aggregate(values: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def describe(event: Alert) -> str:
+def describe(event: RunWarning) -> str:
     """One line a person reads in a tracker: what, where, when, how sure, what to check."""
     where = f" at {event.module}" if event.module else ""
     head = f"foreshock {event.family} warning{where} (step {event.step}, {event.role})"
@@ -127,7 +127,7 @@ def describe(event: Alert) -> str:
     )
 
 
-def tag_key(event: Alert) -> str:
+def tag_key(event: RunWarning) -> str:
     """An MLflow tag key per warning (letters, digits, ``_-. /`` only; 250 characters)."""
     key = f"foreshock.warning.{event.step}.{event.family}.{event.module or 'run'}"
     return re.sub(r"[^0-9A-Za-z_\-. /]", "_", key)[:250]
@@ -139,7 +139,7 @@ class TrackerUpdate:
 
     step: int
     scalars: dict[str, float]
-    events: list[Alert] = field(default_factory=list)
+    events: list[RunWarning] = field(default_factory=list)
 
     def text(self) -> str | None:
         """The events of this record as one text (Markdown paragraphs), None without any."""

@@ -6,7 +6,7 @@ a 5 s timeout per try: one receiver that hung held every other one (and the cons
 as long. Now the notifier only queues (:meth:`Courier.submit` never blocks), and each courier
 sends its own queue in order — so a receiver still sees a warning's ``opened`` before its
 ``cleared`` — retrying what may pass (connection errors, timeouts, 5xx, 429) with exponential
-backoff and jitter (:func:`~foreshock.detectors.delivery.backoff_delay`, at least a 429's
+backoff and jitter (:func:`~foreshock.notify.delivery.backoff_delay`, at least a 429's
 ``Retry-After``, at most ``max_delay``) until it passes or the job has waited ``patience``
 seconds (or, if set, ``retries`` retries). What may not pass (another 4xx) is dropped at once.
 

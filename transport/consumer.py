@@ -317,12 +317,27 @@ class MetricsConsumer:
         if self.on_rewind is not None:
             self.on_rewind(found)
 
-    def commit(self) -> None:
-        """Commit the consumed positions (after the caller has stored what it got)."""
+    def commit(self, offsets: list[Any] | None = None) -> bool:
+        """Commit the consumed positions, or ``offsets`` (after the caller has stored what it
+        got; :class:`~foreshock.transport.checkpoint.Checkpoint`). True if committed; a failure
+        (the broker is away, the partition was revoked) is logged at WARNING — except "nothing
+        consumed yet", which is not one."""
+        from confluent_kafka import KafkaError, KafkaException
+
         try:
-            self._consumer.commit(asynchronous=False)
-        except Exception as exc:  # nothing consumed yet, or the broker is away
-            log.debug("foreshock consumer: commit failed: %s", exc)
+            if offsets is None:
+                self._consumer.commit(asynchronous=False)
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            return True
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if getattr(error, "code", lambda: None)() == KafkaError._NO_OFFSET:
+                return False  # nothing consumed since the last commit
+            log.warning("foreshock consumer: commit failed (retried at the next one): %s", exc)
+        except Exception as exc:
+            log.warning("foreshock consumer: commit failed (retried at the next one): %s", exc)
+        return False
 
     def close(self) -> None:
         self._dlq.flush(5)

@@ -3,7 +3,7 @@ once, each receiver on its own.
 
 A consumer-group member of the warnings topic (key: run id, so all of a warning's events are in
 one partition, in order). Each loop polls a small batch and queues every new event for every
-receiver; each receiver has a courier (:mod:`foreshock.detectors.courier`: a thread, a bounded
+receiver; each receiver has a courier (:mod:`foreshock.notify.courier`: a thread, a bounded
 queue, retries with backoff and jitter), so a receiver that is down or hangs delays no other
 one. A message's offset is committed once every courier has settled it (delivered, refused,
 given up on): a crash, or a receiver still retrying at a restart, sends that window again —
@@ -65,26 +65,27 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
+from foreshock.transport.warning import ACTIONS, check
 
-from .alerts import ACTIONS
 from .courier import Courier, Job
 from .delivery import (
     Target,
     alertmanager_alert,
     alertmanager_silence,
-    check_event,
     encode,
     slack_payload,
     webhook_payload,
 )
 
-__all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "decode_warning"]
+__all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "NotifyConfig", "decode_warning"]
 
 log = logging.getLogger(__name__)
 
@@ -178,12 +179,50 @@ def decode_warning(raw: Any) -> dict[str, Any]:
         return {"_invalid": "warning is not JSON: nested too deeply"}
     except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
         return {"_invalid": f"warning is not JSON: {exc}"}
-    problem = check_event(event)
+    problem = check(event)
     if problem is not None:
         return {"_invalid": problem}
     kind, ms = raw.timestamp()
     event["_time"] = ms / 1000 if kind and ms > 0 else time.time()
     return event
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """How a notifier runs (``foreshock notify`` builds it from its flags and the settings
+    file's ``[[notify.receivers]]``).
+
+    Each delivery is tried within ``timeout`` s, retried with backoff from ``backoff`` s (at
+    most ``max_delay`` apart) for up to ``patience`` s — and at most ``retries`` times, if set;
+    ``capacity`` bounds each receiver's queue; ``refresh`` is the Alertmanager re-post interval
+    in seconds (0: never); ``batch`` the most events per poll; ``drain`` how long a stop gives
+    the queues (one try each); ``updates``: also send ``updated`` events.
+
+    >>> NotifyConfig([]).targets
+    Traceback (most recent call last):
+    ...
+    ValueError: no delivery target
+    """
+
+    targets: Iterable[Target]
+    dashboard_url: str = DEFAULT_DASHBOARD
+    group_id: str = "foreshock-notify"
+    updates: bool = False
+    retries: int | None = None
+    backoff: float = 0.5
+    timeout: float = 5.0
+    refresh: float = 60.0
+    batch: int = 50
+    patience: float = 900.0
+    max_delay: float = 60.0
+    capacity: int = 1000
+    drain: float = 10.0
+
+    def __post_init__(self) -> None:
+        targets = tuple(dict.fromkeys(self.targets))  # each receiver once
+        if not targets:
+            raise ValueError("no delivery target")
+        object.__setattr__(self, "targets", targets)
 
 
 class Notifier:
@@ -195,42 +234,18 @@ class Notifier:
     ``replayed`` history events read to rebuild the ledger, ``invalid`` messages that are not
     warning events, ``refreshed`` Alertmanager re-posts queued. Per receiver:
     ``couriers[target].stats``.
-
-    Each delivery is tried within ``timeout`` s, retried with backoff from ``backoff`` s (at
-    most ``max_delay`` apart) for up to ``patience`` s — and at most ``retries`` times, if set;
-    ``capacity`` bounds each receiver's queue; ``refresh`` is the Alertmanager re-post interval
-    in seconds (0: never); ``batch`` the most events per poll; ``drain`` how long a stop gives
-    the queues (one try each).
     """
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        targets: Iterable[Target],
-        dashboard_url: str = DEFAULT_DASHBOARD,
-        group_id: str = "foreshock-notify",
-        updates: bool = False,
-        retries: int | None = None,
-        backoff: float = 0.5,
-        timeout: float = 5.0,
-        refresh: float = 60.0,
-        batch: int = 50,
-        patience: float = 900.0,
-        max_delay: float = 60.0,
-        capacity: int = 1000,
-        drain: float = 10.0,
-    ) -> None:
-        self.targets = list(dict.fromkeys(targets))
-        if not self.targets:
-            raise ValueError("no delivery target")
-        self.settings, self.dashboard_url = settings, dashboard_url
-        self.updates, self.refresh, self.batch, self.drain = updates, refresh, batch, drain
+    def __init__(self, settings: KafkaSettings, config: NotifyConfig) -> None:
+        self.settings, self.config, self.targets = settings, config, list(config.targets)
+        self.dashboard_url, self.updates = config.dashboard_url, config.updates
+        refresh = self.refresh = config.refresh
         self.ack_horizon = max(3 * refresh, 600.0) if refresh else 86_400.0
         self.ledger = Ledger()
         names = ("delivered", "failed", "duplicates", "skipped", "replayed", "invalid", "refreshed")
         self._stats = dict.fromkeys(names, 0)
         self._lock = threading.Lock()  # couriers settle jobs from their own threads
-        self._resume_at: dict[int, int] = {}  # partition -> committed offset, while replaying
+        self.cursor = ReplayCursor()
         self._assigned: set[int] = set()
         self._assigned_at: float | None = None
         self._committed: dict[int, int] = {}  # partition -> offset committed (or found)
@@ -242,15 +257,18 @@ class Notifier:
         ensure_topics(settings)
         self.consumer = MetricsConsumer(
             settings,
-            group_id,
+            config.group_id,
             topics=[settings.warnings_topic],
             decoders={settings.warnings_topic: decode_warning},
             on_assign=self._on_assign,
         )
+        c = config
         self.couriers = {
-            t: Courier(t, timeout, backoff, max_delay, patience, retries, capacity)
+            t: Courier(t, c.timeout, c.backoff, c.max_delay, c.patience, c.retries, c.capacity)
             for t in self.targets
         }
+        # step 1 is the couriers': an offset is committed once they settled its message
+        self.checkpoint = Checkpoint(self.consumer, "notify")
 
     @property
     def stats(self) -> dict[str, int]:
@@ -259,19 +277,13 @@ class Notifier:
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where delivery resumes; read each partition from its beginning."""
-        from confluent_kafka import OFFSET_BEGINNING
-
-        committed = consumer.committed(partitions, timeout=10)
+        committed = self.cursor.replay_from_start(consumer, partitions)
         with self._lock:
             self._assigned_at = time.monotonic()
             self._assigned = {tp.partition for tp in committed}
-            self._resume_at = {tp.partition: tp.offset for tp in committed if tp.offset > 0}
             for tp in committed:
                 self._committed[tp.partition] = max(tp.offset, 0)
                 self._handled.pop(tp.partition, None)
-        for tp in committed:
-            tp.offset = OFFSET_BEGINNING
-        consumer.assign(committed)
 
     def handle(self, message: dict[str, Any]) -> None:
         """One polled message: rebuild the ledger from history, or queue what is new."""
@@ -284,10 +296,7 @@ class Notifier:
                     self._handled[partition] = max(self._handled.get(partition, 0), offset + 1)
 
     def _handle(self, message: dict[str, Any], partition: int | None, offset: int) -> None:
-        resume = self._resume_at.get(partition, 0)
-        history = offset < resume  # delivered before (or given up on) by this group
-        if history and offset >= resume - 1:
-            del self._resume_at[partition]  # caught up: a later rewind is not history
+        history = self.cursor.history(partition, offset)  # sent (or given up on) before
         if "_invalid" in message:
             self._count("invalid")
             log.debug("foreshock notify: skipped: %s", message["_invalid"])
@@ -421,6 +430,16 @@ class Notifier:
 
     def commit(self) -> None:
         """Commit, per partition, up to the first message some courier has not settled."""
+        offsets = self._settled()
+        if self.checkpoint.commit(offsets):
+            with self._lock:
+                for tp in offsets:
+                    self._committed[tp.partition] = max(
+                        self._committed.get(tp.partition, 0), tp.offset
+                    )
+
+    def _settled(self) -> list[Any]:
+        """Per assigned partition whose position moved, the first offset not yet settled."""
         from confluent_kafka import TopicPartition
 
         offsets = []
@@ -434,22 +453,13 @@ class Notifier:
                     offsets.append(
                         TopicPartition(self.settings.warnings_topic, partition, position)
                     )
-        if not offsets:
-            return
-        try:  # MetricsConsumer.commit() commits the position, past what is still queued
-            self.consumer._consumer.commit(offsets=offsets, asynchronous=False)
-        except Exception as exc:  # the broker is away, or the partition was revoked
-            log.debug("foreshock notify: commit failed: %s", exc)
-            return
-        with self._lock:
-            for tp in offsets:
-                self._committed[tp.partition] = max(self._committed.get(tp.partition, 0), tp.offset)
+        return offsets
 
     def refresh_open(self) -> int:
         """Queue a re-post of this member's open warnings to each Alertmanager (and renew the
         silences of those acknowledged); returns how many alerts."""
         self._refreshed = time.monotonic()
-        if self._resume_at:
+        if self.cursor.replaying:
             return 0  # still replaying: the ledger may hold warnings resolved since
         now = time.time()
         mine = {
@@ -496,7 +506,7 @@ class Notifier:
         started = idle_since = time.monotonic()
         try:
             while not stop.is_set():
-                batch = self.consumer.poll_batch(self.batch, timeout=0.5)
+                batch = self.consumer.poll_batch(self.config.batch, timeout=0.5)
                 for message in batch:
                     self.handle(message)
                 self.commit()
@@ -520,8 +530,8 @@ class Notifier:
     def close(self) -> None:
         """Stop the couriers (``drain`` s, one try each), commit what they settled, leave."""
         for courier in self.couriers.values():
-            courier.stop(self.drain)
+            courier.stop(self.config.drain)
         for courier in self.couriers.values():
-            courier.join(self.drain + courier.timeout + 1.0)
+            courier.join(self.config.drain + courier.timeout + 1.0)
         self.commit()
         self.consumer.close()

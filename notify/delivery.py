@@ -1,13 +1,13 @@
 """What a warning event looks like to the outside, and one HTTP try to get it there: standard
 library only.
 
-Three target kinds (:class:`~foreshock.detectors.targets.Target`), one pure payload builder
+Three target kinds (:class:`~foreshock.notify.targets.Target`), one pure payload builder
 each, so the shapes are testable without a network:
 
 * ``webhook`` — the whole ``foreshock.warning/1`` event, plus its ``state`` (open, resolved,
   acknowledged, silenced: :mod:`foreshock.detectors.alerts`), ``resolved_by``,
   ``dashboard_url`` (the run's page) and a one-line ``summary``: receivers that know the schema
-  need nothing else. Signed when the target has a secret (:mod:`foreshock.detectors.signing`).
+  need nothing else. Signed when the target has a secret (:mod:`foreshock.notify.signing`).
 * ``slack`` — a Slack incoming-webhook body (``text`` + ``blocks``, mrkdwn); Mattermost and
   Rocket.Chat accept the same ``text``. One message per transition: opened, resolved (and
   why), acknowledged by whom, silenced until when.
@@ -19,7 +19,7 @@ each, so the shapes are testable without a network:
 
 :func:`request` makes one try and says whether another may pass (connection errors, timeouts,
 5xx, 429 — with its ``Retry-After``) or not (any other 4xx: the payload or the URL is wrong);
-retrying, with backoff and jitter, is the courier's (:mod:`foreshock.detectors.courier`). It
+retrying, with backoff and jitter, is the courier's (:mod:`foreshock.notify.courier`). It
 never raises, and logs say where by kind, scheme and host only (``Target.where``).
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import math
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -37,7 +36,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from .alerts import ACTIONS, EVENTS, resolved_by
+from foreshock.transport.warning import ACTIONS, resolved_by
+
 from .signing import signature_headers
 from .targets import KINDS, Target
 
@@ -50,7 +50,6 @@ __all__ = [
     "alertmanager_alert",
     "alertmanager_silence",
     "backoff_delay",
-    "check_event",
     "dashboard_link",
     "encode",
     "request",
@@ -78,79 +77,6 @@ STATE = {
     "acknowledged": "acknowledged",
     "silenced": "silenced",
 }
-
-_TEXT = ("id", "event", "run_id", "family")  # required strings
-_OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")
-_OPTIONAL_INT = ("divergence_step", "lead_time", "cleared_step")
-_OPTIONAL_NUMBER = ("statistic", "threshold", "false_alarm_rate")
-
-
-def check_event(event: Any) -> str | None:
-    """Why ``event`` is not a warning event the payload builders can render; None if it is.
-
-    >>> check_event({"schema": "foreshock.warning/1", "id": "a", "event": "opened",
-    ...              "run_id": "r1", "family": "router", "step": 5})
-    >>> check_event({"schema": "foreshock.warning/1", "id": ["a"], "event": "opened",
-    ...              "run_id": "r1", "family": "router", "step": 5})
-    "warning event whose 'id' is not a string"
-    >>> check_event({"schema": "foreshock.warning/1", "id": "a", "event": "acknowledged",
-    ...              "run_id": "r1", "family": "router", "step": 5, "evidence": {"by": 7}})
-    'acknowledged event without who (evidence.by) and when (evidence.at)'
-    """
-    if not isinstance(event, dict) or event.get("schema") != "foreshock.warning/1":
-        return "not a foreshock.warning/1 event"
-    missing = [k for k in (*_TEXT, "step") if event.get(k) is None]
-    if missing:
-        return f"warning event without {missing}"
-    for name in _TEXT:
-        if not isinstance(event[name], str):
-            return f"warning event whose {name!r} is not a string"
-    if event["event"] not in EVENTS:
-        return f"unknown warning event {event['event'][:40]!r}"
-    for name in _OPTIONAL_TEXT:
-        if not isinstance(event.get(name), str | None):
-            return f"warning event whose {name!r} is not a string or null"
-    for name in ("step", *_OPTIONAL_INT):
-        value = event.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            return f"warning event whose {name!r} is not an integer"
-    for name in _OPTIONAL_NUMBER:
-        value = event.get(name)
-        if value is not None and not _finite(value):
-            return f"warning event whose {name!r} is not a finite number"
-    return _check_action(event) if event["event"] in ACTIONS else None
-
-
-def _check_action(event: dict[str, Any]) -> str | None:
-    """A person's event: who (text), when and until (numbers), note (text), a unique id."""
-    kind, evidence = event["event"], event.get("evidence")
-    if not isinstance(evidence, dict):
-        return f"{kind} event without evidence"
-    if not isinstance(evidence.get("by"), str) or not _time(evidence.get("at")):
-        return f"{kind} event without who (evidence.by) and when (evidence.at)"
-    if not isinstance(evidence.get("action_id"), str):
-        return f"{kind} event without evidence.action_id"
-    if not isinstance(evidence.get("note"), str | None):
-        return f"{kind} event whose note is not text"
-    until = evidence.get("until")
-    if (kind == "silenced" or until is not None) and not _time(until):
-        return f"{kind} event whose evidence.until is not a time"
-    return None
-
-
-def _finite(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond float
-        return False
-
-
-def _time(value: Any) -> bool:
-    """Unix seconds a date can show (1970 to the year 9999)."""
-    return _finite(value) and 0 <= value < 253_402_300_800
 
 
 def dashboard_link(dashboard_url: str, run_id: str) -> str:

@@ -3,7 +3,7 @@
 A receiver that is not public wants credentials (a bearer token in front of Alertmanager, basic
 auth on a webhook relay), and one that acts on what it gets wants to know it came from us: so a
 :class:`Target` carries ``headers`` (sent with every request) and a signing ``secret``
-(:mod:`foreshock.detectors.signing`). Neither is ever printed: ``repr`` and ``where`` (what the
+(:mod:`foreshock.notify.signing`). Neither is ever printed: ``repr`` and ``where`` (what the
 logs say) show the kind, scheme and host, the header *names* and whether it signs. Basic auth
 written into a URL (``https://user:secret@host/``) is taken out of it into an ``Authorization``
 header, so it cannot reach a log line either.

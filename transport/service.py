@@ -1,0 +1,91 @@
+"""The command side of a consumer service (``foreshock detect``, ``notify``, ``sink``): its
+config from the flags, then build it, stop it on SIGTERM/SIGINT, say where its metrics are
+served, run it, say what it did.
+
+The services themselves share :mod:`foreshock.transport.checkpoint` (replay and commit); this
+is the rest of their skeleton, so the three commands differ only in what they build and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+__all__ = ["as_config", "config_from_args", "serve"]
+
+FLAGS = {"group_id": "group", "refresh": "am_refresh"}  # config field -> its flag's dest
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """The config dataclass ``cls`` from ``given`` values and the flags named like its fields
+    (:data:`FLAGS` where the flag's name differs); a field without either keeps its default.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class Config:
+    ...     root: str
+    ...     group_id: str = "g"
+    ...     batch: int = 50
+    >>> config_from_args(Config, argparse.Namespace(group="mine", json=True), root="/s")
+    Config(root='/s', group_id='mine', batch=50)
+    """
+    values = dict(given)
+    for field in fields(cls):
+        flag = FLAGS.get(field.name, field.name)
+        if field.name not in values and hasattr(args, flag):
+            values[field.name] = getattr(args, flag)
+    return cls(**values)
+
+
+def as_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
+    """``config`` if it is a ``cls`` already, else ``cls(config, **options)``: a service also
+    takes its config's first field and the rest as keywords (the callers written before the
+    config dataclasses).
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class Config:
+    ...     root: str
+    ...     batch: int = 50
+    >>> as_config(Config, "/s", {"batch": 5}), as_config(Config, Config("/t"), {})
+    (Config(root='/s', batch=5), Config(root='/t', batch=50))
+    """
+    if not isinstance(config, cls):
+        return cls(config, **options)
+    if options:
+        raise TypeError(f"options beside a {cls.__name__}: {sorted(options)}")
+    return config
+
+
+def serve(
+    name: str,
+    service: Callable[[Any, Any], Any],
+    config: Any,
+    args: argparse.Namespace,
+    started: Callable[[Any], str],
+    finished: Callable[[Any], str],
+) -> int:
+    """Run ``service(settings, config)`` (the settings from ``--config``) until a signal, or
+    ``--idle-exit`` idle seconds; exit status 2 if its metrics port is taken. ``started`` and
+    ``finished``: its first and last line."""
+    from foreshock.services import stop_on_signals
+    from foreshock.telemetry import MetricsPortError
+
+    from .settings import load_settings
+
+    try:
+        service = service(load_settings(args.config), config)
+    except MetricsPortError as exc:
+        print(f"foreshock {name}: {exc}", file=sys.stderr)
+        return 2
+    stop = stop_on_signals()
+    print(f"foreshock {name}: {started(service)}", flush=True)
+    telemetry = getattr(service, "telemetry", None)
+    if telemetry is not None:
+        print(f"foreshock {name}: metrics at {telemetry.url}", flush=True)
+    service.run(stop, idle_exit=args.idle_exit)
+    print(f"foreshock {name}: {finished(service)}", flush=True)
+    return 0

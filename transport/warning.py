@@ -1,0 +1,188 @@
+"""The warning event (``foreshock.warning/1``): its fields, its events and its one validation.
+
+Every event on the warnings topic — the detectors' ``opened``/``updated``/``cleared`` and a
+person's ``acknowledged``/``silenced`` (:mod:`foreshock.detectors.alerts`) — is one flat JSON
+object with the fields below, plus ``schema`` and a free-form ``evidence``. The JSON Schema
+beside the wire's, ``warning-v1.schema.json`` (:func:`json_schema`), says the same for other
+languages; ``tests/test_warning_schema.py`` keeps the two in step.
+
+Who checks what, with :func:`check` (one function, two depths):
+
+* the notifier renders an event only if ``check(event)`` finds nothing: required text, known
+  event kinds, numbers that are finite, a person's event with who and when;
+* the storage sink dead-letters on ``check(event, key_only=True)`` — the fields its dedup key
+  reads — and lets its batch builder refuse the rest (a dead-letter row, with Arrow's reason),
+  among it a ``run_id`` outside the wire's rule, which the JSON Schema states as its pattern.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+__all__ = [
+    "ACTIONS",
+    "DETECTOR_EVENTS",
+    "EVENTS",
+    "FACTS",
+    "FIELDS",
+    "REQUIRED",
+    "RESOLVED_BY",
+    "SCHEMA",
+    "check",
+    "finite",
+    "json_schema",
+    "resolved_by",
+]
+
+SCHEMA = "foreshock.warning/1"
+DETECTOR_EVENTS = ("opened", "updated", "cleared")
+ACTIONS = ("acknowledged", "silenced")
+EVENTS = DETECTOR_EVENTS + ACTIONS
+RESOLVED_BY = ("statistic", "run ended")
+
+_TEXT = ("id", "event", "run_id", "family")  # required strings
+_OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")
+_OPTIONAL_INT = ("divergence_step", "lead_time", "cleared_step")
+_NUMBERS = ("statistic", "threshold", "false_alarm_rate")  # finite, or null
+_KEY_TEXT, _KEY_INT = ("id", "event"), ("divergence_step", "cleared_step")  # the store's key
+
+# the flat fields, in the store's column order (``evidence`` is kept as JSON beside them)
+FIELDS = (
+    "id",
+    "event",
+    "run_id",
+    "family",
+    "module",
+    "series",
+    "direction",
+    "step",
+    "role",
+    "statistic",
+    "threshold",
+    "false_alarm_rate",
+    "config_version",
+    "divergence_step",
+    "lead_time",
+    "cleared_step",
+)
+REQUIRED = (*_TEXT, "step")
+# the warning's own facts: what a person's event copies from the warning's latest state
+FACTS = tuple(f for f in FIELDS if f not in ("event", "cleared_step"))
+
+
+def check(event: Any, key_only: bool = False) -> str | None:
+    """Why ``event`` is not a warning event; None if it is. ``key_only``: only the schema and
+    the fields a store's dedup key reads (strings or null, integers or null).
+
+    >>> check({"schema": "foreshock.warning/1", "id": "a", "event": "opened",
+    ...        "run_id": "r1", "family": "router", "step": 5})
+    >>> check({"schema": "foreshock.warning/1", "id": ["a"], "event": "opened",
+    ...        "run_id": "r1", "family": "router", "step": 5})
+    "warning event whose 'id' is not a string"
+    >>> check({"schema": "foreshock.warning/1", "id": "a", "event": "acknowledged",
+    ...        "run_id": "r1", "family": "router", "step": 5, "evidence": {"by": 7}})
+    'acknowledged event without who (evidence.by) and when (evidence.at)'
+    >>> check({"schema": "foreshock.warning/1", "cleared_step": 1.5}, key_only=True)
+    "warning event whose 'cleared_step' is not an integer or null"
+    """
+    if not isinstance(event, dict) or event.get("schema") != SCHEMA:
+        return f"not a {SCHEMA} event"
+    if key_only:
+        return _check_key(event)
+    missing = [k for k in REQUIRED if event.get(k) is None]
+    if missing:
+        return f"warning event without {missing}"
+    for name in _TEXT:
+        if not isinstance(event[name], str):
+            return f"warning event whose {name!r} is not a string"
+    if event["event"] not in EVENTS:
+        return f"unknown warning event {event['event'][:40]!r}"
+    for name in _OPTIONAL_TEXT:
+        if not isinstance(event.get(name), str | None):
+            return f"warning event whose {name!r} is not a string or null"
+    for name in ("step", *_OPTIONAL_INT):
+        if not _integer_or_null(event.get(name)):
+            return f"warning event whose {name!r} is not an integer"
+    for name in _NUMBERS:
+        value = event.get(name)
+        if value is not None and not finite(value):
+            return f"warning event whose {name!r} is not a finite number"
+    return _check_action(event) if event["event"] in ACTIONS else None
+
+
+def _check_key(event: dict[str, Any]) -> str | None:
+    for name in _KEY_TEXT:
+        if not isinstance(event.get(name), str | None):
+            return f"warning event whose {name!r} is not a string"
+    for name in _KEY_INT:
+        if not _integer_or_null(event.get(name)):
+            return f"warning event whose {name!r} is not an integer or null"
+    return None
+
+
+def _check_action(event: dict[str, Any]) -> str | None:
+    """A person's event: who (text), when and until (numbers), note (text), a unique id."""
+    kind, evidence = event["event"], event.get("evidence")
+    if not isinstance(evidence, dict):
+        return f"{kind} event without evidence"
+    if not isinstance(evidence.get("by"), str) or not _time(evidence.get("at")):
+        return f"{kind} event without who (evidence.by) and when (evidence.at)"
+    if not isinstance(evidence.get("action_id"), str):
+        return f"{kind} event without evidence.action_id"
+    if not isinstance(evidence.get("note"), str | None):
+        return f"{kind} event whose note is not text"
+    until = evidence.get("until")
+    if (kind == "silenced" or until is not None) and not _time(until):
+        return f"{kind} event whose evidence.until is not a time"
+    return None
+
+
+def _integer_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def finite(value: Any) -> bool:
+    """A finite int or float (not a bool).
+
+    >>> finite(1.5), finite(float("nan")), finite(True), finite(10**400)
+    (True, False, False, False)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float
+        return False
+
+
+def _time(value: Any) -> bool:
+    """Unix seconds a date can show (1970 to the year 9999)."""
+    return finite(value) and 0 <= value < 253_402_300_800
+
+
+def resolved_by(event: dict[str, Any]) -> str | None:
+    """Why a ``cleared`` event resolved its warning (None for any other event).
+
+    A clearing stored before the reason was recorded was a statistic's: nothing else cleared.
+
+    >>> resolved_by({"event": "cleared", "evidence": {"resolved_by": "run ended"}})
+    'run ended'
+    >>> resolved_by({"event": "cleared", "evidence": None}), resolved_by({"event": "opened"})
+    ('statistic', None)
+    """
+    if event.get("event") != "cleared":
+        return None
+    evidence = event.get("evidence")
+    reason = evidence.get("resolved_by") if isinstance(evidence, dict) else None
+    return reason if reason in RESOLVED_BY else "statistic"
+
+
+@cache
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a warning event (``warning-v1.schema.json``, shipped beside this)."""
+    text = files("foreshock.transport").joinpath("warning-v1.schema.json").read_text()
+    return json.loads(text)
