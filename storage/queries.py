@@ -48,10 +48,10 @@ WITH w AS (
     SELECT run_id,
         list_sort(list_distinct(list(family || ' @ ' || coalesce(module, '-'))
             FILTER (WHERE event <> 'cleared' AND family <> 'symptom'))) AS active,
-        arg_min(family, step) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
+        arg_min(family, (step, family)) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
             AS active_family,
         min(step) FILTER (WHERE family <> 'symptom') AS first_warning_step,
-        arg_min(family, step) FILTER (WHERE family <> 'symptom') AS first_family,
+        arg_min(family, (step, family)) FILTER (WHERE family <> 'symptom') AS first_family,
         max(divergence_step) AS detected_divergence
     FROM warnings_latest GROUP BY run_id)
 SELECT r.run_id, r.project, r.scenario, r.fault, r.status AS lifecycle, r.last_step,
@@ -213,7 +213,7 @@ SELECT r.run_id, r.scenario, r.fault,
        min(w.step) FILTER (WHERE w.family = 'attention-numerics') AS attention_step,
        min(w.step) FILTER (WHERE w.family = 'router') AS router_step,
        min(w.step) FILTER (WHERE w.family = 'symptom') AS symptom_step,
-       arg_min(w.family || ':' || w.role, w.step) FILTER (WHERE w.family <> 'symptom')
+       arg_min(w.family || ':' || w.role, (w.step, w.family)) FILTER (WHERE w.family <> 'symptom')
            AS first_mechanism
 FROM runs r LEFT JOIN warnings_latest w USING (run_id)
 GROUP BY r.run_id, r.scenario, r.fault, r.divergence_step, r.divergence_known
@@ -223,7 +223,9 @@ ORDER BY r.scenario, r.run_id
 
 def lead_table(history: History) -> list[dict[str, Any]]:
     """Per run: first warning step of each family, divergence step, and the leads
-    (divergence − first warning; only warnings before divergence count as leads).
+    (divergence − first warning; only warnings before divergence count as leads). Two families
+    first warning at one monitoring step tie; ``first_mechanism`` then names them in
+    alphabetical order (attention-numerics first), not in whatever order the table was scanned.
 
     The divergence step is the producer's when it watched the loss (the lab does, every step),
     else the detectors' online estimate."""
