@@ -14,12 +14,15 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from foreshock import catalogue
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -147,6 +150,36 @@ def _router_collapse(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _transport(r: dict) -> list[tuple[str, str]]:
+    offered = r["offered_per_producer_per_s"]
+    pace = f"{offered:g} msg/s each" if offered else "as fast as the sinks take them"
+    who = f"{r['producers']} producers in {r['processes']} processes, {pace}"
+    return [
+        (f"{who}: messages delivered / lost", f"{r['messages']:,} / {r['lost']}"),
+        (
+            "delivered rate",
+            f"{r['messages_per_s']:,.0f} msg/s = {r['values_per_s']:,.0f} metric values/s",
+        ),
+        (
+            "latency p50 / p95 / p99 (write → consumed)",
+            f"{r['latency_p50_s']:.2f} / {r['latency_p95_s']:.2f} / {r['latency_p99_s']:.2f} s",
+        ),
+    ]
+
+
+def _detectors(r: dict) -> list[tuple[str, str]]:
+    rows = []
+    for x in r["rounds"]:
+        split = ", ".join(f"{k} {v} s" for k, v in x["time_split_s"].items())
+        rows.append(
+            (
+                f"{x['workers']} worker(s), {x['values']:,} values",
+                f"{x['values_per_s']:,} values/s ({split})",
+            )
+        )
+    return rows
+
+
 def _band_frontier(r: dict) -> list[tuple[str, str]]:
     rows = []
     for v in r["variants"]:
@@ -180,6 +213,13 @@ def _false_alarms(r: dict) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def _lab_table(r: dict) -> list[tuple[str, str]]:
+    return [
+        ("runs read", f"{r['runs']} (CPU per run: median {r['cpu_seconds_median']:.0f} s)"),
+        ("band", f"pad {r['band']['pad']} × width, {r['band']['consecutive']} checks in a row"),
+    ]
 
 
 def _lab_reproducibility(r: dict) -> list[tuple[str, str]]:
@@ -372,6 +412,17 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         "Monitor overhead per training step, tiny Mixtral",
     ),
     "max_logit": ([], _max_logit, "max_logit on transformers models: cost"),
+    "transport": ([], _transport, "Transport: producers → embedded broker → one consumer"),
+    "transport_unpaced": (
+        ["--rate", "0", "--messages", "100"],
+        _transport,
+        "Transport, producers unpaced",
+    ),
+    "detectors": (
+        ["--copies", "8"],
+        _detectors,
+        "Detector workers: metric values per second, Kafka in → warnings out",
+    ),
     "detection_table": ([], _detection, "Lead time and false warnings (held-out lab runs)"),
     "detection_table_mixtral": (
         ["--runs", "lab/runs/mixtral"],
@@ -390,6 +441,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         _false_alarms,
         "Calibration: false warnings on unseen healthy runs (cross-validated)",
     ),
+    "lab_table": ([], _lab_table, "The lab's shipped runs: which family leaves the healthy band"),
     "lab_reproducibility": (
         [],
         _lab_reproducibility,
@@ -410,6 +462,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
 
 
 MODULE = {  # result name -> benchmark module, where they differ
+    "transport_unpaced": "transport",
     "fleet_saturation": "fleet",
     "detection_table_mixtral": "detection_table",
     "detection_table_capacity": "detection_table",
@@ -478,6 +531,18 @@ DETECTION_MARKERS = ("<!-- detection-table -->", "<!-- /detection-table -->")
 RESULTS_MARKERS = ("<!-- benchmark-results -->", "<!-- /benchmark-results -->")
 DOCS = HERE.parent / "docs"
 DETECTION_PAGE = DOCS / "detectors.md"  # the detection table, between DETECTION_MARKERS
+LAB_MARKERS = ("<!-- lab-table -->", "<!-- /lab-table -->")
+LAB_PAGE = DOCS / "lab.md"  # lab_summary(), between LAB_MARKERS
+LAB_FAMILIES = {  # lab_table's family -> its column
+    "d2_entropy": "Δ2 entropy",
+    "dw_entropy": "ΔW entropy",
+    "router_entropy": "router entropy",
+    "load_entropy": "load entropy",
+    "epsilon": "ε",
+    "loss": "loss",
+    "grad_norm": "grad norm",
+}
+ARROWS = {"below": "↓", "above": "↑", "null": "∅"}
 RESULTS_PAGE = DOCS / "benchmarks.md"  # results_section(), between RESULTS_MARKERS
 
 
@@ -502,7 +567,7 @@ def detection_summary() -> str:
 
 def _detection_row(profile: str, scenario: str, s: dict) -> str:
     a, dash = s["attribution"], "–"
-    quiet = scenario in ("healthy", "fa-noise", "router-mild")
+    quiet = catalogue.scenario(scenario).quiet
     warned = f"{s['detected']}/{s['runs']}" + (" false" if quiet else "")
     cause = dash if quiet else f"{a['correct']} / {a['wrong']} / {a['ambiguous']}"
     own = dash if quiet else f"{s['own_family_before_symptom']}/{s['diverged'] or s['runs']}"
@@ -519,6 +584,30 @@ def _detection_row(profile: str, scenario: str, s: dict) -> str:
         f"| {profile} | {scenario} ({s['runs']}, {s['diverged']} diverged) | {warned} "
         f"| {cause} | {lead} | {sym} | {own} | {env} |"
     )
+
+
+def lab_summary() -> str:
+    """The docs' lab table (``docs/lab.md``): per scenario, the divergence step and each
+    family's first exit from the healthy band (median step, direction, runs with an exit,
+    median raw lead), from the stored lab_table result."""
+    r = json.loads((RESULTS / "lab_table.json").read_text())["result"]
+    head = ["scenario", "diverged", "divergence step", *LAB_FAMILIES.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in r["scenarios"].items():
+        div = s["divergence"]
+        when = f"{statistics.median(div):g} [{min(div)}–{max(div)}]" if div else "–"
+        cells = [f"{name} ({s['runs']})", f"{s['diverged']}/{s['runs']}", when]
+        cells += [_lab_cell(s["families"][f], s["runs"]) for f in LAB_FAMILIES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _lab_cell(fig: dict, runs: int) -> str:
+    if not fig["exits"]:
+        return "–"
+    arrow = ARROWS[max(set(fig["directions"]), key=fig["directions"].count)]
+    lead = f"; lead {statistics.median(fig['leads']):g}" if fig["leads"] else ""
+    return f"{statistics.median(fig['exits']):g} {arrow} ({len(fig['exits'])}/{runs}{lead})"
 
 
 def with_section(text: str, markers: tuple[str, str], body: str) -> str:
@@ -544,6 +633,7 @@ def write_docs() -> None:
     """Regenerate the generated parts of ``benchmarks/README.md`` and the docs pages."""
     (HERE / "README.md").write_text(render())
     DETECTION_PAGE.write_text(with_detection_summary(DETECTION_PAGE.read_text()))
+    LAB_PAGE.write_text(with_section(LAB_PAGE.read_text(), LAB_MARKERS, lab_summary()))
     RESULTS_PAGE.write_text(
         with_section(RESULTS_PAGE.read_text(), RESULTS_MARKERS, results_section())
     )
@@ -567,7 +657,7 @@ def main() -> None:
         text = Path(file).read_text().strip().splitlines()[-1]
         save(name, json.loads(text), BENCHMARKS[name][0], when=Path(file).stat().st_mtime)
     write_docs()
-    print(f"wrote {HERE / 'README.md'}, {DETECTION_PAGE} and {RESULTS_PAGE}")
+    print(f"wrote {HERE / 'README.md'}, {DETECTION_PAGE}, {LAB_PAGE} and {RESULTS_PAGE}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def _consume(
     """Until every message arrived, or ``timeout``, or 30 s of silence after the producers
     finished (a message missing by then is counted lost)."""
     latencies: list[float] = []
+    attempts: dict[str, int] = {}  # a KafkaSink numbers its attempt: the stream's third key
     seen, last = 0, time.time()
     deadline = time.monotonic() + timeout
     quiet_since = time.monotonic()
@@ -94,6 +95,7 @@ def _consume(
             break
         for message in batch:
             seen += 1
+            attempts[message["run_id"]] = message.get("attempt", 0)
             if message["kind"] == "metrics":
                 latencies.append(now - message["time"])
         if batch:
@@ -101,7 +103,9 @@ def _consume(
     missing = [
         f"sim-{i}:{seq}"
         for i in range(producers)
-        for seq in consumer.dedup.missing(f"sim-{i}", 0, expected // producers)
+        for seq in consumer.dedup.missing(
+            f"sim-{i}", 0, expected // producers, attempts.get(f"sim-{i}", 0)
+        )
     ]
     print(
         f"consumer: {consumer.rereads} gap re-reads, {consumer.dedup.duplicates} duplicates "

@@ -17,10 +17,13 @@ import pytest
 from benchmarks.readme import (
     DETECTION_MARKERS,
     DETECTION_PAGE,
+    LAB_MARKERS,
+    LAB_PAGE,
     RESULTS_MARKERS,
     RESULTS_PAGE,
     between,
     detection_summary,
+    lab_summary,
     results_section,
 )
 from foreshock.cli import build_parser
@@ -105,6 +108,7 @@ def test_docs_benchmark_figures_are_the_stored_results():
         "docs/benchmarks.md is stale: python -m benchmarks.readme"
     )
     assert between(DETECTION_PAGE.read_text(), DETECTION_MARKERS) == detection_summary().strip()
+    assert between(LAB_PAGE.read_text(), LAB_MARKERS) == lab_summary().strip()
 
 
 def test_readme_links_every_docs_page():
