@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -510,20 +511,36 @@ def results_section(level: str = "###") -> str:
     """One section per benchmark, headed at ``level``: the body of ``benchmarks/README.md``
     and of the docs' benchmarks page (between :data:`RESULTS_MARKERS`)."""
     lines: list[str] = []
-    for name, (_, rows, title) in BENCHMARKS.items():
-        path = RESULTS / f"{name}.json"
-        lines += [f"{level} {title}", ""]
-        if not path.exists():
-            lines += [f"Not measured yet: `python -m benchmarks.readme --run {name}`.", ""]
-            continue
-        record = json.loads(path.read_text())
-        lines += ["| figure | value | command |", "|---|---|---|"]
-        lines += [
-            f"| {figure} | {value} | `{record['command']}` |"
-            for figure, value in rows(record["result"])
-        ]
-        lines += ["", f"Measured {record['measured_at']} on {record['machine']}.", ""]
+    for name, (_, _, title) in BENCHMARKS.items():
+        lines += [f"{level} {title}", "", figure_table(name), ""]
     return "\n".join(lines)
+
+
+def figure_table(name: str) -> str:
+    """One benchmark's figures as a table, with its command and when it was measured."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return f"Not measured yet: `python -m benchmarks.readme --run {name}`."
+    record = json.loads(path.read_text())
+    lines = ["| figure | value | command |", "|---|---|---|"]
+    lines += [
+        f"| {figure} | {value} | `{record['command']}` |"
+        for figure, value in BENCHMARKS[name][1](record["result"])
+    ]
+    lines += ["", f"Measured {record['measured_at']} on {record['machine']}."]
+    return "\n".join(lines)
+
+
+# Any docs page may show one benchmark's figures between these two lines (NAME: its result).
+FIGURES = re.compile(r"<!-- figures: (?P<name>[\w-]+) -->\n.*?<!-- /figures -->", re.S)
+
+
+def with_figure_tables(text: str) -> str:
+    """``text`` with every ``<!-- figures: NAME -->`` … ``<!-- /figures -->`` regenerated."""
+    return FIGURES.sub(
+        lambda m: f"<!-- figures: {m['name']} -->\n{figure_table(m['name'])}\n<!-- /figures -->",
+        text,
+    )
 
 
 DETECTION_RESULTS = ("detection_table", "detection_table_capacity", "detection_table_mixtral")
@@ -634,6 +651,8 @@ def write_docs() -> None:
     (HERE / "README.md").write_text(render())
     DETECTION_PAGE.write_text(with_detection_summary(DETECTION_PAGE.read_text()))
     LAB_PAGE.write_text(with_section(LAB_PAGE.read_text(), LAB_MARKERS, lab_summary()))
+    for page in DOCS.glob("*.md"):
+        page.write_text(with_figure_tables(page.read_text()))
     RESULTS_PAGE.write_text(
         with_section(RESULTS_PAGE.read_text(), RESULTS_MARKERS, results_section())
     )

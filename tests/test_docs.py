@@ -25,6 +25,7 @@ from benchmarks.readme import (
     detection_summary,
     lab_summary,
     results_section,
+    with_figure_tables,
 )
 from foreshock.cli import build_parser
 from foreshock.notify.targets import RECEIVER_SETTINGS
@@ -109,6 +110,9 @@ def test_docs_benchmark_figures_are_the_stored_results():
     )
     assert between(DETECTION_PAGE.read_text(), DETECTION_MARKERS) == detection_summary().strip()
     assert between(LAB_PAGE.read_text(), LAB_MARKERS) == lab_summary().strip()
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        assert with_figure_tables(text) == text, f"docs/{page.name} is stale: benchmarks.readme"
 
 
 def test_readme_links_every_docs_page():
