@@ -39,7 +39,7 @@ from foreshock.lab.recorded import RecordedRun, load_run, shipped_runs
 from foreshock.services import ServiceGroup, foreshock_command
 from foreshock.storage.store import store_exists
 from foreshock.transport.broker import EmbeddedBroker, free_port
-from foreshock.transport.settings import KafkaSettings
+from foreshock.transport.settings import KafkaSettings, env_variable
 
 __all__ = [
     "DASHBOARD",
@@ -215,7 +215,7 @@ def service_env(settings: KafkaSettings, **overrides: str) -> dict[str, str]:
     >>> service_env(KafkaSettings(spool_dir="s"))["FORESHOCK_KAFKA_PARTITIONS"]
     '6'
     """
-    env = {f"FORESHOCK_KAFKA_{name.upper()}": str(getattr(settings, name)) for name in _ENV_FIELDS}
+    env = {env_variable(name): str(getattr(settings, name)) for name in _ENV_FIELDS}
     return {**env, **overrides}
 
 

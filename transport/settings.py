@@ -40,6 +40,7 @@ __all__ = [
     "KafkaSettings",
     "SettingsError",
     "config_section",
+    "env_variable",
     "is_secret",
     "load_settings",
     "redact",
@@ -160,7 +161,7 @@ def load_settings(
     if unknown:
         raise SettingsError(f"unknown [kafka] settings in {path}: {sorted(unknown)}")
     for name in known:
-        variable = f"FORESHOCK_KAFKA_{name.upper()}"
+        variable = env_variable(name)
         raw = env.get(variable)
         if raw is not None:
             values[name], where[name] = raw, variable
@@ -175,6 +176,15 @@ def load_settings(
             client[key.removeprefix("FORESHOCK_RDKAFKA_").lower().replace("_", ".")] = value
     values["client"] = client
     return KafkaSettings(**values)
+
+
+def env_variable(setting: str) -> str:
+    """The environment variable of a ``[kafka]`` setting (it wins over the file).
+
+    >>> env_variable("bootstrap_servers")
+    'FORESHOCK_KAFKA_BOOTSTRAP_SERVERS'
+    """
+    return f"FORESHOCK_KAFKA_{setting.upper()}"
 
 
 def _whole(value: Any, where: str, least: bool) -> int:
