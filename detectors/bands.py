@@ -25,6 +25,15 @@ others (its own values are inside its own band by construction), and
 the floor of one width being the lab's band rule (``lab.bands``: the healthy range widened by
 its width on each side). Bands are per series key (module names included): they belong to one
 profile's calibration and travel in its config.
+
+The weight norm's band raises no warning; it decides a cause (``engine``: the weights left
+what healthy runs do before any mechanism moved → ``optimizer``). Its threshold is the same
+leave-one-out excursion with the same margin but *without* the floor,
+
+    h_inflation = max(0.01, (1 + margin) · max_i peak_weight_norm,i)   band widths,
+
+because the floor guards against false warnings, and this test makes none: between two real
+warnings it asks whether the weights are already where no healthy calibration run went.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ INFLATION_METRIC = "weight_norm"  # the optimizer's signature: every weight grow
 __all__ = ["BAND_FLOOR", "INFLATION_METRIC", "BandStandardizer", "band_thresholds", "healthy_bands"]
 
 BAND_FLOOR = 1.0
+INFLATION_FLOOR = 0.01  # band widths: a threshold must be > 0 (a healthy peak can be 0)
 MIN_RUNS = 2  # a step needs values from this many healthy runs to have a band
 
 
@@ -148,6 +158,7 @@ def band_thresholds(
         peaks[INFLATION_METRIC].append(_sustained_peak(run, bands, config))
     h = {m: round(max(floor, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
     thresholds |= {m: h[m] for m in metrics - {INFLATION_METRIC}}
+    inflation_h = round(max(INFLATION_FLOOR, (1 + margin) * max(peaks[INFLATION_METRIC])), 4)
     calibration = {
         **config.calibration,
         "bands": {
@@ -163,7 +174,7 @@ def band_thresholds(
         bands=healthy_bands(runs, metrics),
         thresholds=thresholds,
         calibration=calibration,
-        inflation_h=h[INFLATION_METRIC],
+        inflation_h=inflation_h,
     )
 
 

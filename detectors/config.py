@@ -47,17 +47,20 @@ class SeriesRule:
     from the run's own trend); ``level``, a slide too far (the log ratio to the run's own
     warm-up level, held beyond h for ``confirm`` records); ``band``, leaving what healthy runs
     of the same profile do at the same step (:mod:`foreshock.detectors.bands`), held beyond h
-    band widths for ``confirm`` records.
+    band widths for ``confirm`` records. ``confirm`` None: the config's.
     """
 
     metric: str
     family: str
     direction: str
     kind: str = "cusum"
+    confirm: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.confirm is not None and self.confirm < 1:
+            raise ValueError(f"confirm must be at least 1, got {self.confirm}")
 
     def directions(self) -> tuple[str, ...]:
         return ("up", "down") if self.direction == "both" else (self.direction,)
@@ -84,8 +87,20 @@ RUN_RELATIVE_ONLY = ("router.epsilon",)
 BAND_METRICS = tuple(
     r.metric for r in DEFAULT_RULES if r.family in MECHANISMS and r.metric not in RUN_RELATIVE_ONLY
 )
+# Confirmed on one record, not ``DetectorConfig.confirm``: the largest attention logit is a state
+# of the weights (it moves smoothly, record to record), where the spectral entropies of one
+# step's increment spike with a single batch. Confirmation filters spikes, so a state pays a
+# record of delay for little: on healthy calibration runs the largest leave-one-out excursion
+# held for 2 records stays a large share of the one held for 1 record for ``max_logit``, a
+# small one for most entropies (``python -m benchmarks.band_frontier``, "persistence").
+SINGLE_RECORD_METRICS = ("max_logit",)
 BAND_RULES: tuple[SeriesRule, ...] = (
-    *(replace(r, kind="band") if r.metric in BAND_METRICS else r for r in DEFAULT_RULES),
+    *(
+        replace(r, kind="band", confirm=1 if r.metric in SINGLE_RECORD_METRICS else None)
+        if r.metric in BAND_METRICS
+        else r
+        for r in DEFAULT_RULES
+    ),
     *(
         SeriesRule(s.metric, s.family, s.direction, "band")
         for s in SERIES
@@ -121,6 +136,10 @@ class DetectorConfig:
     def for_labels(self, labels: dict[str, Any]) -> DetectorConfig:
         """The config for a run with these labels: this one (see ``profiles.ProfileConfigs``)."""
         return self
+
+    def confirm_of(self, rule: SeriesRule) -> int:
+        """Records in a row beyond h before ``rule`` warns: its own, else the config's."""
+        return rule.confirm or self.confirm
 
     def rule_for(self, metric: str) -> SeriesRule | None:
         return next((r for r in self.rules if r.metric == metric), None)

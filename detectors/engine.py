@@ -267,8 +267,8 @@ class RunDetector:
 
     def _detector(self, rule: SeriesRule, direction: str, h: float) -> OneSidedCUSUM:
         if rule.kind in ("level", "band"):
-            return SustainedLevel(direction, h, self.config.confirm)
-        return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm)
+            return SustainedLevel(direction, h, self.config.confirm_of(rule))
+        return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm_of(rule))
 
     def _standardizer(self, rule: SeriesRule, key: str) -> Standardizer:
         c = self.config

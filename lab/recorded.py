@@ -27,9 +27,9 @@ RECORDED_DIR = Path(__file__).parent / "runs"
 # Per profile, the healthy seeds its shipped detector config never saw: benchmarks.detection_table
 # judges on them (the other healthy seeds calibrate it). FIRST-LAST[,FIRST-LAST...].
 HELD_OUT_HEALTHY = {
-    "gpt-moe": "10-14,25-39,60-69",
-    "mixtral": "15-19",
-    "gpt-moe+capacity-1": "12-15",
+    "gpt-moe": "10-14,25-39,60-74",
+    "mixtral": "15-24",
+    "gpt-moe+capacity-1": "12-19",
 }
 
 
