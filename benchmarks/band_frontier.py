@@ -5,16 +5,23 @@ profile's healthy band by h band widths for ``confirm`` records, with
 
     h = max(floor, (1 + margin) · the largest leave-one-out healthy excursion)   (widths).
 
-The shipped knobs are floor 1, margin 0.5, confirm 2. Lower knobs warn earlier and risk false
-warnings on healthy runs the calibration never saw. For each variant and each profile
-(``lab/runs``, ``lab/runs/mixtral``, ``lab/runs/gpt-moe+capacity-1``) this recalibrates on the
-profile's calibration seeds and judges its held-out runs exactly as
+The shipped knobs are floor 1, margin 0.5, confirm 2 (``max_logit`` confirms on one record in
+every variant: its rule says so, ``detectors.config.SINGLE_RECORD_METRICS``). Lower knobs warn
+earlier and risk false warnings on healthy runs the calibration never saw. For each variant and
+each profile (``lab/runs``, ``lab/runs/mixtral``, ``lab/runs/gpt-moe+capacity-1``) this
+recalibrates on the profile's calibration seeds and judges its held-out runs exactly as
 ``benchmarks.detection_table`` does (that function is reused), then reports:
 
 * fa-lowprec's median attention-numerics lead, the family's median envelope lead (the ceiling,
   :mod:`foreshock.lab.envelope`) and their ratio — issue 17 asks for ≥ 70 %;
 * false warnings: held-out healthy, fa-noise and router-mild runs with any mechanism warning;
 * router-collapse runs warned, and first warnings naming a wrong cause anywhere.
+
+A second table, *persistence*, is why ``max_logit`` confirms on one record: per profile and
+band metric, the largest leave-one-out excursion of the calibration runs held for 1 record and
+for 2 (band widths), and their ratio. A ratio near 1 is a series whose excursions last (a
+state: confirmation costs a record and lowers h little); near 0, one whose excursions are
+one-record spikes (confirmation is what keeps h low). Calibration runs only.
 
 The variants are not candidates to ship: the held-out runs judged here were all seen before,
 so choosing a variant by this table would be choosing on the test set. It shows where the
@@ -27,12 +34,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from foreshock.detectors.bands import BAND_FLOOR
+from foreshock.detectors.bands import BAND_FLOOR, INFLATION_METRIC
+from foreshock.detectors.calibrate import calibrate_profile
 from foreshock.detectors.config import BAND_RULES, DetectorConfig
+from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import RECORDED_DIR
 
 from ._table import emit_json, format_table
-from .detection_table import judge_profile
+from .detection_table import judge_profile, split_profile
 
 PROFILES = {
     "gpt-moe": RECORDED_DIR,
@@ -85,6 +94,37 @@ def judge_variant(directory: Path, variant: dict) -> dict:
     }
 
 
+PERSISTENCE_HEADER = ["profile", "metric", "held 1 record", "held 2 records", "ratio"]
+
+
+def persistence(directory: Path) -> dict[str, dict[str, float | None]]:
+    """Per band metric: the calibration runs' largest leave-one-out excursion held for 1 and
+    for 2 records (band widths), and their ratio (see the module docstring)."""
+    loaded, _, _, _, calib = split_profile(directory)
+    healthy = [loaded[p] for p in calib]
+    peaks = {}
+    for confirm in (1, 2):
+        rules = tuple(replace(r, confirm=confirm) for r in BAND_RULES)
+        config = calibrate_profile(healthy, DetectorConfig(rules), replay_run)
+        peaks[confirm] = config.calibration["bands"]["peaks"]
+    return {
+        metric: {
+            "held_1": one,
+            "held_2": peaks[2][metric],
+            "ratio": round(peaks[2][metric] / one, 3) if one else None,
+        }
+        for metric, one in sorted(peaks[1].items())
+        if metric != INFLATION_METRIC
+    }
+
+
+def _persistence_rows(profile: str, table: dict) -> list[list]:
+    return [
+        [profile, metric, p["held_1"], p["held_2"], "-" if p["ratio"] is None else p["ratio"]]
+        for metric, p in table.items()
+    ]
+
+
 def _row(variant: dict, profile: str, r: dict) -> list:
     collapse = (
         "-"
@@ -118,7 +158,14 @@ def main() -> None:
             rows.append(_row(variant, profile, judged))
             results.append({**variant, "profile": profile, **judged})
     print(format_table(HEADER, rows))
-    emit_json({"shipped": SHIPPED, "variants": results})
+    held = {profile: persistence(directory) for profile, directory in PROFILES.items()}
+    print()
+    print(
+        format_table(
+            PERSISTENCE_HEADER, [r for p, t in held.items() for r in _persistence_rows(p, t)]
+        )
+    )
+    emit_json({"shipped": SHIPPED, "variants": results, "persistence": held})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ runs of divergence − the family's first warning) against the envelope lead
 ``--runs`` for good; it peeks at the future, a reference ceiling and not a detector): the
 family-best median (each run's best series in the family, median over runs) and the best single
 series (largest median lead).
+``--trained-after TIME`` judges only the runs that started training at or after TIME: a clean
+batch trained after a rule was frozen, on its own (calibration and envelope unchanged).
 A run's scenario is its ``scenario`` label (the file name before ``-s<seed>`` when it has
 none); ``--runs`` is read flat (``*.jsonl.gz`` directly in it, not in sub-folders).
 """
@@ -35,6 +37,7 @@ import argparse
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from foreshock.catalogue import SCENARIOS
@@ -87,6 +90,17 @@ ENVELOPE_HEADER = [
 def _seed(path: Path, run: RecordedRun) -> int:
     seed = run.labels.get("seed")
     return int(path.name.split("-s")[-1].split(".")[0]) if seed is None else int(seed)
+
+
+def _started(run: RecordedRun) -> float:
+    """When the run started training (its ``start`` record's time; 0 if it has none)."""
+    return float(run.start.get("time") or 0.0)
+
+
+def _utc(text: str) -> float:
+    """An ISO 8601 time (UTC unless it says otherwise) as Unix seconds."""
+    when = datetime.fromisoformat(text)
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _scenario(path: Path, run: RecordedRun) -> str:
@@ -229,16 +243,11 @@ def _scenario_row(scenario: str, runs: list[dict]) -> tuple[list, dict]:
     return row, figures
 
 
-def judge_profile(
-    directory: Path,
-    held_out: str | None = None,
-    base: DetectorConfig | None = None,
-    band_margin: float = 0.5,
-    band_floor: float | None = None,
-) -> dict:
-    """Calibrate on ``directory``'s healthy runs outside ``held_out`` (default: the profile's
-    ``HELD_OUT_HEALTHY``), replay every other run, and judge it: the figures behind both tables
-    (``rows``, ``envelope_rows``, ``figures``) with the profile, config and split."""
+def split_profile(
+    directory: Path, held_out: str | None = None
+) -> tuple[dict[Path, RecordedRun], dict[Path, str], str, str, list[Path]]:
+    """``directory``'s runs, their scenarios, the profile, the held-out healthy seeds (default:
+    the profile's ``HELD_OUT_HEALTHY``) and the healthy runs that calibrate (all the others)."""
     loaded, scenario_of = _load(directory)
     if not loaded:
         raise SystemExit(f"no recorded runs in {directory}")
@@ -250,7 +259,27 @@ def judge_profile(
         for p, run in loaded.items()
         if scenario_of[p] == HEALTHY and _seed(p, run) not in held_seeds
     ]
-    held = [p for p in loaded if p not in calib]
+    return loaded, scenario_of, profile, held_out, calib
+
+
+def judge_profile(
+    directory: Path,
+    held_out: str | None = None,
+    base: DetectorConfig | None = None,
+    band_margin: float = 0.5,
+    band_floor: float | None = None,
+    trained_after: float | None = None,
+) -> dict:
+    """Calibrate on ``directory``'s healthy runs outside ``held_out`` (default: the profile's
+    ``HELD_OUT_HEALTHY``), replay every other run (only those started at or after
+    ``trained_after``, Unix seconds, when given), and judge it: the figures behind both tables
+    (``rows``, ``envelope_rows``, ``figures``) with the profile, config and split."""
+    loaded, scenario_of, profile, held_out, calib = split_profile(directory, held_out)
+    held = [
+        p
+        for p in loaded
+        if p not in calib and (trained_after is None or _started(loaded[p]) >= trained_after)
+    ]
     base = base or DetectorConfig(BAND_RULES)
     config = calibrate_profile(
         [loaded[p] for p in calib], base, replay_run, band_margin, band_floor
@@ -290,6 +319,12 @@ def main() -> None:
         "(default: the profile's, foreshock.lab.recorded.HELD_OUT_HEALTHY)",
     )
     parser.add_argument("--quick", action="store_true", help="same runs (replay is fast)")
+    parser.add_argument(
+        "--trained-after",
+        metavar="ISO_TIME",
+        help="judge only the runs that started training at or after this time (UTC), e.g. a "
+        "clean batch trained after a rule was frozen; calibration and envelope are unchanged",
+    )
     parser.add_argument("--save-config", type=Path, help="write the calibrated config here")
     parser.add_argument(
         "--run-relative",
@@ -307,7 +342,8 @@ def main() -> None:
     base = _without(
         DetectorConfig(DEFAULT_RULES if args.run_relative else BAND_RULES), args.without
     )
-    judged = judge_profile(args.runs, args.held_out, base)
+    after = _utc(args.trained_after) if args.trained_after else None
+    judged = judge_profile(args.runs, args.held_out, base, trained_after=after)
     config, figures = judged["config"], judged["figures"]
     if args.save_config:
         config.save(args.save_config)
@@ -337,6 +373,7 @@ def main() -> None:
             "calibration_runs": judged["calibration_runs"],
             "without": args.without,
             "false_alarm_bound": config.false_alarm,
+            **({"trained_after": args.trained_after} if args.trained_after else {}),
             "scenarios": figures,
         }
     )

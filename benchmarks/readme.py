@@ -199,6 +199,15 @@ def _band_frontier(r: dict) -> list[tuple[str, str]]:
                 f"wrong causes {v['wrong_cause']}",
             )
         )
+    for profile, table in r.get("persistence", {}).items():
+        for metric, p in table.items():
+            ratio = "" if p["ratio"] is None else f", ratio {p['ratio']}"
+            rows.append(
+                (
+                    f"persistence of healthy excursions: {metric} on {profile}",
+                    f"held 1 record {p['held_1']}, 2 records {p['held_2']} widths{ratio}",
+                )
+            )
     return rows
 
 
@@ -399,6 +408,9 @@ def _reliability(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# The sixth clean batch started training after this commit froze its rules (lab/runs/README.md).
+CLEAN_CHECK_6 = "2026-12-02T00:27:19"
+
 BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], _overhead, "Monitor overhead per training step"),
@@ -435,6 +447,18 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         _detection,
         "Lead time and false warnings, GPT-MoE with expert capacity 1.0 (held-out lab runs)",
     ),
+    **{
+        f"clean_check_6_{profile}": (
+            [*runs, "--trained-after", CLEAN_CHECK_6],
+            _detection,
+            f"Sixth clean batch, {profile}: only the runs trained after the rules were frozen",
+        )
+        for profile, runs in (
+            ("gpt-moe", []),
+            ("mixtral", ["--runs", "lab/runs/mixtral"]),
+            ("capacity", ["--runs", "lab/runs/gpt-moe+capacity-1"]),
+        )
+    },
     "router_collapse": ([], _router_collapse, "What a router collapse costs"),
     "band_frontier": ([], _band_frontier, "Band rule knobs: earlier warnings against false ones"),
     "false_alarms": (
@@ -463,6 +487,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
 
 
 MODULE = {  # result name -> benchmark module, where they differ
+    **{f"clean_check_6_{p}": "detection_table" for p in ("gpt-moe", "mixtral", "capacity")},
     "transport_unpaced": "transport",
     "fleet_saturation": "fleet",
     "detection_table_mixtral": "detection_table",

@@ -55,7 +55,14 @@ from .level import SustainedLevel
 
 INFLATION_METRIC = "weight_norm"  # the optimizer's signature: every weight grows
 
-__all__ = ["BAND_FLOOR", "INFLATION_METRIC", "BandStandardizer", "band_thresholds", "healthy_bands"]
+__all__ = [
+    "BAND_FLOOR",
+    "INFLATION_FLOOR",
+    "INFLATION_METRIC",
+    "BandStandardizer",
+    "band_thresholds",
+    "healthy_bands",
+]
 
 BAND_FLOOR = 1.0
 INFLATION_FLOOR = 0.01  # band widths: a threshold must be > 0 (a healthy peak can be 0)

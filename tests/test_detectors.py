@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from foreshock.detectors.bands import BAND_FLOOR, INFLATION_FLOOR
 from foreshock.detectors.calibrate import (
     calibrate,
     calibrate_profile,
@@ -216,6 +217,44 @@ def test_rule_kind_round_trips_and_is_checked(tmp_path):
     assert again.version == config.version
     with pytest.raises(ValueError, match="kind"):
         SeriesRule("loss", "symptom", "up", kind="ewma")
+
+
+def _one_spike(confirm: int | None) -> list:
+    """Warnings of a band rule on max_logit that sees one record beyond h, then none."""
+    rule = SeriesRule("max_logit", "attention-numerics", "up", "band", confirm=confirm)
+    config = DetectorConfig(
+        rules=(rule,),
+        warmup_start=0,
+        thresholds={"max_logit": 1.0},
+        bands={"max_logit@h.0.attn": {"steps": [0], "lo": [0.0], "hi": [1.0]}},
+    )
+    detector = RunDetector("spike", config)
+    for step, x in [(0, 0.5), (25, 0.5), (50, 3.0), (75, 0.5), (100, 0.5)]:
+        detector.update({"kind": "metrics", "step": step, "values": {"max_logit@h.0.attn": x}})
+    return detector.alerts
+
+
+def test_a_rule_confirms_on_its_own_count_of_records(tmp_path):
+    """A rule's own ``confirm`` overrides the config's (2): one record 2 widths beyond the band
+    warns a one-record rule and not a two-record one."""
+    assert [a.step for a in _one_spike(confirm=1)] == [50]
+    assert _one_spike(confirm=None) == []
+    assert {r.metric for r in BAND_RULES if r.confirm == 1} == {"max_logit"}
+    assert all(r.confirm is None for r in BAND_RULES if r.metric != "max_logit")
+    config = DetectorConfig(BAND_RULES)
+    config.save(tmp_path / "c.json")
+    assert DetectorConfig.load(tmp_path / "c.json").rule_for("max_logit").confirm == 1
+    with pytest.raises(ValueError, match="confirm"):
+        SeriesRule("loss", "symptom", "up", confirm=0)
+
+
+def test_the_optimizer_test_is_the_weights_excursion_without_the_floor(calibrated):
+    """The weight norm's band names a cause and raises no warning: its threshold is the
+    calibrated excursion with the margin, not floored at the warning rules' one width."""
+    bands = calibrated.calibration["bands"]
+    expected = max(INFLATION_FLOOR, (1 + bands["margin"]) * bands["peaks"]["weight_norm"])
+    assert calibrated.inflation_h == pytest.approx(expected, abs=1e-3)
+    assert calibrated.inflation_h < BAND_FLOOR
 
 
 def test_ids_are_deterministic_and_one_warning_is_open_per_module(calibrated):
