@@ -219,8 +219,8 @@ class RunDetector:
                 self.peaks[series.metric] = max(self.peaks.get(series.metric, 0.0), cusum.peak)
                 if cusum.drift_detected:
                     fired.append((series, direction, cusum))
-        events = []
-        for series, direction, cusum in fired:
+        events = []  # in series-key order: a record's warnings never depend on its key order
+        for series, direction, cusum in sorted(fired, key=lambda f: (f[0].key, f[1])):
             if (series.family, series.module) not in self._open:
                 events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)

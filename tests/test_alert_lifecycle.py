@@ -37,7 +37,7 @@ from foreshock.transport.settings import SettingsError
 from foreshock.transport.topics import ensure_topics
 
 SECRET = "whsec_" + base64.b64encode(b"lifecycle-test-key-0123456789").decode()
-RUN = "fa-lowprec-s1"  # five warnings, all still open when the run ends (diverged)
+RUN = "fa-lowprec-s2"  # five warnings, all still open when the run ends (diverged)
 
 
 def _run(name: str):

