@@ -34,8 +34,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from foreshock.detectors.bands import BAND_FLOOR, INFLATION_METRIC
-from foreshock.detectors.calibrate import calibrate_profile
+from foreshock.detectors.bands import BAND_FLOOR, INFLATION_METRIC, band_thresholds
 from foreshock.detectors.config import BAND_RULES, DetectorConfig
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import RECORDED_DIR
@@ -105,7 +104,7 @@ def persistence(directory: Path) -> dict[str, dict[str, float | None]]:
     peaks = {}
     for confirm in (1, 2):
         rules = tuple(replace(r, confirm=confirm) for r in BAND_RULES)
-        config = calibrate_profile(healthy, DetectorConfig(rules), replay_run)
+        config = band_thresholds(healthy, DetectorConfig(rules), SHIPPED["margin"], replay_run)
         peaks[confirm] = config.calibration["bands"]["peaks"]
     return {
         metric: {

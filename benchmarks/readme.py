@@ -408,8 +408,14 @@ def _reliability(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
-# The sixth clean batch started training after this commit froze its rules (lab/runs/README.md).
+# The sixth clean batch started training after this commit froze its rules (lab/runs/README.md),
+# and each profile's part of it is judged on its own: result name suffix -> --runs arguments.
 CLEAN_CHECK_6 = "2026-12-02T00:27:19"
+CLEAN_CHECK_6_PROFILES = {
+    "gpt-moe": [],
+    "mixtral": ["--runs", "lab/runs/mixtral"],
+    "capacity": ["--runs", "lab/runs/gpt-moe+capacity-1"],
+}
 
 BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
     "spectra": (["--quick"], _spectra, "Compressed-core speedup (Δ2 spectra)"),
@@ -453,11 +459,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
             _detection,
             f"Sixth clean batch, {profile}: only the runs trained after the rules were frozen",
         )
-        for profile, runs in (
-            ("gpt-moe", []),
-            ("mixtral", ["--runs", "lab/runs/mixtral"]),
-            ("capacity", ["--runs", "lab/runs/gpt-moe+capacity-1"]),
-        )
+        for profile, runs in CLEAN_CHECK_6_PROFILES.items()
     },
     "router_collapse": ([], _router_collapse, "What a router collapse costs"),
     "band_frontier": ([], _band_frontier, "Band rule knobs: earlier warnings against false ones"),
@@ -487,7 +489,7 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
 
 
 MODULE = {  # result name -> benchmark module, where they differ
-    **{f"clean_check_6_{p}": "detection_table" for p in ("gpt-moe", "mixtral", "capacity")},
+    **{f"clean_check_6_{p}": "detection_table" for p in CLEAN_CHECK_6_PROFILES},
     "transport_unpaced": "transport",
     "fleet_saturation": "fleet",
     "detection_table_mixtral": "detection_table",

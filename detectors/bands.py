@@ -163,8 +163,10 @@ def band_thresholds(
         for m in metrics - {INFLATION_METRIC}:
             peaks[m].append(report.peaks.get(m, 0.0))
         peaks[INFLATION_METRIC].append(_sustained_peak(run, bands, config))
-    h = {m: round(max(floor, (1 + margin) * max(p, default=0.0)), 4) for m, p in peaks.items()}
-    thresholds |= {m: h[m] for m in metrics - {INFLATION_METRIC}}
+    thresholds |= {
+        m: round(max(floor, (1 + margin) * max(peaks[m], default=0.0)), 4)
+        for m in metrics - {INFLATION_METRIC}
+    }
     inflation_h = round(max(INFLATION_FLOOR, (1 + margin) * max(peaks[INFLATION_METRIC])), 4)
     calibration = {
         **config.calibration,
