@@ -146,6 +146,15 @@ class AttentionSpec:
                 f"{self._input_dim('k')}: not one bilinear form"
             )
 
+    def tensors(self) -> list[torch.Tensor | None]:
+        """Every tensor this layer is read from (weights, biases, scales, latent paths)."""
+        found = [self.q_weight, self.k_weight, self.q_bias, self.k_bias, self.q_scale]
+        found.append(self.k_scale)
+        for latent in (self.q_latent, self.k_latent):
+            if latent is not None:
+                found += [latent.weight, latent.scale, latent.bias]
+        return found
+
     @property
     def model_dim(self) -> int:
         """d' = d, or d + 1 when biases are folded in as an extra input row."""
@@ -249,6 +258,10 @@ class RouterSpec:
             )
         if self.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"{self.name}: scoring must be softmax or sigmoid: {self.scoring!r}")
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """Every tensor this router is read from."""
+        return [self.weight, self.bias]
 
     def rows(self) -> torch.Tensor:
         """The router's rows [W | b] (E, d[+1]), detached."""

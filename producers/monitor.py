@@ -44,6 +44,7 @@ from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, dropped_chunk, router_chunk, symptom_chunk
 from .records import METRICS_SCHEMA, parse_series_key
 from .router import RoutingAccumulator, router_output
+from .sharding import is_dtensor, sharded_tensors
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -113,6 +114,7 @@ class Monitor:
         self.active = self.config.emit_ranks == "all" or self.rank == 0
         self.discovery = discover(model) if auto_discover else Discovery()
         self._params = list(model.parameters())  # walked once: named_modules() is slow
+        self.refused = self._refuse_sharded()
         self.errors = 0
         self.records_written = 0
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
@@ -128,8 +130,30 @@ class Monitor:
         if self.active:
             for router in self.discovery.routers:
                 self._hook_router(router)
-        if auto_discover and not (self.discovery.attention or self.discovery.routers):
+        found = self.discovery.attention or self.discovery.routers or self.refused
+        if auto_discover and not found:
             log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
+
+    def _refuse_sharded(self) -> list[str]:
+        """Drop what only a collective measurement could read (DTensor parameters), loudly.
+
+        A rank that touches a DTensor alone issues collectives its peers never join: the job
+        aborts (gloo) or hangs (NCCL). Returns the refused parts, also in ``describe()``."""
+        refused = [a.name for a in self.discovery.attention if sharded_tensors(a.tensors())]
+        refused += [r.name for r in self.discovery.routers if sharded_tensors(r.tensors())]
+        if any(is_dtensor(p) for p in self._params):
+            refused.append("symptoms (sharded parameters: grad_norm, weight_norm)")
+        if refused:
+            names = set(refused)
+            self.discovery.attention = [a for a in self.discovery.attention if a.name not in names]
+            self.discovery.routers = [r for r in self.discovery.routers if r.name not in names]
+            self._params = [p for p in self._params if not is_dtensor(p)]
+            log.error(
+                "foreshock: the model is sharded (DTensor parameters); these parts are NOT "
+                "measured, so that monitoring can never abort or hang the job: %s",
+                ", ".join(refused),
+            )
+        return refused
 
     # ---- registration -------------------------------------------------------------------
     def register_attention(
@@ -375,6 +399,7 @@ class Monitor:
             "rank": self.rank,
             "config": asdict(self.config),
             "discovery": self.discovery.summary(),
+            "refused": list(self.refused),
         }
 
     def close(self) -> None:
