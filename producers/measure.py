@@ -12,20 +12,17 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from torch import nn
 
 from .layouts import AttentionSpec, RouterSpec
 from .qk_increments import qk_increment_spectra
 from .records import series_key
-from .router import RoutingAccumulator, conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
+from .router import conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
 from .spectra import SpectrumStats, compute_dtype, gram_eigvals, spectrum_stats
 
 __all__ = [
     "ATTENTION_LAYER_METRICS",
     "attention_chunks",
-    "dropped_chunk",
-    "router_chunk",
-    "symptom_chunk",
+    "router_geometry_chunk",
 ]
 
 Chunk = tuple[list[str], torch.Tensor]
@@ -183,62 +180,18 @@ def _group_chunk(
     return keys, values.flatten()
 
 
-def router_chunk(spec: RouterSpec, acc: RoutingAccumulator | None) -> Chunk:
-    """Routing entropies gathered by the forward hook, plus router-weight geometry."""
-    stats = acc.summary() if acc is not None else {}
+def router_geometry_chunk(spec: RouterSpec) -> Chunk:
+    """Router-weight geometry: mean pairwise cosine, ε and the cosine floor it implies.
+
+    (The routing entropies come from the forward hooks' accumulators, combined over ranks.)"""
     weight = spec.rows()  # (E, d[+1]): [W | b] where the router has a bias
     eps = conditioning_ratio(weight)
-    stats |= {
+    stats = {
         "cosine_mean": mean_pairwise_cosine(weight),
         "epsilon": eps,
         "cosine_floor": cosine_lower_bound(eps),
     }
-    device = weight.device
     keys = [series_key(f"router.{name}", spec.name) for name in stats]
-    return keys, torch.stack([v.to(device, torch.float32).reshape(()) for v in stats.values()])
-
-
-def _total_norm(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Global L2 norm, accumulated in float32 whatever the parameters' dtype (bf16 included)."""
-    by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-    for t in tensors:
-        by_device[t.device].append(t)
-    norms = [
-        n.to(device)
-        for group in by_device.values()
-        for n in torch._foreach_norm(group, 2, dtype=torch.float32)
-    ]
-    return torch.linalg.vector_norm(torch.stack(norms))
-
-
-def dropped_chunk(drops: dict[str, tuple[torch.Tensor, int]]) -> Chunk:
-    """``router.dropped_fraction`` per capacity-limited router: Σ dropped / Σ assigned."""
-    keys = [series_key("router.dropped_fraction", name) for name in drops]
-    values = [dropped / max(assigned, 1) for dropped, assigned in drops.values()]
-    return keys, torch.stack([v.to(torch.float32).reshape(()) for v in values])
-
-
-def symptom_chunk(
-    params: list[nn.Parameter],
-    loss: torch.Tensor | float | None,
-    max_logits: dict[str, torch.Tensor],
-) -> Chunk:
-    """The symptom baselines: loss, global grad norm, total weight norm, max attention logit."""
-    grads = [p.grad.detach() for p in params if p.grad is not None]
-    params = [p.detach() for p in params]
-    device = params[0].device if params else torch.device("cpu")
-    keys, values = [], []
-    if loss is not None:
-        keys.append("loss")
-        values.append(torch.as_tensor(loss, dtype=torch.float32).detach().to(device))
-    if grads:
-        keys.append("grad_norm")
-        values.append(_total_norm(grads, device))
-    if params:
-        keys.append("weight_norm")
-        values.append(_total_norm(params, device))
-    for name, value in max_logits.items():
-        keys.append(series_key("max_logit", name))
-        values.append(value)
-    stacked = [v.to(device, torch.float32).reshape(()) for v in values]
-    return keys, torch.stack(stacked) if stacked else torch.zeros(0, device=device)
+    return keys, torch.stack(
+        [v.to(weight.device, torch.float32).reshape(()) for v in stats.values()]
+    )

@@ -38,11 +38,14 @@ from torch import nn
 
 from foreshock.transport.wire import check_run_id
 
+from .collective import Peers, gathers_of, materialize, square_sum
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
+from .live import Binding, parameter_origins
 from .max_logit import SdpaLogitWatch
-from .measure import attention_chunks, dropped_chunk, router_chunk, symptom_chunk
-from .records import METRICS_SCHEMA, parse_series_key
+from .measure import attention_chunks, router_geometry_chunk
+from .partials import RankPart, combine
+from .records import METRICS_SCHEMA, parse_series_key, series_key
 from .router import RoutingAccumulator, router_output
 from .sharding import is_dtensor, sharded_tensors
 from .sinks import Sink
@@ -62,7 +65,13 @@ class MonitorConfig:
     per_head:     emit each head's Δ2/Δ3 entropy, not only the layer mean/min
     weight_spectra: ΔW_q/ΔW_k spectra (a d×(H·d_h) Gram eigenproblem per layer, the costliest
                   part for wide models)
-    emit_ranks:   "zero" (only global rank 0 measures and emits) or "all" (every rank, labelled)
+    emit_ranks:   who writes under torch.distributed. Every rank measures on monitoring steps
+                  (each holds a share of a sharded model and of the data); "zero": global
+                  rank 0 writes one global record (data statistics over all ranks); "all":
+                  every rank writes its own record (its own data statistics, labelled with its
+                  rank) — to catch one bad GPU
+    join_timeout_s: how long a Monitor waits, once, for every rank to build its own; a rank
+                  left alone measures only what it can read alone (never a collective)
     batch_elements: layers of one shape are batched into one QR/eigen call while their
                   [ΔW_q, W_q] factors hold at most this many elements (at least one layer per
                   call): many small layers share a call, a wide layer gets its own. The
@@ -76,6 +85,7 @@ class MonitorConfig:
     weight_spectra: bool = True
     emit_ranks: Literal["zero", "all"] = "zero"
     batch_elements: int = 2**24
+    join_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -111,10 +121,15 @@ class Monitor:
         self.config = config or MonitorConfig()
         self.run_id = check_run_id(run_id or uuid.uuid4().hex[:12])  # fail now, not per record
         self.rank, self.world_size = _rank_and_world()
+        self.peers = Peers.join(self.config.join_timeout_s)
+        # active: this rank writes records; participating: it measures (hooks, collectives)
         self.active = self.config.emit_ranks == "all" or self.rank == 0
+        self.participating = self.active or self.peers is not None
         self.discovery = discover(model) if auto_discover else Discovery()
-        self._params = list(model.parameters())  # walked once: named_modules() is slow
-        self.refused = self._refuse_sharded()
+        self._origins = parameter_origins(model)  # walked once: named_modules() is slow
+        self._param_origins = list(self._origins.values())
+        self._bindings: dict[str, Binding] = {}
+        self.refused: list[str] = []
         self.errors = 0
         self.records_written = 0
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
@@ -127,33 +142,56 @@ class Monitor:
         self._max_logits: dict[str, torch.Tensor] = {}
         self._drops: dict[str, tuple[torch.Tensor, int]] = {}  # router -> (dropped, assigned)
         self._armed = True
-        if self.active:
+        self._refuse_alone()
+        if self.participating:
             for router in self.discovery.routers:
                 self._hook_router(router)
         found = self.discovery.attention or self.discovery.routers or self.refused
         if auto_discover and not found:
             log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
 
-    def _refuse_sharded(self) -> list[str]:
-        """Drop what only a collective measurement could read (DTensor parameters), loudly.
-
-        A rank that touches a DTensor alone issues collectives its peers never join: the job
-        aborts (gloo) or hangs (NCCL). Returns the refused parts, also in ``describe()``."""
-        refused = [a.name for a in self.discovery.attention if sharded_tensors(a.tensors())]
-        refused += [r.name for r in self.discovery.routers if sharded_tensors(r.tensors())]
-        if any(is_dtensor(p) for p in self._params):
+    def _refuse_alone(self) -> None:
+        """A rank measuring alone drops what only the group could read (DTensor parameters),
+        loudly: touching a DTensor alone issues collectives its peers never join, and the job
+        aborts (gloo) or hangs (NCCL). The refused parts are in ``describe()``."""
+        if self.peers is not None:
+            return
+        attention, routers = self._current_specs()
+        refused = [a.name for a in attention if sharded_tensors(a.tensors())]
+        refused += [r.name for r in routers if sharded_tensors(r.tensors())]
+        if any(is_dtensor(p) for p in self._live_params()):
             refused.append("symptoms (sharded parameters: grad_norm, weight_norm)")
-        if refused:
-            names = set(refused)
-            self.discovery.attention = [a for a in self.discovery.attention if a.name not in names]
-            self.discovery.routers = [r for r in self.discovery.routers if r.name not in names]
-            self._params = [p for p in self._params if not is_dtensor(p)]
-            log.error(
-                "foreshock: the model is sharded (DTensor parameters); these parts are NOT "
-                "measured, so that monitoring can never abort or hang the job: %s",
-                ", ".join(refused),
-            )
-        return refused
+        new = [name for name in refused if name not in self.refused]
+        if not new:
+            return
+        self.refused += new
+        names = set(refused)
+        self.discovery.attention = [a for a in self.discovery.attention if a.name not in names]
+        self.discovery.routers = [r for r in self.discovery.routers if r.name not in names]
+        log.error(
+            "foreshock: the model is sharded (DTensor parameters) and this rank measures "
+            "alone; these parts are NOT measured, so that monitoring never aborts or hangs "
+            "the job: %s",
+            ", ".join(new),
+        )
+
+    def _current_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
+        """The discovered specs, read from the model's live parameters (see ``live``)."""
+
+        def current(spec: Any) -> Any:
+            binding = self._bindings.get(spec.name)
+            if binding is None or binding.original is not spec:
+                binding = self._bindings[spec.name] = Binding(spec, self._origins)
+            return binding.current()
+
+        return (
+            [current(a) for a in self.discovery.attention],
+            [current(r) for r in self.discovery.routers],
+        )
+
+    def _live_params(self) -> list[torch.Tensor]:
+        live = (module._parameters.get(name) for module, name in self._param_origins)
+        return [p for p in live if isinstance(p, torch.Tensor)]
 
     # ---- registration -------------------------------------------------------------------
     def register_attention(
@@ -195,7 +233,7 @@ class Monitor:
         spec = RouterSpec(name, module, weight, n_experts, top_k, bias, scoring)
         self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
         self.discovery.routers.append(spec)
-        if self.active:
+        if self.participating:
             self._hook_router(spec)
         return spec
 
@@ -203,7 +241,7 @@ class Monitor:
         """Report a layer's max pre-softmax attention logit from inside the model's forward.
 
         Cheap only where the model already has the scores; kept on device until emission."""
-        if not (self.active and self._armed):
+        if not (self.participating and self._armed):
             return
         try:
             value = value.detach().float().amax()
@@ -219,7 +257,7 @@ class Monitor:
         Emitted per monitoring step as ``router.dropped_fraction@<name>`` = Σ dropped / Σ
         assigned over that step's forwards (a fraction, 0–1): what a collapsing router costs
         when tokens pile onto few experts. ``name`` is the router's module name."""
-        if not (self.active and self._armed):
+        if not (self.participating and self._armed):
             return
         try:
             dropped = torch.as_tensor(dropped).detach().float().sum()
@@ -233,7 +271,7 @@ class Monitor:
     @property
     def measuring(self) -> bool:
         """True during the forward and backward of a monitoring step (when observers report)."""
-        return self.active and self._armed
+        return self.participating and self._armed
 
     def watch_sdpa(self, layers: dict[str, nn.Module] | None = None) -> SdpaLogitWatch:
         """Record ``max_logit@<layer>`` from the ``F.scaled_dot_product_attention`` calls made
@@ -272,14 +310,17 @@ class Monitor:
 
     # ---- the training-loop call ---------------------------------------------------------
     def step(self, step: int, loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
-        """Call once per optimizer step. Returns the record on monitoring steps, else None."""
-        if not self.active:
+        """Call once per optimizer step, on every rank. Returns the record on monitoring steps
+        (on the ranks that write), else None."""
+        if not self.participating:
             return None
         try:
             self._last_step = int(step)
             if step % self.config.every != 0:
                 return None
             record = self._measure(step, loss)
+            if record is None:  # a rank that measured its share and writes nothing
+                return None
             self.sink.write(record)
             self.records_written += 1
             return record
@@ -295,34 +336,124 @@ class Monitor:
                 self._hook_errors.clear()
             self._armed = (step + 1) % self.config.every == 0
 
-    def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
-        flags: set[str] = set()
+    def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any] | None:
+        """This rank's share, exchanged with its peers (``collective``); the record to write.
+
+        ``_local_part`` never raises, so every rank reaches the exchange: an error on one
+        rank is a flag in the record, never a peer left waiting in a collective."""
+        part = self._local_part(step, loss)
+        if self.peers is None:
+            parts = [part]
+        else:
+            gathered = self.peers.exchange(part, to_all=self.config.emit_ranks == "all")
+            if not self.active or gathered is None:
+                return None
+            parts = gathered
+        own = [p for p in parts if p.rank == self.rank]
+        data = own if self.config.emit_ranks == "all" else parts
+        values, flags = combine(parts, data, self._accumulators)
+        return self._record(step, values, set(flags))
+
+    def _local_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
+        """What this rank measures: the layers and routers it owns, its share of the data
+        statistics and of the norms. Failures become flags, one part at a time."""
+        part = RankPart(rank=self.rank)
+        flags: set[str] = {f"monitor_error@{name}" for name in self._hook_errors}
         chunks: list[tuple[list[str], torch.Tensor]] = []
 
-        def gather(part: str, make: Any) -> None:
+        def gather(name: str, make: Callable[[], Any]) -> Any:
             try:  # one failing part (e.g. an eigen-solver) loses only its own values
-                made = make()
-                chunks.extend(made if isinstance(made, list) else [made])
+                return make()
             except Exception as exc:
-                self._fail_part(step, part, exc)
-                flags.add(f"monitor_error@{part}")
+                self._fail_part(step, name, exc)
+                flags.add(f"monitor_error@{name}")
+                return None
 
-        gather(
-            "attention",
-            lambda: attention_chunks(self.discovery.attention, self._snapshots, self.config),
+        owned = gather("sharded", self._owned_specs)
+        attention, routers = owned if owned is not None else ([], [])
+        made = gather(
+            "attention", lambda: attention_chunks(attention, self._snapshots, self.config)
         )
-        flags.update(f"monitor_error@{name}" for name in self._hook_errors)
-        for router in self.discovery.routers:
-            # A router whose hook failed in this forward keeps only its weight geometry.
-            acc = None if router.name in self._hook_errors else self._accumulators.get(router.name)
-            gather(router.name, lambda r=router, a=acc: router_chunk(r, a))
-        if self._drops:
-            gather("router drops", lambda: dropped_chunk(self._drops))
-        gather("symptoms", lambda: symptom_chunk(self._params, loss, self._max_logits))
+        chunks += made or []
+        for router in routers:
+            made = gather(router.name, lambda r=router: router_geometry_chunk(r))
+            chunks += [made] if made is not None else []
+        squares = gather("symptoms", lambda: self._symptom_chunk(loss))
+        chunks += [squares] if squares is not None else []
         keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
         values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
-        out: dict[str, float | None] = {}
         for key, value in zip(keys, values, strict=True):
+            if key.startswith("square:"):
+                part.squares[key.removeprefix("square:")] = value
+            elif key == "loss":
+                part.loss = value
+            elif key.startswith("max_logit@"):
+                part.max_logits[parse_series_key(key).module or key] = value
+            elif key.startswith("dropped:"):
+                name = key.removeprefix("dropped:")
+                part.drops[name] = (value, self._drops[name][1])
+            else:
+                part.owned[key] = value
+        for name, acc in self._accumulators.items():
+            if name not in self._hook_errors:  # a failed hook keeps only the weight geometry
+                state = gather(name, acc.state)
+                part.routing[name] = None if state is None else state.tolist()
+        part.flags = sorted(flags)
+        return part
+
+    def _owned_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
+        """The specs this rank computes, read whole. In a group every rank gathers every
+        sharded spec (a collective), in discovery order, after agreeing that all can; the
+        owner of a layer (``Peers.owner``) keeps it. Alone, every spec is its own."""
+        try:
+            self._refuse_alone()
+            attention, routers = self._current_specs()
+            specs, failure = [*attention, *routers], None
+            gathers = sum(gathers_of(s) for s in specs)
+        except Exception as exc:  # still agree below: no peer may wait for this rank
+            specs, failure, gathers = [], exc, 0
+        if self.peers is not None and not self.peers.agree(failure is None, gathers):
+            raise RuntimeError("a rank could not read its specs: no rank gathers") from failure
+        if failure is not None:
+            raise failure
+        if self.peers is None:
+            return attention, routers
+        mine = []
+        for i, spec in enumerate(specs):
+            whole = materialize(spec)  # every rank, every spec: the gathers are collectives
+            if self.peers.owner(i) == self.rank:
+                mine.append(whole)
+        return (
+            [s for s in mine if isinstance(s, AttentionSpec)],
+            [s for s in mine if isinstance(s, RouterSpec)],
+        )
+
+    def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
+        """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
+        params = self._live_params()
+        if self.peers is None:
+            params = [p for p in params if not is_dtensor(p)]
+        world = 1 if self.peers is None else self.peers.world
+        grads = [p.grad.detach() for p in params if p.grad is not None]
+        entries: list[tuple[str, torch.Tensor | None]] = [
+            ("square:grad_norm", square_sum(grads, world)),
+            ("square:weight_norm", square_sum([p.detach() for p in params], world)),
+        ]
+        if loss is not None:
+            loss_value = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            entries.append(("loss", torch.as_tensor(loss_value, dtype=torch.float32)))
+        entries += [(series_key("max_logit", n), v) for n, v in self._max_logits.items()]
+        entries += [(f"dropped:{n}", d) for n, (d, _) in self._drops.items()]
+        device = params[0].device if params else torch.device("cpu")
+        kept = [(k, v) for k, v in entries if v is not None]
+        values = [torch.as_tensor(v).to(device, torch.float32).reshape(()) for _, v in kept]
+        stacked = torch.stack(values) if values else torch.zeros(0, device=device)
+        return [k for k, _ in kept], stacked
+
+    def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
+        """The metrics record: non-finite values become null with a ``nonfinite`` flag."""
+        out: dict[str, float | None] = {}
+        for key, value in values.items():
             if value != value or value in (float("inf"), float("-inf")):
                 module = parse_series_key(key).module
                 flags.add(f"nonfinite@{module}" if module else f"nonfinite:{key}")

@@ -19,6 +19,7 @@ __all__ = [
     "cosine_lower_bound",
     "expert_load_stats",
     "mean_pairwise_cosine",
+    "merge_states",
     "router_output",
     "routing_logits",
     "token_entropy",
@@ -33,7 +34,9 @@ def router_output(
     A plain gate returns the logits. transformers' MoE routers return a tuple (logits, scores,
     indices): the logits are its first floating (…, E) tensor, the selection its integer
     (…, k) tensor — the experts actually chosen, after any score-correction bias or grouped
-    top-k, which the logits alone cannot reproduce.
+    top-k, which the logits alone cannot reproduce. A boolean (…, E) tensor is a routing map
+    (Megatron's ``routing_map``: True where a token goes to an expert, fewer than k after
+    token dropping); it is returned as the selection as it is.
 
     >>> logits, chosen = router_output((torch.zeros(3, 4), torch.ones(3, 2), torch.ones(3, 2,
     ...     dtype=torch.long)), n_experts=4, top_k=2)
@@ -50,11 +53,10 @@ def router_output(
     )
     if logits is None:
         raise ValueError(f"no (…, {n_experts}) logits in the router's output")
-    selected = next(
-        (t for t in tensors if not t.is_floating_point() and top_k and t.shape[-1:] == (top_k,)),
-        None,
-    )
-    return logits, selected
+    masks = [t for t in tensors if t.dtype == torch.bool and t.shape[-1:] == (n_experts,)]
+    indices = [t for t in tensors if not t.is_floating_point() and t.dtype != torch.bool]
+    selected = next((t for t in indices if top_k and t.shape[-1:] == (top_k,)), None)
+    return logits, masks[0] if masks else selected
 
 
 def routing_logits(logits: torch.Tensor, scoring: str = "softmax") -> torch.Tensor:
@@ -204,13 +206,16 @@ class RoutingAccumulator:
 
     def update(self, logits: torch.Tensor, selected: torch.Tensor | None = None) -> None:
         """Add a batch of router logits, shape (..., E), and the experts the router selected
-        for each token (…, k) where it says; else the top-k of the logits are counted."""
+        for each token where it says — indices (…, k) or a boolean routing map (…, E), whose
+        column sums are the load; else the top-k of the logits are counted."""
         logits = logits.detach().reshape(-1, self.n_experts)
         h = token_entropy(routing_logits(logits, self.scoring)) / math.log(self.n_experts)
         h = h.clamp(0.0, 1.0)  # round-off just past an edge would fall out of the histogram
         hist = torch.histc(h, bins=self.bins, min=0.0, max=1.0)
         load = None
-        if selected is not None:
+        if selected is not None and selected.dtype == torch.bool:  # (…, E) routing map
+            load = selected.detach().reshape(-1, self.n_experts).sum(0).float()
+        elif selected is not None:
             chosen = selected.detach().flatten().long()
             load = torch.bincount(chosen, minlength=self.n_experts)[: self.n_experts].float()
         elif self.top_k is not None:
@@ -224,6 +229,34 @@ class RoutingAccumulator:
             self._hist = self._hist + hist
             self._load = None if load is None else self._load + load
         self._count += h.numel()
+
+    def state(self) -> torch.Tensor | None:
+        """[count, Σ h, min h, histogram…, load…] in float64, None when empty: what ranks
+        combine (sum, but min for min h) to get the statistics of the union of their tokens.
+
+        >>> a, b = RoutingAccumulator(4, 1), RoutingAccumulator(4, 1)
+        >>> a.update(torch.tensor([[0.0, 0.0, 0.0, 0.0]])); b.update(torch.tensor([[9.0, 0, 0, 0]]))
+        >>> both = RoutingAccumulator(4, 1); both.load_state(merge_states([a.state(), b.state()]))
+        >>> round(float(both.summary()["token_entropy_norm"]), 2)
+        0.5
+        """
+        if self._count == 0:
+            return None
+        parts = [torch.stack([torch.tensor(float(self._count)), self._sum.cpu(), self._min.cpu()])]
+        parts += [self._hist.cpu()] + ([self._load.cpu()] if self._load is not None else [])
+        return torch.cat([p.double().reshape(-1) for p in parts])
+
+    def load_state(self, state: torch.Tensor | None) -> None:
+        """Replace what was gathered by a ``state()`` (or a merge of several)."""
+        self.reset()
+        if state is None:
+            return
+        state = torch.as_tensor(state, dtype=torch.float64)
+        self._count = int(state[0].item())
+        self._sum, self._min = state[1].float(), state[2].float()
+        self._hist = state[3 : 3 + self.bins].float()
+        load = state[3 + self.bins :]
+        self._load = load.float() if load.numel() == self.n_experts else None
 
     def summary(self) -> dict[str, torch.Tensor]:
         """Scalar tensors (still on device): mean raw and normalized entropy, p5, min, load."""
@@ -241,3 +274,17 @@ class RoutingAccumulator:
         if self._load is not None:
             out["load_entropy"], out["load_maxvio"] = expert_load_stats(self._load)
         return out
+
+
+def merge_states(states: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """One accumulator state from several ranks' (``RoutingAccumulator.state``): counts, sums,
+    histograms and loads add, the minimum is the least. States without a load (a rank that
+    saw no selection) drop the load of the merge rather than undercount it."""
+    present = [torch.as_tensor(s, dtype=torch.float64) for s in states if s is not None]
+    if not present:
+        return None
+    width = min(s.numel() for s in present)
+    stacked = torch.stack([s[:width] for s in present])
+    merged = stacked.sum(0)
+    merged[2] = stacked[:, 2].min()
+    return merged

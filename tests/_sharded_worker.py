@@ -9,7 +9,9 @@ dimension; 4 ranks). Every run trains on the same global batches: a data-paralle
 its slice of each batch, so every parallelism follows the single process's trajectory up to
 float round-off. Each rank writes its records to ``OUT_DIR/records-<rank>.jsonl`` and a
 status line to ``OUT_DIR/status-<rank>.json``. ``FORESHOCK_TEST_FAIL_RANK=r`` makes rank r's
-attention measurement raise, to show that one rank's error never stops the job.
+attention measurement raise, to show that one rank's error never stops the job;
+``EMIT_RANKS=all`` writes per-rank records; ``MONITOR_BEFORE_WRAP=1`` builds the Monitor on
+the model before it is sharded.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def tiny_mixtral() -> torch.nn.Module:
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
-        attn_implementation="eager",
+        attn_implementation="sdpa",
     )
     torch.manual_seed(0)  # the same initial weights on every rank and in every mode
     return transformers.MixtralForCausalLM(config)
@@ -125,14 +127,22 @@ def main(mode: str, out_dir: Path) -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    model, dp_rank, dp_size = shard(tiny_mixtral(), mode, world)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    monitor = Monitor(
-        model,
-        JsonlSink(out_dir / f"records-{rank}.jsonl"),
-        run_id=f"sharded-{mode}",
-        config=MonitorConfig(every=EVERY, emit_ranks=os.environ.get("EMIT_RANKS", "zero")),
-    )
+    model = tiny_mixtral()
+
+    def attach() -> Monitor:
+        emit = os.environ.get("EMIT_RANKS", "zero")
+        return Monitor(
+            model,
+            JsonlSink(out_dir / f"records-{rank}.jsonl"),
+            run_id=f"sharded-{mode}",
+            config=MonitorConfig(every=EVERY, emit_ranks=emit),
+        )
+
+    early = attach() if os.environ.get("MONITOR_BEFORE_WRAP") == "1" else None
+    model, dp_rank, dp_size = shard(model, mode, world)
+    monitor = early or attach()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # Adam would amplify round-off drift
+    monitor.watch_sdpa()  # max_logit@<layer>: each rank sees its own heads and tokens
     if os.environ.get("FORESHOCK_TEST_FAIL_RANK") == str(rank):
         import foreshock.producers.monitor as monitor_module
 
@@ -147,7 +157,7 @@ def main(mode: str, out_dir: Path) -> None:
         opt.step()
         monitor.step(step, loss=out.loss)
         opt.zero_grad()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
     monitor.close()
     status = {
         "rank": rank,

@@ -1,7 +1,10 @@
 """The Monitor inside sharded training, under ``torchrun`` with the gloo backend on CPU.
 
 Each parallelism trains the same tiny transformers Mixtral on the same global batches
-(``tests/_sharded_worker.py``): the job must finish on every rank, whatever foreshock meets.
+(``tests/_sharded_worker.py``, plain SGD so that round-off drift stays small); its one global
+record per monitoring step must equal the single process's on every series: attention per
+head and per layer, ΔW, max logit, router token/load entropy, MaxVio, ε, cosines, loss, grad
+and weight norm.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import pytest
 pytest.importorskip("transformers")
 
 WORKER = Path(__file__).with_name("_sharded_worker.py")
-LAUNCH_TIMEOUT_S = 180
+LAUNCH_TIMEOUT_S = 240
+MONITORED_STEPS = [0, 3, 6]
+TOLERANCE = 1e-5  # relative, on a scale of at least 1 (measured worst: 1.1e-6)
 
 
 def free_port() -> int:
@@ -28,7 +33,7 @@ def free_port() -> int:
 
 
 def launch(mode: str, ranks: int, out_dir: Path, **env: str) -> list[dict]:
-    """Run the worker under torchrun; each rank's status (the job must exit 0)."""
+    """Run the worker (under torchrun unless ``single``); each rank's status. Exit 0 or fail."""
     out_dir.mkdir(parents=True, exist_ok=True)
     environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -48,9 +53,90 @@ def launch(mode: str, ranks: int, out_dir: Path, **env: str) -> list[dict]:
     return [json.loads((out_dir / f"status-{r}.json").read_text()) for r in range(ranks)]
 
 
+def records(out_dir: Path, rank: int = 0) -> list[dict]:
+    path = out_dir / f"records-{rank}.jsonl"
+    if not path.exists():
+        return []
+    unwrapped = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)  # DDP names its modules module.<name>: compare the model's
+        record["values"] = {k.replace("@module.", "@"): v for k, v in record["values"].items()}
+        unwrapped.append(record)
+    return unwrapped
+
+
+def worst_difference(got: dict[str, float], want: dict[str, float]) -> tuple[float, str]:
+    return max((abs(got[k] - v) / max(1.0, abs(v)), k) for k, v in want.items())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("single")
+    launch("single", 1, out)
+    return records(out)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fsdp2", "tp"])
-def test_a_sharded_job_finishes_with_the_monitor_attached(mode: str, tmp_path: Path) -> None:
-    statuses = launch(mode, 2, tmp_path)
+@pytest.mark.parametrize(
+    ("mode", "ranks"), [("ddp", 2), ("fsdp2", 2), ("tp", 2), ("fsdp2_tp", 4), ("hsdp", 4)]
+)
+def test_one_global_record_equals_the_unsharded_run(
+    mode: str, ranks: int, reference: list[dict], tmp_path: Path
+) -> None:
+    statuses = launch(mode, ranks, tmp_path)
+    assert all(len(s["losses"]) == 7 and s["errors"] == 0 for s in statuses)
+    assert [s["records_written"] for s in statuses] == [3] + [0] * (ranks - 1)
+    assert statuses[0]["describe"]["refused"] == []
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == MONITORED_STEPS == [r["step"] for r in reference]
+    for mine, want in zip(got, reference, strict=True):
+        assert mine["flags"] == [] and (mine["rank"], mine["world_size"]) == (0, ranks)
+        assert set(mine["values"]) == set(want["values"])
+        assert worst_difference(mine["values"], want["values"])[0] < TOLERANCE
+    series = set(reference[-1]["values"])
+    for family in ("attn.d2.entropy@", "attn.dwq.", "max_logit@", "router.load_maxvio@"):
+        assert any(key.startswith(family) for key in series), family
+    assert {"loss", "grad_norm", "weight_norm"} <= series
+
+
+@pytest.mark.slow
+def test_a_monitor_built_before_sharding_follows_the_sharded_parameters(
+    reference: list[dict], tmp_path: Path
+) -> None:
+    launch("fsdp2", 2, tmp_path, MONITOR_BEFORE_WRAP="1")
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == MONITORED_STEPS
+    for mine, want in zip(got, reference, strict=True):
+        assert set(mine["values"]) == set(want["values"])
+        assert worst_difference(mine["values"], want["values"])[0] < TOLERANCE
+
+
+@pytest.mark.slow
+def test_an_error_on_one_rank_is_a_flagged_record_and_training_goes_on(tmp_path: Path) -> None:
+    statuses = launch("fsdp2", 2, tmp_path, FORESHOCK_TEST_FAIL_RANK="1")
     assert [len(s["losses"]) for s in statuses] == [7, 7]
-    assert statuses[0]["records_written"] == 3
+    assert [s["errors"] for s in statuses] == [0, 3]  # rank 1 failed at each monitoring step
+    got = records(tmp_path)
+    assert [r["flags"] for r in got] == [["monitor_error@attention"]] * 3
+    layers = {k.split("@")[1].split("#")[0] for k in got[-1]["values"] if k.startswith("attn.")}
+    assert layers == {"model.layers.0.self_attn"}  # rank 0's layer; rank 1 owned layer 1
+    assert "router.token_entropy@model.layers.1.mlp.gate" in got[-1]["values"]
+
+
+@pytest.mark.slow
+def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], tmp_path: Path) -> None:
+    statuses = launch("fsdp2", 2, tmp_path, EMIT_RANKS="all")
+    per_rank = [records(tmp_path, rank) for rank in (0, 1)]
+    assert [len(r) for r in per_rank] == [3, 3]
+    for rank, recs in enumerate(per_rank):
+        assert all(r["rank"] == rank for r in recs)
+        assert [r["values"]["loss"] for r in recs] == pytest.approx(
+            [statuses[rank]["losses"][step] for step in MONITORED_STEPS], rel=1e-6
+        )
+    last0, last1, want = per_rank[0][-1]["values"], per_rank[1][-1]["values"], reference[-1]
+    weights = [k for k in want["values"] if k.startswith("attn.") or k == "weight_norm"]
+    for key in weights:  # the weights are the model's, whichever rank writes
+        assert last0[key] == pytest.approx(want["values"][key], rel=TOLERANCE, abs=TOLERANCE)
+        assert last1[key] == pytest.approx(want["values"][key], rel=TOLERANCE, abs=TOLERANCE)
+    mean = (last0["loss"] + last1["loss"]) / 2
+    assert mean == pytest.approx(want["values"]["loss"], rel=1e-6)
