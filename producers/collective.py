@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import time
 from itertools import count
 from typing import Any
@@ -32,7 +33,7 @@ import torch
 from .layouts import AttentionSpec, LatentPath, RouterSpec
 from .sharding import is_dtensor
 
-__all__ = ["Peers", "materialize", "square_sum"]
+__all__ = ["Peers", "gathers_of", "materialize", "square_sum"]
 
 log = logging.getLogger("foreshock.monitor")
 
@@ -49,6 +50,7 @@ class Peers:
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
+        self.bytes_received = 0  # gathered shards and partials, over this Monitor's life
 
     @classmethod
     def join(cls, timeout_s: float) -> Peers | None:
@@ -94,18 +96,38 @@ class Peers:
         if to_all:
             parts: list[Any] = [None] * self.world
             dist.all_gather_object(parts, part)
-            return parts
-        parts = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
+        else:
+            parts = [None] * self.world if self.rank == 0 else None
+            dist.gather_object(part, parts, dst=0)
+        if parts is not None:
+            self.bytes_received += sum(len(pickle.dumps(p)) for p in parts) - len(
+                pickle.dumps(part)
+            )
         return parts
+
+    def materialize(self, spec: Any) -> Any:
+        """``materialize(spec)``, counting the bytes this rank received."""
+        self.bytes_received += sum(_missing_bytes(t) for t in _dtensors(spec))
+        return materialize(spec)
+
+
+def _dtensors(spec: Any) -> list[torch.Tensor]:
+    found = [getattr(spec, f) for f in _FIELDS[type(spec)] if is_dtensor(getattr(spec, f))]
+    if isinstance(spec, AttentionSpec):
+        for latent in (spec.q_latent, spec.k_latent):
+            found += _dtensors(latent) if latent is not None else []
+    return found
+
+
+def _missing_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of a DTensor this rank does not hold: what gathering it whole brings in."""
+    whole = tensor.numel() * tensor.element_size()
+    return whole - tensor.to_local().numel() * tensor.element_size()
 
 
 def gathers_of(spec: Any) -> int:
     """How many DTensors reading ``spec`` gathers (every rank must agree on it)."""
-    n = sum(is_dtensor(getattr(spec, f)) for f in _FIELDS[type(spec)])
-    if isinstance(spec, AttentionSpec):
-        n += sum(gathers_of(lat) for lat in (spec.q_latent, spec.k_latent) if lat is not None)
-    return n
+    return len(_dtensors(spec))
 
 
 def materialize(spec: Any) -> Any:

@@ -38,7 +38,7 @@ from torch import nn
 
 from foreshock.transport.wire import check_run_id
 
-from .collective import Peers, gathers_of, materialize, square_sum
+from .collective import Peers, gathers_of, square_sum
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .live import Binding, parameter_origins
@@ -420,7 +420,7 @@ class Monitor:
             return attention, routers
         mine = []
         for i, spec in enumerate(specs):
-            whole = materialize(spec)  # every rank, every spec: the gathers are collectives
+            whole = self.peers.materialize(spec)  # every rank, every spec: collectives
             if self.peers.owner(i) == self.rank:
                 mine.append(whole)
         return (
