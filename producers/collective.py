@@ -6,8 +6,9 @@ measured alone would issue DTensor collectives its peers never join (gloo aborts
 and describe one micro-batch. So every rank enters measurement on monitoring steps, in the
 same order of collectives:
 
-1. ``agree``: one all-reduce, so that a rank that failed before any gather makes every rank
-   skip the gathers (no rank is ever left inside a collective alone);
+1. ``agree``: one all-reduce, so that a rank that failed before any gather, or that would
+   gather other tensors, makes every rank skip the gathers (no rank is ever left inside a
+   collective alone);
 2. ``materialize``: each DTensor a spec reads is gathered whole (``full_tensor``), one layer
    at a time, in discovery order; only the layer's owner (layer i → rank i mod W) then
    computes its spectra, so the eigen-solves are spread over the ranks;
@@ -22,6 +23,7 @@ and refuses what only the group could read.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import pickle
 import time
@@ -84,9 +86,13 @@ class Peers:
         """The rank that computes the ``index``-th measured part (layer or router)."""
         return index % self.world
 
-    def agree(self, ok: bool, gathers: int) -> bool:
-        """True on every rank iff every rank is ok and will gather the same tensors."""
-        flags = torch.tensor([0.0 if ok else 1.0, gathers, -gathers], dtype=torch.float64)
+    def agree(self, ok: bool, plan: list[tuple[str, int]]) -> bool:
+        """True on every rank iff every rank is ok and has the same ``plan`` — the specs it
+        will read, by name, with their gather counts (pipeline stages holding other layers
+        disagree, and then no rank gathers). One all-reduce of three numbers."""
+        digest = hashlib.sha1(repr(plan).encode()).digest()
+        signature = float(int.from_bytes(digest[:6], "big"))  # 48 bits: exact in float64
+        flags = torch.tensor([0.0 if ok else 1.0, signature, -signature], dtype=torch.float64)
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         return flags[0].item() == 0 and flags[1].item() == -flags[2].item()
 

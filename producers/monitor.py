@@ -409,11 +409,13 @@ class Monitor:
             self._refuse_alone()
             attention, routers = self._current_specs()
             specs, failure = [*attention, *routers], None
-            gathers = sum(gathers_of(s) for s in specs)
+            plan = [(s.name, gathers_of(s)) for s in specs]
         except Exception as exc:  # still agree below: no peer may wait for this rank
-            specs, failure, gathers = [], exc, 0
-        if self.peers is not None and not self.peers.agree(failure is None, gathers):
-            raise RuntimeError("a rank could not read its specs: no rank gathers") from failure
+            specs, failure, plan = [], exc, []
+        if self.peers is not None and not self.peers.agree(failure is None, plan):
+            raise RuntimeError(
+                "the ranks could not agree on what to read: none gathers"
+            ) from failure
         if failure is not None:
             raise failure
         if self.peers is None:

@@ -9,7 +9,8 @@ dimension; 4 ranks). Every run trains on the same global batches: a data-paralle
 its slice of each batch, so every parallelism follows the single process's trajectory up to
 float round-off. Each rank writes its records to ``OUT_DIR/records-<rank>.jsonl`` and a
 status line to ``OUT_DIR/status-<rank>.json``. ``FORESHOCK_TEST_FAIL_RANK=r`` makes rank r's
-attention measurement raise, to show that one rank's error never stops the job;
+attention measurement raise (``FORESHOCK_TEST_FAIL_AT=read``: its reading of the specs, before
+any gather), to show that one rank's error never stops the job;
 ``EMIT_RANKS=all`` writes per-rank records; ``MONITOR_BEFORE_WRAP=1`` builds the Monitor on
 the model before it is sharded.
 """
@@ -149,7 +150,10 @@ def main(mode: str, out_dir: Path) -> None:
         def fail(*args: object, **kwargs: object) -> None:
             raise RuntimeError(f"forced failure on rank {rank}")
 
-        monitor_module.attention_chunks = fail
+        if os.environ.get("FORESHOCK_TEST_FAIL_AT") == "read":  # before any gather
+            monitor._current_specs = fail
+        else:  # after the gathers, in this rank's own computation
+            monitor_module.attention_chunks = fail
     losses = []
     for step, batch in enumerate(batches(dp_rank, dp_size)):
         out = model(input_ids=batch[:, :-1], labels=batch[:, 1:])

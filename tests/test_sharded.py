@@ -124,6 +124,22 @@ def test_an_error_on_one_rank_is_a_flagged_record_and_training_goes_on(tmp_path:
 
 
 @pytest.mark.slow
+def test_a_rank_that_cannot_read_its_specs_makes_every_rank_skip_the_gathers(
+    tmp_path: Path,
+) -> None:
+    statuses = launch(
+        "fsdp2", 2, tmp_path, FORESHOCK_TEST_FAIL_RANK="1", FORESHOCK_TEST_FAIL_AT="read"
+    )
+    assert [len(s["losses"]) for s in statuses] == [7, 7]
+    got = records(tmp_path)
+    assert [r["flags"] for r in got] == [["monitor_error@sharded"]] * 3
+    assert not any(k.startswith(("attn.", "router.epsilon")) for r in got for k in r["values"])
+    assert {"loss", "weight_norm", "router.token_entropy@model.layers.0.mlp.gate"} <= set(
+        got[-1]["values"]
+    )
+
+
+@pytest.mark.slow
 def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], tmp_path: Path) -> None:
     statuses = launch("fsdp2", 2, tmp_path, EMIT_RANKS="all")
     per_rank = [records(tmp_path, rank) for rank in (0, 1)]
