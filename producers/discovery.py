@@ -6,7 +6,7 @@ Recognised layouts (by child names and attributes, the conventions of the common
   (in, out)), ``qkv_proj`` (Phi-3) and ``qkv`` (litgpt); GQA sizes H·d_h + 2·H_kv·d_h allowed;
 * fused ``query_key_value``: per-head interleaved [q k v] (GPT-NeoX/Pythia, Bloom, Falcon
   without ``multi_query``), [q heads | k | v] (Falcon ``multi_query``), or per group of query
-  heads [q… k v] (Falcon ``new_decoder_architecture``; Megatron's ``linear_qkv`` likewise);
+  heads [q… k v] (Falcon ``new_decoder_architecture``);
 * separate projections: ``q_proj``/``k_proj`` (Llama, Mistral, Qwen, GPT-OSS), ``wq``/``wk``,
   ``query``/``key``, ``to_q``/``to_k``;
 * multi-head latent attention (DeepSeek-V2/V3, Kimi): ``kv_a_proj_with_mqa``/``kv_b_proj``
@@ -20,9 +20,15 @@ Recognised layouts (by child names and attributes, the conventions of the common
   where it says so (``e_score_correction_bias``, a ``score_func``/``scoring_func`` of
   "sigmoid"). A gate with one output (Qwen2-MoE's shared-expert gate) is not a router.
 
+Framework modules the rules above can't read go to their adapters (``adapters``): Megatron-
+core (``linear_qkv`` per group [q… k v] with per-partition counts, MLA, the ``TopKRouter``'s
+logits from its ``gating``) and OLMo-core (``w_q``/``w_k``, the flat ``MoELinearRouter``'s
+logits from ``get_expert_logits``); a module claimed by an adapter is not read again here.
+
 Head counts come from the attention module's attributes or its ``config``. Whatever is found
 but can't be read is reported in ``Discovery.skipped`` with the reason, so that the user can
-register it explicitly; nothing is guessed silently.
+register it explicitly; nothing is guessed silently. A module reachable under two names (an
+alias property) is reported once.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .adapters import FINDERS
 from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
 
 __all__ = ["Discovery", "discover"]
@@ -351,8 +358,9 @@ def _router_spec(name: str, module: nn.Module) -> RouterSpec | str | None:
         if (n_experts is None and child_name in named) or weight.shape[0] == n_experts:
             candidates.append((child_name not in named, child_name, child, weight))
     if not candidates:
+        children = dict(module.named_children())  # not aliases: those are reported where they live
         for gate_name in named:
-            if isinstance(getattr(module, gate_name, None), nn.Module):
+            if isinstance(children.get(gate_name), nn.Module):
                 return (
                     f"{prefix}{gate_name}: no 2-D weight with one row per expert "
                     f"({n_experts} experts); register it with Monitor.register_router"
@@ -390,26 +398,49 @@ def discover(model: nn.Module) -> Discovery:
     """Walk ``model.named_modules()`` and collect every recognised attention layer and router.
 
     Head counts, GQA and top-k are read from the modules' attributes (``n_head``,
-    ``num_key_value_heads``, ``top_k`` …) or their ``config``.
+    ``num_key_value_heads``, ``top_k`` …) or their ``config``; framework modules (Megatron-core,
+    OLMo-core) are read by their adapters. Each module is visited once, and each finding (a
+    spec by name, a skipped reason) is reported once.
     """
     found = Discovery()
+    names: set[str] = set()
     for name, module in model.named_modules():
-        for find in (_attention_spec, _router_spec):
-            try:
-                spec = find(name, module)
-            except ValueError as exc:  # shapes that contradict the attributes
-                spec = str(exc)
+        for spec in _find(name, module):
             if isinstance(spec, str):
-                found.skipped.append(spec)
-            elif isinstance(spec, AttentionSpec):
+                if spec not in found.skipped:
+                    found.skipped.append(spec)
+                continue
+            if spec.name in names:
+                continue
+            names.add(spec.name)
+            if isinstance(spec, AttentionSpec):
                 found.attention.append(spec)
-                note = _centring_norm_note(name, module)
-                if note:
-                    found.skipped.append(note)
-            elif isinstance(spec, RouterSpec):
+            else:
                 if spec.top_k is None:
                     found.skipped.append(
                         f"{spec.name}: no top_k attribute; expert-load metrics are off"
                     )
                 found.routers.append(spec)
+    return found
+
+
+def _find(name: str, module: nn.Module) -> list[AttentionSpec | RouterSpec | str]:
+    """What one module holds: from its framework's adapter if it has one, else the rules."""
+    for adapter in FINDERS:
+        try:
+            claimed = adapter(name, module)
+        except (ValueError, AttributeError, TypeError) as exc:  # a layout we misread
+            return [f"{name}: {type(module).__name__} not readable ({exc})"]
+        if claimed is not None:
+            return claimed
+    found = []
+    for find in (_attention_spec, _router_spec):
+        try:
+            spec = find(name, module)
+        except ValueError as exc:  # shapes that contradict the attributes
+            spec = str(exc)
+        if spec is not None:
+            found.append(spec)
+        if isinstance(spec, AttentionSpec) and (note := _centring_norm_note(name, module)):
+            found.append(note)
     return found

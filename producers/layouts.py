@@ -235,6 +235,8 @@ class RouterSpec:
     The token entropy is taken over that distribution; the load over the experts the router
     actually selected when its output says (a tuple with an integer (…, k) tensor), else over
     the top-k of the logits.
+    ``weight`` is the model's parameter itself: (E, d), or flat (E·d,) where the model stores
+    it so (OLMo-core, for FSDP); ``matrix()`` is then its (E, d) view, taken at every read.
     """
 
     name: str
@@ -246,9 +248,10 @@ class RouterSpec:
     scoring: Literal["softmax", "sigmoid"] = "softmax"
 
     def __post_init__(self) -> None:
-        if self.weight.dim() != 2 or self.weight.shape[0] != self.n_experts:
+        flat = self.weight.dim() == 1 and self.weight.numel() % self.n_experts == 0
+        if not flat and (self.weight.dim() != 2 or self.weight.shape[0] != self.n_experts):
             raise ValueError(
-                f"{self.name}: router weight must be (n_experts={self.n_experts}, d), "
+                f"{self.name}: router weight must be (n_experts={self.n_experts}, d) or flat, "
                 f"got {tuple(self.weight.shape)}"
             )
         if self.bias is not None and tuple(self.bias.shape) != (self.n_experts,):
@@ -263,9 +266,13 @@ class RouterSpec:
         """Every tensor this router is read from."""
         return [self.weight, self.bias]
 
+    def matrix(self) -> torch.Tensor:
+        """W (E, d): the weight, or the view of a flat one."""
+        return self.weight.view(self.n_experts, -1) if self.weight.dim() == 1 else self.weight
+
     def rows(self) -> torch.Tensor:
         """The router's rows [W | b] (E, d[+1]), detached."""
-        weight = self.weight.detach()
+        weight = self.matrix().detach()
         if self.bias is None:
             return weight
         return torch.cat([weight, self.bias.detach().to(weight.dtype).unsqueeze(1)], dim=1)
