@@ -34,6 +34,7 @@ __all__ = [
     "projects",
     "run_ids",
     "run_page",
+    "run_ranks",
     "store_exists",
     "store_path",
     "tune_reports",
@@ -95,12 +96,23 @@ def projects() -> list[str]:
     return sorted({r["project"] for r in rows if r["project"]})
 
 
-def run_page(
-    run_id: str, metrics: tuple[str, ...], heads: bool = False, max_points: int = 1000
-) -> dict[str, Any]:
-    """Everything the run page draws, from one snapshot."""
+def run_ranks(run_id: str) -> list[int]:
+    """The ranks that wrote the run (several in per-rank mode: each its own series)."""
     store = store_path()
-    return _run_page(store, _versions(store), run_id, metrics, heads, max_points)
+    return _run_ranks(store, _versions(store), run_id)
+
+
+def run_page(
+    run_id: str,
+    metrics: tuple[str, ...],
+    heads: bool = False,
+    max_points: int = 1000,
+    rank: int | None = None,
+) -> dict[str, Any]:
+    """Everything the run page draws, from one snapshot; the series of one rank (``rank``,
+    else the run's lowest)."""
+    store = store_path()
+    return _run_page(store, _versions(store), run_id, metrics, heads, max_points, rank)
 
 
 def compare(run_ids: tuple[str, ...], metric: str) -> dict[str, Any]:
@@ -123,8 +135,20 @@ def _fleet(
 
 
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=256)
+def _run_ranks(store: str, versions: tuple, run_id: str) -> list[int]:
+    with _pinned(store, versions) as history:
+        return queries.run_ranks(history, run_id)
+
+
+@st.cache_data(ttl=KEEP, show_spinner=False, max_entries=256)
 def _run_page(
-    store: str, versions: tuple, run_id: str, metrics: tuple[str, ...], heads: bool, max_points: int
+    store: str,
+    versions: tuple,
+    run_id: str,
+    metrics: tuple[str, ...],
+    heads: bool,
+    max_points: int,
+    rank: int | None = None,
 ) -> dict[str, Any]:
     with _pinned(store, versions) as history:
         summary = queries.summary(history, run_id)
@@ -133,13 +157,14 @@ def _run_page(
         names = {m: PER_HEAD.get(m, m) if heads else m for m in metrics}
         per_module = [n for n in names.values() if n not in PER_HEAD.values()]
         per_head = [n for n in names.values() if n in PER_HEAD.values()]
-        lines = queries.series_many(history, run_id, per_module, max_points=max_points)
+        lines = queries.series_many(history, run_id, per_module, max_points=max_points, rank=rank)
         if per_head:
             lines |= queries.series_many(
-                history, run_id, per_head, heads=True, max_points=max_points
+                history, run_id, per_head, heads=True, max_points=max_points, rank=rank
             )
         series = {m: lines[n] for m, n in names.items()}
-        loss = queries.series_many(history, run_id, ["loss"], max_points=max_points)["loss"]
+        loss = queries.series_many(history, run_id, ["loss"], max_points=max_points, rank=rank)
+        loss = loss["loss"]
         return {
             "summary": summary,
             "warnings": queries.run_warnings(history, run_id),

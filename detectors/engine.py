@@ -1,7 +1,8 @@
 """One run's detectors: standardize each series, accumulate, warn, attribute, time the lead.
 
 The same code runs live (the Kafka worker) and offline (``foreshock detect --replay``): it
-sees a run's wire messages in seq order and returns events.
+sees a run's wire messages in seq order and returns events. A run written per rank has one of
+these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that rank's stream.
 
 * Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is measured
   against the run's own warm-up and fed, per direction, to a one-sided CUSUM of its residual
@@ -89,14 +90,26 @@ class RunWarning:
     divergence_step: int | None = None
     lead_time: int | None = None
     cleared_step: int | None = None
+    rank: int | None = None  # the rank whose stream warned, in per-rank mode (see RunDetector)
 
     def to_message(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
 
-def alert_id(run_id: str, family: str, module: str | None, step: int, version: str) -> str:
-    """Deterministic: a restart or a replay re-derives the same id, never a duplicate."""
+def alert_id(
+    run_id: str, family: str, module: str | None, step: int, version: str, rank: int | None = None
+) -> str:
+    """Deterministic: a restart or a replay re-derives the same id, never a duplicate. Two
+    ranks' warnings at one step are two warnings; a run of one process keeps the ids it had
+    before ranks were named (``rank`` None).
+
+    >>> alert_id("r", "router", "h.0.mlp.gate", 50, "v1") != alert_id(
+    ...     "r", "router", "h.0.mlp.gate", 50, "v1", rank=1)
+    True
+    """
     text = f"{run_id}|{family}|{module}|{step}|{version}"
+    if rank is not None:
+        text += f"|rank {rank}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -124,12 +137,23 @@ class RunDetector:
     job under the same run id (the sink reports the collision): it is ignored and counted.
     The records kept for this are the last ``MAX_REPLAY`` (a resume further back starts from
     the oldest kept).
+
+    **One detector follows one rank.** In per-rank mode (``MonitorConfig(emit_ranks="all")``)
+    every rank writes its own stream under the run id, each from its own producer (its own
+    attempt): fed to one detector, one rank's attempt would supersede the others'.
+    :class:`~foreshock.detectors.streams.RunStreams` gives each rank its own detector, built
+    with ``rank``; its warnings name the rank (``RunWarning.rank``, also in their ids) once the
+    stream's records say the run has more than one process (``world_size`` > 1) or the rank is
+    not 0 — a single-process run's warnings stay as they were. ``rank=None``: whatever comes.
     """
 
     MAX_REPLAY = 5_000
 
-    def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs) -> None:
-        self.run_id, self._configs = run_id, config
+    def __init__(
+        self, run_id: str, config: DetectorConfig | ProfileConfigs, rank: int | None = None
+    ) -> None:
+        self.run_id, self._configs, self.rank = run_id, config, rank
+        self._named = rank is not None and rank != 0  # the warnings name the rank
         self.config = config.for_labels({})  # until the run's start labels say otherwise
         self._inputs: deque[dict[str, Any]] = deque(maxlen=self.MAX_REPLAY)
         self._attempt: int | None = None
@@ -159,6 +183,8 @@ class RunDetector:
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
+            if self.rank is not None and int(message.get("world_size") or 1) > 1:
+                self._named = True
             step = int(message["step"])
             attempt = int(message.get("attempt") or 0)
             if attempt != self._attempt and self._attempt is not None and not self._replaying:
@@ -296,8 +322,9 @@ class RunDetector:
             )
         else:
             role = "symptom"
+        rank = self.rank if self._named else None
         alert = RunWarning(
-            id=alert_id(self.run_id, family, series.module, step, self.config.version),
+            id=alert_id(self.run_id, family, series.module, step, self.config.version, rank),
             run_id=self.run_id,
             family=family,
             module=series.module,
@@ -319,6 +346,7 @@ class RunDetector:
             },
             divergence_step=self.divergence_step,
             lead_time=_lead(self.divergence_step, step),
+            rank=rank,
         )
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)

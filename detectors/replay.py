@@ -1,4 +1,6 @@
-"""Offline: run the detectors over recorded runs — the same code path as the live worker."""
+"""Offline: run the detectors over recorded runs — the same code path as the live worker
+(one detector per rank, :mod:`foreshock.detectors.streams`: a file a per-rank run wrote holds
+every rank's records, each its own stream)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from typing import Any
 from foreshock.lab.recorded import RecordedRun, load_run
 
 from .config import DetectorConfig
-from .engine import RunDetector, RunWarning
+from .engine import RunWarning
 from .profiles import ProfileConfigs
+from .streams import RunStreams
 
 __all__ = ["RunReport", "replay", "replay_run"]
 
@@ -34,12 +37,12 @@ class RunReport:
 
 def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> RunReport:
     run_id = run.start.get("run_id") or run.path.name.split(".")[0]
-    detector = RunDetector(run_id, config)
+    detector = RunStreams(run_id, config)
     events = detector.update({**run.start, "kind": "start"})
     for record in run.records:
         events += detector.update({**record, "kind": "metrics"})
     if run.end is not None:
-        events += detector.update({**run.end, "kind": "end"})
+        events += detector.finish(run.end)
     exact = (run.end or {}).get("divergence_step")
     return RunReport(
         run_id, run.start.get("labels", {}), exact, detector.alerts, detector.peaks, events

@@ -37,8 +37,8 @@ from foreshock.catalogue import SCENARIOS
 
 from .calibrate import calibrate, leave_one_out_margin, uncalibrated
 from .config import MECHANISMS, DetectorConfig
-from .engine import RunDetector
 from .replay import RunReport
+from .streams import RunStreams
 
 __all__ = [
     "DEFAULT_GRID",
@@ -119,12 +119,12 @@ def replay_messages(
     The divergence step is the producer's when its ``end`` says (even "none"), else the
     detectors' own estimate — the rule the store's ``runs`` view applies.
     """
-    detector = RunDetector(run_id, config)
+    detector = RunStreams(run_id, config)
     events = []
     for record in records:
         events += detector.update(record)
     if end is not None:
-        events += detector.update({**end, "kind": "end"})
+        events += detector.finish(end)
     known = end is not None and "divergence_step" in end
     divergence = end["divergence_step"] if known else detector.divergence_step
     labels = (start or {}).get("labels", {})

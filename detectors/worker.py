@@ -2,8 +2,9 @@
 
 Several workers share the metrics topic's partitions (a run's messages are keyed by run id, so
 one worker sees all of a run). For each message the worker calls the same
-:class:`~foreshock.detectors.engine.RunDetector` as the offline replay and produces the events
-to the warnings topic (key: run id), then commits its offsets once they are acknowledged.
+:class:`~foreshock.detectors.streams.RunStreams` (one detector per rank of the run) as the
+offline replay and produces the events to the warnings topic (key: run id), then commits its
+offsets once they are acknowledged.
 
 State after a restart is rebuilt by *replay*: on assignment the worker reads its partitions
 from the beginning, feeding every message to the detectors but emitting warnings only for
@@ -39,9 +40,9 @@ from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
 from .config import DetectorConfig
-from .engine import RunDetector
 from .ordering import SeqOrderer
 from .profiles import ProfileConfigs
+from .streams import RunStreams
 
 __all__ = ["DetectorWorker", "WorkerConfig"]
 
@@ -100,8 +101,7 @@ class DetectorWorker:
                 logger=RDKAFKA_LOG,
             )
         )
-        self.runs: dict[str, RunDetector] = {}
-        self._live_ranks: dict[str, set[int]] = {}
+        self.runs: dict[str, RunStreams] = {}
         self.checkpoint = Checkpoint(
             self.consumer, "detect", flush=lambda: self.producer.flush(30) == 0
         )
@@ -131,11 +131,12 @@ class DetectorWorker:
         produced = 0
         for ready in self.orderer.push(message):
             run_id = ready["run_id"]
-            detector = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, RunDetector(run_id, self.config.detectors)
+            detectors = self.runs.get(run_id) or self.runs.setdefault(
+                run_id, RunStreams(run_id, self.config.detectors)
             )
-            events = detector.update(ready)
-            self._forget_if_ended(ready)
+            events = detectors.update(ready)
+            if detectors.ended:  # a fleet served for weeks must not keep every run it saw
+                del self.runs[run_id]
             self.messages += 1
             self.values += len(ready.get("values", ()))
             if self.cursor.history(ready["_partition"], ready["_offset"]):
@@ -147,19 +148,6 @@ class DetectorWorker:
                 produced += 1
         self.producer.poll(0)
         return produced
-
-    def _forget_if_ended(self, message: dict[str, Any]) -> None:
-        """Drop a run's detectors once every rank that wrote to it has ended: a worker that
-        serves a fleet for weeks must not keep every run it ever saw."""
-        run_id, rank = message["run_id"], int(message.get("rank", 0))
-        ranks = self._live_ranks.setdefault(run_id, set())
-        if message.get("kind") != "end":
-            ranks.add(rank)
-            return
-        ranks.discard(rank)
-        if not ranks:
-            self.runs.pop(run_id, None)
-            self._live_ranks.pop(run_id, None)
 
     def _produce(self, key: bytes, value: bytes) -> None:
         """Queue one warning event; while the client refuses it (queue full, or the topic is

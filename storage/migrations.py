@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from .location import StoreLocation, load_location
-from .schema import SCHEMA_VERSION, TABLES
+from .schema import SCHEMA_VERSION, TABLES, conform
 from .store import VERSION_PREFIX, DeltaStore, SchemaVersionError, open_table, schema_version
 
 __all__ = ["MIGRATIONS", "SEGMENT_MANIFEST", "migrate", "migrate_segments"]
@@ -65,7 +65,7 @@ def migrate_segments(folder: str | Path, target: StoreLocation | str | None = No
             rows = pa.concat_tables(parts, promote_options="default")
             for version in range(manifest["schema_version"], SCHEMA_VERSION):
                 rows = MIGRATIONS[version](table, rows)
-            rows = rows.cast(TABLES[table])
+            rows = conform(table, rows)
             write_deltalake(
                 delta,
                 rows,

@@ -5,6 +5,11 @@ so a page's numbers agree with each other) and returns plain Python rows. All pa
 bound (``?``), never spliced; large series are downsampled here, in the query, so a page never
 pulls more than ``max_points`` per line.
 
+A run written **per rank** (``emit_ranks="all"``: every rank its own records, one stream each)
+has one series per rank: every query of a run's values reads one rank — ``rank`` when given,
+else the run's lowest — never two ranks' values at one step averaged into one line.
+:func:`run_ranks` lists them; a warning names its rank (``rank``, null for one process).
+
 A run's **status** (fleet page): ``diverged`` once its loss diverged (the producer's exact step,
 else the detectors'); ``warning: <family>`` while a mechanism warning is open; ``finished`` when
 it ended; ``healthy`` while it runs quietly. Urgency: open warning, diverged, healthy, finished.
@@ -28,6 +33,7 @@ __all__ = [
     "orphan_values",
     "run_attempts",
     "run_count",
+    "run_ranks",
     "run_records",
     "run_rows",
     "run_series_index",
@@ -46,7 +52,8 @@ __all__ = [
 _FLEET = """
 WITH w AS (
     SELECT run_id,
-        list_sort(list_distinct(list(family || ' @ ' || coalesce(module, '-'))
+        list_sort(list_distinct(list(family || ' @ ' || coalesce(module, '-')
+            || coalesce(' (rank ' || rank || ')', ''))
             FILTER (WHERE event <> 'cleared' AND family <> 'symptom'))) AS active,
         arg_min(family, (step, family)) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
             AS active_family,
@@ -113,22 +120,38 @@ def summary(history: History, run_id: str) -> dict[str, Any] | None:
     return {**rows[0], "labels": json.loads(body).get("labels", {}) if body else {}}
 
 
-def run_series_index(history: History, run_id: str) -> list[dict[str, Any]]:
-    """Which (metric, module, head) series a run has, with their number of points."""
+def run_ranks(history: History, run_id: str) -> list[int]:
+    """The ranks that wrote records to the run: ``[0]`` for one process, several per rank."""
+    return (
+        history.sql("SELECT DISTINCT rank FROM steps WHERE run_id = ? ORDER BY rank", [run_id])
+        .column("rank")
+        .to_pylist()
+    )
+
+
+# the rank a run's value queries read: the one asked for, else the run's lowest (parameters:
+# rank, run_id)
+_RANK = "rank = coalesce(?::BIGINT, (SELECT min(rank) FROM steps WHERE run_id = ?), 0)"
+
+
+def run_series_index(
+    history: History, run_id: str, rank: int | None = None
+) -> list[dict[str, Any]]:
+    """Which (metric, module, head) series a run (one rank of it) has, with their points."""
     return history.sql(
-        "SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
-        "GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST",
-        [run_id],
+        f"SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
+        f"AND {_RANK} GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST",
+        [run_id, rank, run_id],
     ).to_pylist()
 
 
 # A resumed run has a step once per attempt that reached it: a line shows the latest attempt's
-# (what training continued from). Bucket widths are computed in DOUBLE: a step near 2**63
-# must not overflow BIGINT.
-_SERIES = """
+# (what training continued from); one rank's (see the module docstring). Bucket widths are
+# computed in DOUBLE: a step near 2**63 must not overflow BIGINT.
+_SERIES = f"""
 WITH s AS (
     SELECT metric, step, module, head, value FROM metric_values
-    WHERE run_id = ? AND metric IN (SELECT unnest(?::VARCHAR[]))
+    WHERE run_id = ? AND metric IN (SELECT unnest(?::VARCHAR[])) AND {_RANK}
       AND (?::VARCHAR IS NULL OR module = ?)
       AND ((?::BOOLEAN AND head IS NULL) OR (NOT ?::BOOLEAN AND head IS NOT NULL))
     QUALIFY attempt = max(attempt) OVER (PARTITION BY metric, module, head, step)),
@@ -147,10 +170,12 @@ def series(
     module: str | None = None,
     heads: bool = False,
     max_points: int = 1000,
+    rank: int | None = None,
 ) -> list[dict[str, Any]]:
     """A run's ``metric`` per module (or per head with ``heads``), at most ``max_points``
-    buckets per line: each bucket's first step, mean, min and max."""
-    return series_many(history, run_id, [metric], module, heads, max_points)[metric]
+    buckets per line: each bucket's first step, mean, min and max; one rank's (``rank``, else
+    the run's lowest)."""
+    return series_many(history, run_id, [metric], module, heads, max_points, rank)[metric]
 
 
 def series_many(
@@ -160,12 +185,12 @@ def series_many(
     module: str | None = None,
     heads: bool = False,
     max_points: int = 1000,
+    rank: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`series` of several metrics in one pass over the run's rows (one bucket width
     for all: the run's step range / ``max_points``)."""
-    rows = history.sql(
-        _SERIES, [run_id, metrics, module, module, not heads, not heads, max_points]
-    ).to_pylist()
+    params = [run_id, metrics, rank, run_id, module, module, not heads, not heads]
+    rows = history.sql(_SERIES, [*params, max_points]).to_pylist()
     out: dict[str, list[dict[str, Any]]] = {m: [] for m in metrics}
     for row in rows:
         out[row.pop("metric")].append(row)
@@ -177,6 +202,7 @@ WITH s AS (
     SELECT run_id, step, value FROM metric_values
     WHERE run_id IN (SELECT unnest(?::VARCHAR[])) AND metric = ? AND head IS NULL
       AND (?::VARCHAR IS NULL OR module = ?)
+      AND rank = (SELECT min(t.rank) FROM steps t WHERE t.run_id = metric_values.run_id)
     QUALIFY attempt = max(attempt) OVER (PARTITION BY run_id, module, step)),
 b AS (SELECT greatest(1, least(ceil((max(step)::DOUBLE - min(step)::DOUBLE + 1) / ?::DOUBLE),
       2^62))::BIGINT AS width FROM s)
@@ -192,7 +218,8 @@ def series_across_runs(
     module: str | None = None,
     max_points: int = 500,
 ) -> list[dict[str, Any]]:
-    """The same monitor over several runs (module-averaged where ``module`` is None)."""
+    """The same monitor over several runs (module-averaged where ``module`` is None; each
+    run's lowest rank)."""
     return history.sql(_ACROSS, [run_ids, metric, module, module, max_points]).to_pylist()
 
 
@@ -244,24 +271,32 @@ def lead_table(history: History) -> list[dict[str, Any]]:
 
 
 def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict], dict | None]:
-    """A stored run as its wire messages again (its first start, metrics records in (attempt,
-    step) order — a resumed run's attempts one after the other, as they happened — and its
-    last end): what the detectors replay in ``foreshock tune``."""
+    """A stored run as its wire messages again (its first start, metrics records in (rank,
+    attempt, step) order — a resumed run's attempts one after the other, as they happened;
+    each rank its own stream — and its last end): what the detectors replay in ``foreshock
+    tune``."""
     events = history.sql(
         "SELECT kind, body FROM run_events WHERE run_id = ? ORDER BY attempt, seq", [run_id]
     ).to_pylist()
     start = next((json.loads(e["body"]) for e in events if e["kind"] == "start"), None)
     end = next((json.loads(e["body"]) for e in reversed(events) if e["kind"] == "end"), None)
     columns = history.sql(
-        "SELECT attempt, step, metric, module, head, value FROM metric_values WHERE run_id = ? "
-        "ORDER BY attempt, step",
+        "SELECT rank, attempt, step, metric, module, head, value FROM metric_values "
+        "WHERE run_id = ? ORDER BY rank, attempt, step",
         [run_id],
     ).to_pydict()
-    records: dict[tuple[int, int], dict[str, Any]] = {}
-    for attempt, step, metric, module, head, value in zip(*columns.values(), strict=True):
+    records: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for rank, attempt, step, metric, module, head, value in zip(*columns.values(), strict=True):
         record = records.setdefault(
-            (attempt, step),
-            {"kind": "metrics", "run_id": run_id, "attempt": attempt, "step": step, "values": {}},
+            (rank, attempt, step),
+            {
+                "kind": "metrics",
+                "run_id": run_id,
+                "rank": rank,
+                "attempt": attempt,
+                "step": step,
+                "values": {},
+            },
         )
         record["values"][series_key(metric, module, head)] = value
     return start, list(records.values()), end

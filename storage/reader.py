@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from .location import StoreLocation, load_location
 from .schema import TABLES, empty
@@ -33,6 +34,7 @@ from .store import READ_ORDER, _check_version, open_table
 
 __all__ = ["History", "QueryError", "open_history"]
 
+_SQL_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
 QueryError = duckdb.Error  # what a query on a snapshot raises (pages catch it, name no engine)
 
 _RUNS = """
@@ -106,10 +108,20 @@ class History:
             return self.connection.from_arrow(empty(name))
         if self.location.is_local and not (table.protocol().reader_features or []):
             # a relation, not SQL text: no path is ever spliced into a statement
-            return self.connection.read_parquet(uris, union_by_name=True)
+            return self._complete(name, self.connection.read_parquet(uris, union_by_name=True))
         dataset = table.to_pyarrow_dataset()
         self._relations.append(dataset)
-        return self.connection.from_arrow(dataset)
+        return self._complete(name, self.connection.from_arrow(dataset))
+
+    def _complete(self, name: str, relation):
+        """``relation`` with the columns its files predate (added later, nullable: see
+        :mod:`.schema`) as nulls, so every query reads old and new stores alike."""
+        missing = [f for f in TABLES[name] if f.name not in relation.columns]
+        if not missing:
+            return relation
+        # names and types from TABLES, never from the data
+        nulls = [f"CAST(NULL AS {_SQL_TYPES[f.type]}) AS {f.name}" for f in missing]
+        return relation.project(", ".join(["*", *nulls]))
 
     @property
     def version(self) -> str:

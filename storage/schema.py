@@ -18,6 +18,11 @@ description records the schema version.
   the ``warnings_latest`` view keeps each warning id's newest state.
 * ``dead_letters`` — what could not be stored or decoded, verbatim, with the reason and origin.
 
+A column added later at the end of a table, nullable (``warnings.rank``: per-rank mode, the
+rank whose records warned), keeps the version: a writer adds it to an older table when it
+opens it (:mod:`.store`), a reader shows it null over files written before
+(:mod:`.reader`).
+
 ``attempt`` (version 2) tells apart the incarnations of a run resumed under the same run id
 (see :mod:`foreshock.transport.wire`): each (run, rank, attempt) is a stream numbered from 0,
 and a step re-done after a checkpoint is stored once per attempt. Version-1 rows are attempt 0
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "empty"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "conform", "empty"]
 
 SCHEMA_VERSION = 2
 
@@ -100,6 +105,7 @@ TABLES: dict[str, pa.Schema] = {
             ("cleared_step", pa.int64()),
             ("received_at", pa.float64()),
             ("evidence", pa.string()),  # JSON
+            ("rank", pa.int64()),  # per-rank mode: the rank that warned (null: one process)
         ]
     ),
     "dead_letters": pa.schema(
@@ -118,3 +124,12 @@ TABLES: dict[str, pa.Schema] = {
 def empty(table: str) -> pa.Table:
     """A table with no rows and ``table``'s schema (what a view reads before any segment)."""
     return TABLES[table].empty_table()
+
+
+def conform(table: str, rows: pa.Table) -> pa.Table:
+    """``rows`` of ``table`` with the columns added since they were written (nullable, at the
+    end: see above) as nulls, in the table's order and types."""
+    for field in TABLES[table]:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
+    return rows.select(TABLES[table].names).cast(TABLES[table])

@@ -122,6 +122,25 @@ def _check_version(name: str, table: DeltaTable) -> None:
         )
 
 
+def _add_new_columns(name: str, table: DeltaTable) -> None:
+    """Columns :data:`TABLES` gained since ``table`` was created (nullable, at the end: no new
+    schema version, see :mod:`.schema`) are added before this writer appends rows with them."""
+    from deltalake.schema import Field, PrimitiveType
+
+    have = {f.name for f in table.schema().fields}
+    new = [f for f in TABLES[name] if f.name not in have]
+    if not new:
+        return
+    types = {pa.int64(): "long", pa.string(): "string", pa.float64(): "double"}
+    try:
+        table.alter.add_columns([Field(f.name, PrimitiveType(types[f.type]), True) for f in new])
+    except Exception:  # another writer added them first
+        table.update_incremental()
+        if {f.name for f in table.schema().fields} < {f.name for f in TABLES[name]}:
+            raise
+    log.info("foreshock store: table %s gained column(s) %s", name, [f.name for f in new])
+
+
 class DeltaStore:
     """A writer of the store (tables created if missing). Any number may write at once.
 
@@ -175,6 +194,7 @@ class DeltaStore:
                 if table is None:
                     raise
         _check_version(name, table)
+        _add_new_columns(name, table)
         return table
 
     def close(self) -> None:

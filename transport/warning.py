@@ -46,7 +46,7 @@ RESOLVED_BY = ("statistic", "run ended")
 
 _TEXT = ("id", "event", "run_id", "family")  # required strings
 _OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")
-_OPTIONAL_INT = ("divergence_step", "lead_time", "cleared_step")
+_OPTIONAL_INT = ("divergence_step", "lead_time", "cleared_step", "rank")
 _NUMBERS = ("statistic", "threshold", "false_alarm_rate")  # finite, or null
 _KEY_TEXT, _KEY_INT = ("id", "event"), ("divergence_step", "cleared_step")  # the store's key
 
@@ -68,6 +68,7 @@ FIELDS = (
     "divergence_step",
     "lead_time",
     "cleared_step",
+    "rank",  # per-rank mode: the rank whose stream warned (absent before, and for one process)
 )
 REQUIRED = (*_TEXT, "step")
 # the warning's own facts: what a person's event copies from the warning's latest state

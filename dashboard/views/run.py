@@ -1,5 +1,9 @@
 """Run: the loss with its divergence, the mechanism monitors with warning markers, the lead
-time as a span, and each warning explained (family, module, false-alarm rate, evidence)."""
+time as a span, and each warning explained (family, module, false-alarm rate, evidence).
+
+A run written per rank (``emit_ranks="all"``) has one series per rank: the page shows one rank
+at a time (a ``rank`` picker, the lowest first) with that rank's warnings marked, and lists
+every rank's warnings, each naming its rank."""
 
 from __future__ import annotations
 
@@ -26,6 +30,19 @@ def _pick_run() -> str | None:
     run_id = st.selectbox("run", ids, index=index)
     st.query_params["run"] = run_id
     return run_id
+
+
+def _pick_rank(run_id: str) -> int | None:
+    """The rank to draw, when more than one wrote the run (None: the run's only one)."""
+    ranks = data.run_ranks(run_id)
+    if len(ranks) < 2:
+        st.query_params.pop("rank", None)
+        return None
+    wanted = st.query_params.get("rank")
+    index = next((i for i, r in enumerate(ranks) if str(r) == wanted), 0)
+    rank = st.selectbox("rank", ranks, index=index, help="each rank's records are its own series")
+    st.query_params["rank"] = str(rank)
+    return rank
 
 
 def _step(value: int | None) -> int | str:
@@ -77,9 +94,10 @@ def _warnings(warnings: list[dict]) -> None:
     for w in warnings:
         lead = "" if w["lead_time"] is None else f", lead {w['lead_time']} steps"
         cleared = "" if w["cleared_step"] is None else f", cleared at {w['cleared_step']}"
+        rank = "" if w.get("rank") is None else f" · rank {w['rank']}"
         title = (
-            f"⚠ {md_text(w['family'])} · {md_text(w['module'] or 'run')} · step {w['step']}"
-            f" · {md_text(w['role'])}{lead}{cleared}"
+            f"⚠ {md_text(w['family'])} · {md_text(w['module'] or 'run')}{rank} · step "
+            f"{w['step']} · {md_text(w['role'])}{lead}{cleared}"
         )
         t = {
             k: html_text(w[k])
@@ -132,12 +150,13 @@ def main() -> None:
     if run_id is None:
         st.info("No runs stored yet.")
         return
+    rank = _pick_rank(run_id)
     cols = st.columns([3, 1])
     labels = cols[0].multiselect("monitors", list(data.MONITORS), default=DEFAULT_MONITORS)
     heads = cols[1].checkbox("per-head Δ2 detail", help="Δ2 entropy per attention head")
     metrics = tuple(data.MONITORS[label][0] for label in labels)
     try:
-        page = data.run_page(run_id, metrics, heads)
+        page = data.run_page(run_id, metrics, heads, rank=rank)
     except QueryError as exc:  # a value the queries cannot handle: say so, no traceback
         st.error(
             f"This run's history cannot be drawn: the store's query failed "
@@ -148,17 +167,19 @@ def main() -> None:
         st.warning(f"Run {md_text(run_id)} is not in the history.")
         return
     summary, warnings = page["summary"], page["warnings"]
+    # on the charts, the warnings of the rank drawn
+    marked = warnings if rank is None else [w for w in warnings if w.get("rank") in (None, rank)]
     _header(summary)
     _attempts(page["attempts"])
     st.plotly_chart(
-        charts.loss_figure(page["loss"], warnings, summary["divergence_step"], page["attempts"]),
+        charts.loss_figure(page["loss"], marked, summary["divergence_step"], page["attempts"]),
         width="stretch",
         key="loss",
     )
     grid = st.columns(2)
     for i, label in enumerate(labels):
         metric, family = data.MONITORS[label]
-        figure = charts.monitor_figure(label, page["series"][metric], warnings, family)
+        figure = charts.monitor_figure(label, page["series"][metric], marked, family)
         grid[i % 2].plotly_chart(figure, width="stretch", key=f"m-{metric}")
     _warnings(warnings)
 

@@ -1,0 +1,116 @@
+"""One run's detectors, one per rank: per-rank mode must not blind them.
+
+With ``MonitorConfig(emit_ranks="all")`` — how one bad GPU is caught — every rank measures
+and writes its own records under the run id, through its own producer, so each rank is its
+own stream and its own ``attempt`` (:mod:`foreshock.transport.wire`). A single
+:class:`~foreshock.detectors.engine.RunDetector` follows one attempt per run: the second
+rank's records looked like a second job under the run id and were ignored (a faulty rank 1
+beside a healthy rank 0 gave no warning at all), and had they been merged, two ranks' values
+at one step would have fed one standardizer. So the detectors of a run are keyed by rank:
+each rank's stream gets its own detectors, its own resumes (a new attempt of *that* rank)
+and its own end; a rank's warnings name it (``RunWarning.rank``).
+
+The worker (:mod:`foreshock.detectors.worker`), the offline replay and ``foreshock tune``
+all go through this one router, so live and offline agree. A run written by rank 0 alone
+(the default, ``emit_ranks="zero"``) has one detector and warns exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import DetectorConfig
+from .engine import RunDetector, RunWarning
+from .profiles import ProfileConfigs
+
+__all__ = ["RunStreams"]
+
+
+class RunStreams:
+    """Feed a run's messages (each rank's in seq order) with ``update``; one detector per rank.
+
+    ``ranks``: {rank: its RunDetector}; ``ended``: every rank that wrote has sent its ``end``.
+    A rank whose stream has no labelled ``start`` of its own (a producer synthesised it) gets
+    the run's first labelled one, so it is judged with the profile of the run's model.
+
+    >>> from foreshock.detectors.config import DetectorConfig
+    >>> run = RunStreams("r", DetectorConfig())
+    >>> for rank in (0, 1):
+    ...     _ = run.update({"kind": "metrics", "rank": rank, "attempt": 10 + rank, "step": 0,
+    ...                     "world_size": 2, "values": {"loss": 2.0}})
+    >>> sorted(run.ranks), [d.ignored for d in run.ranks.values()]
+    ([0, 1], [0, 0])
+    """
+
+    def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs) -> None:
+        self.run_id, self._config = run_id, config
+        self.ranks: dict[int, RunDetector] = {}
+        self._start: dict[str, Any] | None = None  # the run's first start with labels
+        self._live: set[int] = set()  # ranks that wrote and have not ended
+
+    def update(self, message: dict[str, Any]) -> list[RunWarning]:
+        rank, kind = int(message.get("rank") or 0), message.get("kind", "metrics")
+        if kind == "start":
+            self._labels(message, rank)
+            if not message.get("labels") and self._start is not None:
+                message = {**message, "labels": self._start["labels"]}
+        detector = self.ranks.get(rank)
+        if detector is None:
+            detector = self.ranks[rank] = RunDetector(self.run_id, self._config, rank=rank)
+            if kind != "start" and self._start is not None:
+                detector.update({**self._start, "rank": rank})
+        if kind == "end":
+            self._live.discard(rank)
+        else:
+            self._live.add(rank)
+        return detector.update(message)
+
+    def _labels(self, start: dict[str, Any], rank: int) -> None:
+        """The run's first labelled start also labels the ranks that started without (a
+        detector takes labels until its first series exists)."""
+        if self._start is not None or not start.get("labels"):
+            return
+        self._start = start
+        for other, detector in self.ranks.items():
+            if other != rank and other in self._live:
+                detector.update({**start, "rank": other})
+
+    def finish(self, end: dict[str, Any]) -> list[RunWarning]:
+        """End a recorded run whose file or store kept one ``end`` (its last): it ends its own
+        rank's stream, and every other rank's without its divergence step (that was another
+        rank's loss) — the recording is over."""
+        own = int(end.get("rank") or 0)
+        events = []
+        for rank in sorted({own, *self.ranks}):
+            body = end if rank == own else {k: v for k, v in end.items() if k != "divergence_step"}
+            events += self.update({**body, "kind": "end", "rank": rank})
+        return events
+
+    @property
+    def ended(self) -> bool:
+        return not self._live
+
+    @property
+    def alerts(self) -> list[RunWarning]:
+        """Every rank's warnings, by rank."""
+        return [a for _, d in sorted(self.ranks.items()) for a in d.alerts]
+
+    @property
+    def peaks(self) -> dict[str, float]:
+        """Each metric's largest statistic over the ranks (for calibration)."""
+        out: dict[str, float] = {}
+        for detector in self.ranks.values():
+            for metric, peak in detector.peaks.items():
+                out[metric] = max(out.get(metric, peak), peak)
+        return out
+
+    @property
+    def divergence_step(self) -> int | None:
+        """The first step any rank's loss diverged at (None: none has)."""
+        steps = [d.divergence_step for d in self.ranks.values() if d.divergence_step is not None]
+        return min(steps, default=None)
+
+    @property
+    def ignored(self) -> int:
+        """Records of superseded attempts, over the ranks (two jobs under one run id)."""
+        return sum(d.ignored for d in self.ranks.values())
