@@ -9,11 +9,17 @@ same order of collectives:
 1. ``agree``: one all-reduce, so that a rank that failed before any gather, or that would
    gather other tensors, makes every rank skip the gathers (no rank is ever left inside a
    collective alone);
-2. ``materialize``: each DTensor a spec reads is gathered whole (``full_tensor``), one layer
-   at a time, in discovery order; only the layer's owner (layer i → rank i mod W) then
-   computes its spectra, so the eigen-solves are spread over the ranks;
+2. ``materialize``: each DTensor a spec reads is gathered whole to the layer's owner
+   (layer i → rank i mod W), one layer at a time, in discovery order; the owner alone
+   computes its spectra, so the eigen-solves and the snapshots are spread over the ranks;
 3. ``exchange``: one gather of every rank's partial measurement (a few kB of Python floats)
    to the writer(s), who combine them (``partials.combine``).
+
+FSDP1 (``FullyShardedDataParallel``: Lightning's ``FSDPStrategy``) holds no DTensors: its
+parameters are views into each rank's shard of a flat parameter outside forward. There every
+rank enters ``whole_parameters`` around its whole measurement (``summon_full_params``, an
+all-gather, on every rank in the same order), so the specs read whole plain tensors and step 2
+gathers nothing.
 
 Which ranks joined is settled once, through the process group's store: a Monitor built on
 rank 0 only (peers without one) must not wait in a collective forever, so it measures alone
@@ -22,20 +28,23 @@ and refuses what only the group could read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import pickle
 import time
+from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
 import torch
+from torch import nn
 
 from .layouts import AttentionSpec, LatentPath, RouterSpec
 from .sharding import is_dtensor
 
-__all__ = ["Peers", "gathers_of", "materialize", "square_sum"]
+__all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
 
 log = logging.getLogger("foreshock.monitor")
 
@@ -52,6 +61,9 @@ class Peers:
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
+        # FSDP1 roots wrapping the monitored model from outside (Lightning's FSDPStrategy wraps
+        # the LightningModule): ``whole_parameters`` must summon from the root, see there
+        self.roots: list[nn.Module] = []
         self.bytes_received = 0  # gathered shards and partials, over this Monitor's life
 
     @classmethod
@@ -111,10 +123,71 @@ class Peers:
             )
         return parts
 
-    def materialize(self, spec: Any) -> Any:
-        """``materialize(spec)``, counting the bytes this rank received."""
-        self.bytes_received += sum(_missing_bytes(t) for t in _dtensors(spec))
-        return materialize(spec)
+    def materialize(self, spec: Any, owner: int) -> Any:
+        """``spec`` read whole on rank ``owner`` (None on the others). A collective: every
+        rank calls it for every spec, in the same order. A DTensor sharded along one mesh
+        dimension that spans the job (FSDP2, 1-D tensor parallel) is gathered to the owner
+        alone; any other layout (2-D meshes, HSDP) is gathered whole on every rank."""
+        gathered: dict[int, torch.Tensor | None] = {}  # fused q/k: one tensor, one gather
+
+        def whole(tensor: torch.Tensor) -> torch.Tensor | None:
+            if id(tensor) not in gathered:
+                to_owner = _gathers_to_one(tensor, self.world)
+                if not to_owner or self.rank == owner:
+                    self.bytes_received += _missing_bytes(tensor)
+                gathered[id(tensor)] = (
+                    _gather_to(tensor, owner, self.rank) if to_owner else tensor.full_tensor()
+                )
+            return gathered[id(tensor)]
+
+        with torch.no_grad():
+            read = _replace_dtensors(spec, whole)
+        return read if self.rank == owner else None
+
+
+def _fsdp1_roots(modules: list[nn.Module]) -> list[nn.Module]:
+    """The outermost FSDP1 instances in ``modules`` and their submodules, in module order."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # torch without distributed support
+        return []
+    found: list[nn.Module] = []
+    inside: set[int] = set()
+    for top in modules:
+        for module in top.modules():
+            if isinstance(module, FullyShardedDataParallel) and id(module) not in inside:
+                found.append(module)
+                inside.update(id(m) for m in module.modules())
+    return found
+
+
+@contextlib.contextmanager
+def whole_parameters(
+    model: nn.Module, roots: list[nn.Module] | tuple[nn.Module, ...] = ()
+) -> Iterator[None]:
+    """Every FSDP1 parameter of ``model`` whole while inside (its ``roots``, the FSDP1 wrappers
+    around it, first); nothing to do for any other model.
+
+    Why: FSDP1 keeps each rank's shard of a flat parameter; outside forward the model's
+    parameters are views into that shard (1-D pieces, or empty). ``summon_full_params`` makes
+    them the whole tensors, the same ``Parameter`` objects (``use_orig_params=True``, Lightning's
+    default), with their whole gradients; ``writeback=False``: measuring never changes the model.
+    It is a collective: every rank enters it, in the same order. An instance not yet lazily
+    initialised is entered only when it is a root given here: entering a nested instance first
+    would make it a root and break the training's own first forward."""
+    wrappers = _fsdp1_roots([*roots, model])
+    given = {id(r) for r in roots}
+    with contextlib.ExitStack() as stack:
+        for fsdp in wrappers:
+            if fsdp._is_root is None and id(fsdp) not in given and fsdp is not model:
+                log.warning("foreshock: FSDP1 wrapper not initialised yet: left sharded")
+                continue
+            stack.enter_context(
+                type(fsdp).summon_full_params(
+                    fsdp, writeback=False, with_grads=bool(fsdp._use_orig_params)
+                )
+            )
+        yield
 
 
 def _dtensors(spec: Any) -> list[torch.Tensor]:
@@ -125,31 +198,64 @@ def _dtensors(spec: Any) -> list[torch.Tensor]:
     return found
 
 
+def gathers_of(spec: Any) -> int:
+    """How many DTensors reading ``spec`` gathers (every rank must agree on it)."""
+    return len(_dtensors(spec))
+
+
 def _missing_bytes(tensor: torch.Tensor) -> int:
     """Bytes of a DTensor this rank does not hold: what gathering it whole brings in."""
     whole = tensor.numel() * tensor.element_size()
     return whole - tensor.to_local().numel() * tensor.element_size()
 
 
-def gathers_of(spec: Any) -> int:
-    """How many DTensors reading ``spec`` gathers (every rank must agree on it)."""
-    return len(_dtensors(spec))
-
-
-def materialize(spec: Any) -> Any:
-    """``spec`` with each DTensor field gathered whole (a collective: every rank calls it)."""
+def _replace_dtensors(spec: Any, whole: Any) -> Any:
+    """``spec`` with each DTensor field (latent paths included) replaced by ``whole(field)``."""
     changes: dict[str, Any] = {}
-    with torch.no_grad():
-        for field in _FIELDS[type(spec)]:
-            value = getattr(spec, field)
-            if is_dtensor(value):
-                changes[field] = value.full_tensor()
-        if isinstance(spec, AttentionSpec):
-            for field in ("q_latent", "k_latent"):
-                latent = getattr(spec, field)
-                if latent is not None and gathers_of(latent):
-                    changes[field] = materialize(latent)
-    return dataclasses.replace(spec, **changes) if changes else spec
+    for field in _FIELDS[type(spec)]:
+        value = getattr(spec, field)
+        if is_dtensor(value):
+            changes[field] = whole(value)
+    if isinstance(spec, AttentionSpec):
+        for field in ("q_latent", "k_latent"):
+            latent = getattr(spec, field)
+            if latent is not None and gathers_of(latent):
+                changes[field] = _replace_dtensors(latent, whole)
+    if not changes:
+        return spec
+    if any(v is None for v in changes.values()):  # a rank that is not the owner
+        return None
+    return dataclasses.replace(spec, **changes)
+
+
+def _gathers_to_one(tensor: torch.Tensor, world: int) -> bool:
+    """Whether ``tensor`` can be gathered to one rank: one Shard placement on a 1-D mesh of
+    every rank (the same answer on every rank: placements are global)."""
+    mesh = tensor.device_mesh
+    return (
+        mesh.ndim == 1
+        and mesh.size() == world
+        and tensor.placements[0].is_shard()
+        and mesh.mesh.tolist() == list(range(world))
+    )
+
+
+def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | None:
+    """The whole of a 1-D-sharded DTensor on ``owner`` (None elsewhere), by one gather.
+
+    Shards follow ``torch.chunk`` along the shard dimension, so the last ranks may hold fewer
+    rows (or none): each is padded to the largest for the gather and trimmed after."""
+    placement, mesh = tensor.placements[0], tensor.device_mesh
+    dim, world, rows = placement.dim, mesh.size(), tensor.shape[placement.dim]
+    sizes = [placement.local_shard_size_and_offset(rows, world, r)[0] for r in range(world)]
+    local = tensor.to_local()
+    pad = [0, 0] * (local.dim() - dim - 1) + [0, max(sizes) - local.shape[dim]]
+    padded = torch.nn.functional.pad(local, pad).contiguous()
+    buffers = [torch.empty_like(padded) for _ in range(world)] if rank == owner else None
+    torch.distributed.gather(padded, buffers, dst=owner, group=mesh.get_group())
+    if buffers is None:
+        return None
+    return torch.cat([b.narrow(dim, 0, n) for b, n in zip(buffers, sizes, strict=True)], dim)
 
 
 def _replicas(tensor: torch.Tensor, world: int) -> int:

@@ -38,7 +38,7 @@ from torch import nn
 
 from foreshock.transport.wire import check_run_id
 
-from .collective import Peers, gathers_of, square_sum
+from .collective import Peers, gathers_of, square_sum, whole_parameters
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .live import Binding, parameter_origins
@@ -355,6 +355,14 @@ class Monitor:
         return self._record(step, values, set(flags))
 
     def _local_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
+        """``_read_part`` in a group, with FSDP1 parameters whole (``whole_parameters``: a
+        collective every rank enters here, at the same point of each monitoring step)."""
+        if self.peers is None:
+            return self._read_part(step, loss)
+        with whole_parameters(self.model, self.peers.roots):
+            return self._read_part(step, loss)
+
+    def _read_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
         """What this rank measures: the layers and routers it owns, its share of the data
         statistics and of the norms. Failures become flags, one part at a time."""
         part = RankPart(rank=self.rank)
@@ -421,9 +429,9 @@ class Monitor:
         if self.peers is None:
             return attention, routers
         mine = []
-        for i, spec in enumerate(specs):
-            whole = self.peers.materialize(spec)  # every rank, every spec: collectives
-            if self.peers.owner(i) == self.rank:
+        for i, spec in enumerate(specs):  # every rank, every spec: collectives
+            whole = self.peers.materialize(spec, self.peers.owner(i))
+            if whole is not None:
                 mine.append(whole)
         return (
             [s for s in mine if isinstance(s, AttentionSpec)],

@@ -44,6 +44,11 @@ mean, or their sum where the Trainer passed ``num_items_in_batch`` (the model th
 each micro-batch by the whole accumulated batch's token count). A model whose output has no
 ``loss`` (a ``compute_loss_func`` or label smoothing) falls back to the last logged loss.
 
+Sharded training (accelerate's FSDP2 from ``TrainingArguments(fsdp=True, fsdp_config=...)``)
+needs nothing more: the Trainer calls the callback on every rank, so every rank builds a
+Monitor on the same model, and FSDP2 shards it in place (DTensor parameters, which the
+Monitor's specs follow and gather per layer: ``producers.collective``).
+
 A training run that raises is not seen by the callback (the Trainer has no exception event): no
 ``end`` record is written then (the Kafka sink synthesises a ``closed`` one at exit).
 """

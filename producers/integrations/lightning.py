@@ -27,6 +27,15 @@ Hooks:
 * ``on_fit_end`` writes the ``end`` record and closes; ``on_exception`` does so with status
   ``crashed``.
 
+Sharded strategies need nothing more: every rank runs the callback, so every rank builds a
+Monitor and measures with its peers (``producers.collective``). ``ModelParallelStrategy``
+(FSDP2/TP in ``configure_model``) holds DTensors, gathered per layer. ``FSDPStrategy`` (FSDP1)
+wraps the LightningModule from outside in a root whose flat shards the module's parameters
+view: the callback hands that root (``trainer.strategy.model``) to the Monitor's peers, and
+discovery and each monitoring step read the parameters whole inside ``summon_full_params``
+(``collective.whole_parameters``; ``use_orig_params=True``, Lightning's default). Series of
+an FSDP1-wrapped block carry its ``_fsdp_wrapped_module`` in their module names.
+
 The trackers (``trackers=True``): at every monitoring step foreshock's scalars
 (:mod:`.trackers`: one per mechanism metric, and the warnings of the detectors run in-process)
 go to each of ``trainer.loggers`` through ``log_metrics``, at the step Lightning logs the same
@@ -43,6 +52,7 @@ batch's. Without one there, ``trainer.callback_metrics[loss_key]`` is used.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -119,7 +129,12 @@ class _ForeshockHooks(RunAccess):
             labels = _labels(trainer)
         except Exception:
             labels = {}
-        self.run.begin(pl_module, labels, _logger_run_name(trainer))
+        wrappers = _outer_wrappers(trainer, pl_module)
+        with _whole_parameters(pl_module, wrappers):  # FSDP1: discovery reads whole weights
+            self.run.begin(pl_module, labels, _logger_run_name(trainer))
+        peers = self.run.monitor.peers if self.run.running else None
+        if peers is not None:
+            peers.roots.extend(wrappers)  # each monitoring step reads them whole again
         if self.run.running:
             self.feed.start(self.run.run_id, {**labels, **self.run.labels})
 
@@ -206,6 +221,34 @@ def _report_to(logger: Any, update: TrackerUpdate) -> None:
     elif "MLFlowLogger" in kinds and logger.run_id is not None:
         for key, value in update.tags().items():
             logger.experiment.set_tag(logger.run_id, key, value)
+
+
+def _outer_wrappers(trainer: Any, pl_module: Any) -> list[Any]:
+    """The strategy's wrapper around the LightningModule (``FSDPStrategy``: the FSDP1 root,
+    which the module's own ``modules()`` do not reach), if there is one."""
+    from torch import nn
+
+    model = getattr(getattr(trainer, "strategy", None), "model", None)
+    return [model] if isinstance(model, nn.Module) and model is not pl_module else []
+
+
+def _whole_parameters(pl_module: Any, wrappers: list[Any]) -> contextlib.ExitStack:
+    """``collective.whole_parameters`` under a process group (FSDP1 keeps flat shards outside
+    forward; summoning them is a collective every rank enters from ``on_fit_start``). A
+    failure to enter is logged, never raised: the Monitor then sees the shards."""
+    import torch
+
+    stack = contextlib.ExitStack()
+    dist = torch.distributed
+    if not (wrappers and dist.is_available() and dist.is_initialized()):
+        return stack
+    try:
+        from foreshock.producers.collective import whole_parameters
+
+        stack.enter_context(whole_parameters(pl_module, wrappers))
+    except Exception:
+        log.warning("foreshock: could not read the FSDP1 parameters whole", exc_info=True)
+    return stack
 
 
 def _is_scalar(value: Any) -> bool:
