@@ -54,8 +54,20 @@ train in between): that changes the values it measures, not their cost.
     python -m benchmarks.overhead --model gpt2-124m             # 2 rounds of 10 blocks (~15 min)
     python -m benchmarks.overhead --model mixtral-tiny          # 9 rounds (~3 min)
 
-``--save`` also stores the closing JSON line as ``benchmarks/results/overhead.json`` (lab) or
-``overhead_<model>.json``, in ``benchmarks.readme``'s record format.
+``--sharded`` measures instead the Monitor's cost per rank under torch.distributed (gloo, CPU):
+a 4-layer Llama (d = 512) sharded with FSDP2 on 2 and 4 ranks against the single process — per
+rank monitor time and its parts, bytes received per monitoring step, memory, and the target
+single / ranks + the transfer (``benchmarks._sharded_overhead``):
+
+    python -m benchmarks.overhead --sharded                     # 12 timed steps each (~3 min)
+    python -m benchmarks.overhead --sharded --quick             # 4 timed steps each (~2 min)
+
+``--offload-spectra`` measures the lab (or ``--model``) with the eigen-solves moved onto a worker
+thread for the length of the run — a change not made in ``producers``, measured only
+(``benchmarks._offload``); ``--save`` then stores ``<name>_offload_spectra.json``.
+
+``--save`` also stores the closing JSON line as ``benchmarks/results/overhead.json`` (lab),
+``overhead_<model>.json`` or ``overhead_sharded.json``, in ``benchmarks.readme``'s record format.
 """
 
 from __future__ import annotations
@@ -424,14 +436,24 @@ def result_name(model: str) -> str:
     return "overhead" if model == "lab" else f"overhead_{model}"
 
 
-def store(model: str, result: dict[str, Any], argv: list[str]) -> Path:
+def store(name: str, result: dict[str, Any], argv: list[str]) -> Path:
     """Keep the result in ``benchmarks/results`` in ``benchmarks.readme``'s record format."""
     from . import readme
 
-    name = result_name(model)
     readme.MODULE.setdefault(name, "overhead")  # the command it names: benchmarks.overhead
     readme.save(name, result, [a for a in argv if a != "--save"])
     return readme.RESULTS / f"{name}.json"
+
+
+def sharded(args: argparse.Namespace, argv: list[str]) -> None:
+    """``--sharded``: run, print, store and emit ``benchmarks._sharded_overhead``'s result."""
+    from ._sharded_overhead import run_sharded
+
+    worlds = [int(w) for w in args.ranks.split(",")]
+    result = run_sharded(args.quick, worlds, args.parallel.split(","))
+    if args.save:
+        print(f"stored {store('overhead_sharded', result, argv)}")
+    emit_json(result)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,7 +466,19 @@ def main(argv: list[str] | None = None) -> None:
         "--no-weight-spectra", action="store_true", help="MonitorConfig(weight_spectra=False)"
     )
     parser.add_argument("--save", action="store_true", help="store the result (see docstring)")
+    parser.add_argument(
+        "--sharded", action="store_true", help="per-rank cost under FSDP2 (see docstring)"
+    )
+    parser.add_argument(
+        "--offload-spectra",
+        action="store_true",
+        help="eigen-solves on a worker thread, as a measurement (benchmarks._offload)",
+    )
+    parser.add_argument("--ranks", default="2,4", help="with --sharded: world sizes")
+    parser.add_argument("--parallel", default="fsdp2", help="with --sharded: fsdp2 and/or tp")
     args = parser.parse_args(argv)
+    if args.sharded:
+        return sharded(args, argv if argv is not None else sys.argv[1:])
     workload = WORKLOADS[args.model]
     if args.block_size:
         workload = replace(workload, block_size=args.block_size)
@@ -453,6 +487,12 @@ def main(argv: list[str] | None = None) -> None:
     weight_spectra = not args.no_weight_spectra
     single_thread()
 
+    offload = None
+    if args.offload_spectra:
+        from ._offload import OffloadedSpectra
+
+        offload = OffloadedSpectra()
+        offload.install()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="foreshock-overhead-") as tmp:
         bench = Bench(args.model, workload, blocks, Path(tmp), weight_spectra=weight_spectra)
@@ -474,6 +514,13 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - start
 
     figures = summarize(bench.arms)
+    if offload is not None:
+        figures |= offload.close()
+        print(
+            f"spectra offloaded: copies {figures['offload_copy_s_median'] * 1e3:.1f} ms and "
+            f"waits {figures['offload_wait_s_total']:.2f} s in all on the training thread; "
+            f"solves {figures['offload_solve_s_median'] * 1e3:.1f} ms each on the worker"
+        )
     print()
     print(table(bench.arms, figures))
     print()
@@ -509,12 +556,15 @@ def main(argv: list[str] | None = None) -> None:
         "block_steps": BLOCK,
         "threads": torch.get_num_threads(),
         "weight_spectra": weight_spectra,
+        "offload_spectra": offload is not None,
         **figures,
         **target,
         "wall_s": wall,
     }
     if args.save:
-        print(f"stored {store(args.model, result, argv if argv is not None else sys.argv[1:])}")
+        name = result_name(args.model) + ("_offload_spectra" if offload is not None else "")
+        saved = store(name, result, argv if argv is not None else sys.argv[1:])
+        print(f"stored {saved}")
     emit_json(result)
 
 

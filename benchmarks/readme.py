@@ -63,6 +63,47 @@ def _overhead(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _overhead_sharded(r: dict) -> list[tuple[str, str]]:
+    """Per-rank cost under FSDP2 against the single process (``overhead --sharded``)."""
+    m, s = r["model"], r["single"]
+    rows = [
+        (
+            f"single process: monitor per monitoring step, Llama {m['num_hidden_layers']} "
+            f"layers, d = {m['hidden_size']} ({m['num_attention_heads']} heads), δ = 1",
+            f"{s['monitor_ms']:.0f} ms (spectra {s['spectra_ms']:.0f} ms); snapshots "
+            f"{s['snapshot_bytes'] / 1e6:.1f} MB, transient "
+            f"+{s['heap_peak_delta_bytes'] / 1e6:.1f} MB",
+        )
+    ]
+    for run in r["runs"]:
+        ranks, world = run["ranks"], run["world"]
+        if run["mode"] == "single-control":
+            continue
+        slow = max(ranks, key=lambda x: x["monitor_ms"])
+        met = sum(x["meets_target"] for x in ranks)
+        met_shared = sum(x["meets_target_shared"] for x in ranks)
+        shared = f", {world} ranks on {r['cores']} cores" if run["oversubscribed"] else ""
+        partials = ranks[0]["bytes_per_step"] - min(x["bytes_per_step"] for x in ranks[1:])
+        rows += [
+            (
+                f"{run['mode']} × {world}: monitor per rank, slowest rank (median){shared}",
+                f"{slow['monitor_ms']:.0f} ms vs target {slow['target_ms']:.0f} ms (single / "
+                f"{world} + its gathers {slow['gather_ms']:.0f} ms): {met}/{world} ranks met; "
+                f"vs {slow['target_shared_ms']:.0f} ms with the single process sharing the "
+                f"cores alike: {met_shared}/{world} met; spectra {slow['spectra_ms']:.0f} ms, "
+                f"exchange {slow['exchange_ms']:.0f} ms",
+            ),
+            (
+                f"{run['mode']} × {world}: received per rank and monitoring step; memory",
+                f"{min(x['bytes_per_step'] for x in ranks) / 1e6:.2f} MB (rank 0 also "
+                f"{partials / 1e3:.1f} kB of partial records); snapshots "
+                f"{max(x['snapshot_bytes'] for x in ranks) / 1e6:.1f} MB, transient "
+                f"+{max(x['heap_peak_delta_bytes'] for x in ranks) / 1e6:.1f} MB per rank",
+            ),
+        ]
+    return rows
+
+
 def _max_logit(r: dict) -> list[tuple[str, str]]:
     return [
         (
@@ -430,6 +471,11 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         _overhead,
         "Monitor overhead per training step, tiny Mixtral",
     ),
+    "overhead_sharded": (
+        ["--sharded"],
+        _overhead_sharded,
+        "Monitor overhead per rank under FSDP2 (gloo, CPU) against the single process",
+    ),
     "max_logit": ([], _max_logit, "max_logit on transformers models: cost"),
     "transport": ([], _transport, "Transport: producers → embedded broker → one consumer"),
     "transport_unpaced": (
@@ -496,6 +542,7 @@ MODULE = {  # result name -> benchmark module, where they differ
     "detection_table_capacity": "detection_table",
     "overhead_gpt2-124m": "overhead",
     "overhead_mixtral-tiny": "overhead",
+    "overhead_sharded": "overhead",
 }
 
 

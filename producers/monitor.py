@@ -47,7 +47,7 @@ from .measure import attention_chunks, router_geometry_chunk
 from .partials import RankPart, combine
 from .records import METRICS_SCHEMA, parse_series_key, series_key
 from .router import RoutingAccumulator, router_output
-from .sharding import is_dtensor, sharded_tensors
+from .sharding import is_dtensor, megatron_tensor_parallel, sharded_tensors
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -154,6 +154,8 @@ class Monitor:
         """A rank measuring alone drops what only the group could read (DTensor parameters),
         loudly: touching a DTensor alone issues collectives its peers never join, and the job
         aborts (gloo) or hangs (NCCL). The refused parts are in ``describe()``."""
+        if megatron_tensor_parallel() > 1 and self.discovery.attention:
+            self._refuse([a.name for a in self.discovery.attention], "Megatron tensor parallel")
         if self.peers is not None:
             return
         attention, routers = self._current_specs()
@@ -161,17 +163,21 @@ class Monitor:
         refused += [r.name for r in routers if sharded_tensors(r.tensors())]
         if any(is_dtensor(p) for p in self._live_params()):
             refused.append("symptoms (sharded parameters: grad_norm, weight_norm)")
-        new = [name for name in refused if name not in self.refused]
+        self._refuse(refused, "DTensor parameters, and this rank measures alone")
+
+    def _refuse(self, parts: list[str], why: str) -> None:
+        """Stop measuring ``parts`` (specs by name), with one ERROR line and ``refused``."""
+        new = [name for name in parts if name not in self.refused]
         if not new:
             return
         self.refused += new
-        names = set(refused)
+        names = set(parts)
         self.discovery.attention = [a for a in self.discovery.attention if a.name not in names]
         self.discovery.routers = [r for r in self.discovery.routers if r.name not in names]
         log.error(
-            "foreshock: the model is sharded (DTensor parameters) and this rank measures "
-            "alone; these parts are NOT measured, so that monitoring never aborts or hangs "
-            "the job: %s",
+            "foreshock: the model is sharded (%s); these parts are NOT measured, so that "
+            "monitoring never reports a shard as the whole or hangs the job: %s",
+            why,
             ", ".join(new),
         )
 

@@ -8,12 +8,13 @@ that only collective measurement can read must never be touched by a rank measur
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["is_dtensor", "sharded_tensors"]
+__all__ = ["is_dtensor", "megatron_tensor_parallel", "sharded_tensors"]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -34,3 +35,18 @@ def is_dtensor(value: Any) -> bool:
 def sharded_tensors(values: Iterable[Any]) -> bool:
     """True when any of ``values`` (tensors, None, or anything else) is a DTensor."""
     return any(is_dtensor(v) for v in values)
+
+
+def megatron_tensor_parallel() -> int:
+    """Megatron-core's tensor-parallel size (1 when Megatron is not loaded or not set up).
+
+    Megatron shards attention weights as plain per-rank tensors, not DTensors: each rank holds
+    its partition's heads, and nothing in the tensor says so. Until those partitions are
+    combined across ranks, a rank must not report its partition as the whole layer."""
+    state = sys.modules.get("megatron.core.parallel_state")
+    try:
+        if state is not None and state.model_parallel_is_initialized():
+            return int(state.get_tensor_model_parallel_world_size())
+    except Exception:  # a Megatron we do not know: assume no tensor parallelism
+        return 1
+    return 1
