@@ -143,8 +143,10 @@ class RunDetector:
     attempt): fed to one detector, one rank's attempt would supersede the others'.
     :class:`~foreshock.detectors.streams.RunStreams` gives each rank its own detector, built
     with ``rank``; its warnings name the rank (``RunWarning.rank``, also in their ids) once the
-    stream's records say the run has more than one process (``world_size`` > 1) or the rank is
-    not 0 — a single-process run's warnings stay as they were. ``rank=None``: whatever comes.
+    stream's records are per-rank records of a run of more than one process (``world_size``
+    > 1 and ``emit_ranks`` not ``"zero"``: a global record speaks for the whole job) or the
+    rank is not 0 — a single-process run's warnings stay as they were. ``rank=None``:
+    whatever comes.
     """
 
     MAX_REPLAY = 5_000
@@ -183,7 +185,7 @@ class RunDetector:
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
-            if self.rank is not None and int(message.get("world_size") or 1) > 1:
+            if self.rank is not None and _per_rank(message):
                 self._named = True
             step = int(message["step"])
             attempt = int(message.get("attempt") or 0)
@@ -414,3 +416,12 @@ def _lead(divergence_step: int | None, step: int) -> int | None:
     if divergence_step is None or step > divergence_step:
         return None
     return divergence_step - step
+
+
+def _per_rank(record: dict[str, Any]) -> bool:
+    """A rank's own record in a run of several processes (not the one global record).
+
+    >>> _per_rank({"world_size": 4, "emit_ranks": "zero"}), _per_rank({"world_size": 4})
+    (False, True)
+    """
+    return int(record.get("world_size") or 1) > 1 and record.get("emit_ranks") != "zero"

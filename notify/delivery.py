@@ -123,6 +123,8 @@ def summary(event: dict[str, Any]) -> str:
     'router warning on run r1 (blocks.1.moe), opened at step 450, acknowledged by ana: mine'
     """  # noqa: E501
     where = f"run {event['run_id']}" + (f" ({event['module']})" if event.get("module") else "")
+    if event.get("rank") is not None:  # per-rank mode: which GPU's stream warned
+        where += f" rank {event['rank']}"
     kind, family = event["event"], event["family"]
     if kind == "cleared":
         why = _WHY[resolved_by(event) or "statistic"]
@@ -210,6 +212,8 @@ def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
     head = f"{_ICON[kind]} *{_mrkdwn(event['family'])}* warning {label} · run `{run}`"
     if event.get("module"):
         head += f" · module `{_mrkdwn(event['module'])}`"
+    if event.get("rank") is not None:
+        head += f" · rank {event['rank']}"
     role = _mrkdwn(event.get("role", "?"))
     action = _evidence(event)
     if kind == "cleared":
@@ -261,6 +265,8 @@ def _labels(event: dict[str, Any]) -> dict[str, str]:
     if event.get("module"):  # Alertmanager treats an empty label as absent: leave it out
         labels["module"] = str(event["module"])
     labels["run_id"] = str(event["run_id"])
+    if event.get("rank") is not None:  # per-rank mode: two ranks' warnings are two alerts
+        labels["rank"] = str(event["rank"])
     labels["severity"] = SEVERITY.get(event.get("role", ""), "warning")
     return labels
 

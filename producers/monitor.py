@@ -493,6 +493,7 @@ class Monitor:
             "time": time.time(),
             "rank": self.rank,
             "world_size": self.world_size,
+            "emit_ranks": self.config.emit_ranks,
             "values": out,
             "flags": sorted(flags),
         }

@@ -293,3 +293,26 @@ def test_a_segment_store_without_warning_ranks_migrates(tmp_path):
     assert migrate_segments(tmp_path)["warnings"] == 1
     with open_history(tmp_path) as history:
         assert [(w["id"], w["rank"]) for w in queries.run_warnings(history, "r")] == [("w0", None)]
+
+
+def test_a_ranks_warning_is_its_own_alert_and_names_its_rank() -> None:
+    from foreshock.notify.delivery import alertmanager_alert, slack_payload, summary
+
+    event = {
+        "id": "a1",
+        "event": "opened",
+        "run_id": "r1",
+        "family": "router",
+        "module": "m",
+        "step": 5,
+        "role": "cause",
+        "false_alarm_rate": None,
+        "evidence": {},
+        "time": 0,
+    }
+    rank0, rank1 = ({**event, "rank": rank} for rank in (0, 1))
+    assert (
+        alertmanager_alert(rank0, "", 0.0)["labels"] != alertmanager_alert(rank1, "", 0.0)["labels"]
+    )
+    assert "rank" not in alertmanager_alert(event, "", 0.0)["labels"]
+    assert "rank 1" in summary(rank1) and "rank 1" in str(slack_payload(rank1, ""))
