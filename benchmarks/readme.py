@@ -63,6 +63,24 @@ def _overhead(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _sharded_equality(r: dict) -> list[tuple[str, str]]:
+    """Each parallelism's global records against the single process (``sharded_equality``)."""
+    rows = []
+    for m in r["modes"]:
+        fam = {f: v["worst"] for f, v in m["families"].items()}
+        rows.append(
+            (
+                f"{m['parallelism']}, {m['ranks']} ranks: worst difference, "
+                "relative on a scale ≥ 1",
+                f"{m['worst']:.1e} (attention {fam.get('attention-numerics', 0):.1e}, router "
+                f"{fam.get('router', 0):.1e}, symptoms {fam.get('symptom', 0):.1e}); "
+                f"{m['values_compared']} values in {m['records']} records, "
+                f"{len(m['missing'])} missing",
+            )
+        )
+    return rows
+
+
 def _overhead_sharded(r: dict) -> list[tuple[str, str]]:
     """Per-rank cost under FSDP2 against the single process (``overhead --sharded``)."""
     m, s = r["model"], r["single"]
@@ -475,6 +493,11 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         ["--sharded"],
         _overhead_sharded,
         "Monitor overhead per rank under FSDP2 (gloo, CPU) against the single process",
+    ),
+    "sharded_equality": (
+        [],
+        _sharded_equality,
+        "Sharded training: the one global record against the unsharded run",
     ),
     "max_logit": ([], _max_logit, "max_logit on transformers models: cost"),
     "transport": ([], _transport, "Transport: producers → embedded broker → one consumer"),

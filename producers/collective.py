@@ -11,7 +11,10 @@ same order of collectives:
    collective alone);
 2. ``materialize``: each DTensor a spec reads is gathered whole to the layer's owner
    (layer i → rank i mod W), one layer at a time, in discovery order; the owner alone
-   computes its spectra, so the eigen-solves and the snapshots are spread over the ranks;
+   computes its spectra, so the eigen-solves and the snapshots are spread over the ranks.
+   A plain tensor partitioned over a process group (Megatron's tensor parallelism,
+   ``sharding.plain_shard``) is gathered over the owner's group alone, in partition order,
+   and the owner reads the layer with its whole head counts (``_widen``);
 3. ``exchange``: one gather of every rank's partial measurement (a few kB of Python floats)
    to the writer(s), who combine them (``partials.combine``).
 
@@ -42,7 +45,7 @@ import torch
 from torch import nn
 
 from .layouts import AttentionSpec, LatentPath, RouterSpec
-from .sharding import is_dtensor
+from .sharding import PlainShard, is_dtensor, megatron_replicas, plain_shard
 
 __all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
 
@@ -77,20 +80,17 @@ class Peers:
         key = f"foreshock/monitor/{next(_MONITORS)}"
         try:
             store = dist.distributed_c10d._get_default_store()
-            store.add(key, 1)
-            deadline = time.monotonic() + timeout_s
-            while store.add(key, 0) < world:  # the count only grows: ranks cannot disagree
-                if time.monotonic() > deadline:
-                    log.error(
-                        "foreshock: not every rank built a Monitor within %.0f s; this rank "
-                        "measures alone (sharded parts refused, data statistics of its own "
-                        "micro-batch only). Build the Monitor on every rank.",
-                        timeout_s,
-                    )
-                    return None
-                time.sleep(0.05)
+            together = _settle(store, key, world, timeout_s)
         except Exception as exc:  # no store reachable: never block the job for monitoring
             log.error("foreshock: ranks could not join (%r); measuring alone", exc)
+            return None
+        if not together:
+            log.error(
+                "foreshock: not every rank built a Monitor within %.0f s; this rank measures "
+                "alone (sharded parts refused, data statistics of its own micro-batch only). "
+                "Build the Monitor on every rank.",
+                timeout_s,
+            )
             return None
         return cls(rank, world)
 
@@ -127,10 +127,15 @@ class Peers:
         """``spec`` read whole on rank ``owner`` (None on the others). A collective: every
         rank calls it for every spec, in the same order. A DTensor sharded along one mesh
         dimension that spans the job (FSDP2, 1-D tensor parallel) is gathered to the owner
-        alone; any other layout (2-D meshes, HSDP) is gathered whole on every rank."""
+        alone; any other layout (2-D meshes, HSDP) is gathered whole on every rank. A plain
+        partition is gathered to the owner over the owner's own group (the other groups hold
+        the same partitions: they gather nothing)."""
         gathered: dict[int, torch.Tensor | None] = {}  # fused q/k: one tensor, one gather
 
         def whole(tensor: torch.Tensor) -> torch.Tensor | None:
+            shard = plain_shard(tensor)
+            if shard is not None and id(tensor) not in gathered:
+                gathered[id(tensor)] = self._gather_plain(tensor, shard, owner)
             if id(tensor) not in gathered:
                 to_owner = _gathers_to_one(tensor, self.world)
                 if not to_owner or self.rank == owner:
@@ -141,11 +146,27 @@ class Peers:
             return gathered[id(tensor)]
 
         with torch.no_grad():
-            read = _replace_dtensors(spec, whole)
-        return read if self.rank == owner else None
+            read = _replace_sharded(spec, whole)
+        return _widen(spec, read) if self.rank == owner else None
+
+    def _gather_plain(self, tensor: torch.Tensor, shard: PlainShard, owner: int) -> Any:
+        """The whole of a plain partition on ``owner`` (None elsewhere): one gather over the
+        owner's group, partitions concatenated along ``shard.dim`` in group-rank order (equal
+        partitions: Megatron divides evenly)."""
+        dist = torch.distributed
+        if owner not in dist.get_process_group_ranks(shard.group):
+            return None  # this rank's group holds the same partitions: the owner's gathers
+        local = tensor.detach().contiguous()
+        mine = self.rank == owner
+        buffers = [torch.empty_like(local) for _ in range(shard.size)] if mine else None
+        dist.gather(local, buffers, dst=owner, group=shard.group)
+        if buffers is None:
+            return None
+        self.bytes_received += (shard.size - 1) * local.numel() * local.element_size()
+        return torch.cat(buffers, dim=shard.dim)
 
 
-def _fsdp1_roots(modules: list[nn.Module]) -> list[nn.Module]:
+def fsdp1_roots(modules: list[nn.Module]) -> list[nn.Module]:
     """The outermost FSDP1 instances in ``modules`` and their submodules, in module order."""
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -175,7 +196,7 @@ def whole_parameters(
     It is a collective: every rank enters it, in the same order. An instance not yet lazily
     initialised is entered only when it is a root given here: entering a nested instance first
     would make it a root and break the training's own first forward."""
-    wrappers = _fsdp1_roots([*roots, model])
+    wrappers = fsdp1_roots([*roots, model])
     given = {id(r) for r in roots}
     with contextlib.ExitStack() as stack:
         for fsdp in wrappers:
@@ -190,17 +211,74 @@ def whole_parameters(
         yield
 
 
-def _dtensors(spec: Any) -> list[torch.Tensor]:
-    found = [getattr(spec, f) for f in _FIELDS[type(spec)] if is_dtensor(getattr(spec, f))]
+def _settle(store: Any, key: str, world: int, timeout_s: float) -> bool:
+    """Whether every rank measures together: one decision in the store that every rank reads.
+
+    Each rank counts itself in under ``key``; the first rank to see all ``world`` in, or to
+    time out, writes the decision once (``compare_set`` on an empty key), and every rank —
+    a late one included — follows what was written. A count alone would not do: a rank that
+    timed out a moment before the last one arrived would measure alone while the others
+    waited for it in a collective."""
+    store.add(key, 1)
+    decision = f"{key}/decision"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        everyone = store.add(key, 0) >= world
+        if everyone or time.monotonic() > deadline or store.check([decision]):
+            wanted = "together" if everyone else "alone"
+            return store.compare_set(decision, "", wanted) == b"together"
+        time.sleep(0.05)
+
+
+def _is_sharded(value: Any) -> bool:
+    return is_dtensor(value) or plain_shard(value) is not None
+
+
+def _sharded(spec: Any) -> list[torch.Tensor]:
+    """The DTensors and plain partitions among ``spec``'s fields (latent paths included)."""
+    found = [getattr(spec, f) for f in _FIELDS[type(spec)] if _is_sharded(getattr(spec, f))]
     if isinstance(spec, AttentionSpec):
         for latent in (spec.q_latent, spec.k_latent):
-            found += _dtensors(latent) if latent is not None else []
+            found += _sharded(latent) if latent is not None else []
     return found
 
 
 def gathers_of(spec: Any) -> int:
-    """How many DTensors reading ``spec`` gathers (every rank must agree on it)."""
-    return len(_dtensors(spec))
+    """How many tensors reading ``spec`` gathers (every rank must agree on it). Raises
+    ValueError for a partitioned layout that cannot be read whole (``_check_partitions``):
+    before any gather, so that the ranks agree to skip."""
+    _check_partitions(spec)
+    return len(_sharded(spec))
+
+
+def _out_dim(spec: AttentionSpec) -> int:
+    """The output-feature dimension of the stored q/k weights (heads lie along it)."""
+    return 1 if spec.transposed else 0
+
+
+def _check_partitions(spec: Any) -> None:
+    """A spec with plain partitions must be a colwise one ``_widen`` can make whole: W_q, W_k
+    (and their biases) split over one group along the output dimension, each partition
+    holding whole heads in the same layout (Megatron's ``linear_qkv`` under TP ≤ query
+    groups), unstrided; latent paths and routers unpartitioned."""
+    if not any(plain_shard(t) is not None for t in _sharded(spec)):
+        return
+    if not isinstance(spec, AttentionSpec):
+        raise ValueError(f"{spec.name}: a partitioned router weight is not gathered")
+    latents = [lat for lat in (spec.q_latent, spec.k_latent) if lat is not None]
+    if any(plain_shard(t) is not None for lat in latents for t in _sharded(lat)):
+        raise ValueError(f"{spec.name}: a partitioned latent path is not gathered")
+    weights = [plain_shard(spec.q_weight), plain_shard(spec.k_weight)]
+    biases = [plain_shard(b) for b in (spec.q_bias, spec.k_bias) if b is not None]
+    group = weights[0].group if weights[0] is not None else None
+    size = weights[0].size if weights[0] is not None else 0
+    layouts = [(s.group, s.size, s.dim, s.stride) if s else None for s in weights + biases]
+    expected = [(group, size, _out_dim(spec), 1)] * 2 + [(group, size, 0, 1)] * len(biases)
+    if layouts != expected:
+        raise ValueError(
+            f"{spec.name}: W_q, W_k are not partitioned alike along their output features "
+            "(unstrided, one group): not gathered"
+        )
 
 
 def _missing_bytes(tensor: torch.Tensor) -> int:
@@ -209,23 +287,68 @@ def _missing_bytes(tensor: torch.Tensor) -> int:
     return whole - tensor.to_local().numel() * tensor.element_size()
 
 
-def _replace_dtensors(spec: Any, whole: Any) -> Any:
-    """``spec`` with each DTensor field (latent paths included) replaced by ``whole(field)``."""
+def _replace_sharded(spec: Any, whole: Any) -> Any:
+    """``spec`` with each sharded field (latent paths included) replaced by ``whole(field)``.
+    Counts and rows are still those of the partition: ``_widen`` makes them whole."""
     changes: dict[str, Any] = {}
     for field in _FIELDS[type(spec)]:
         value = getattr(spec, field)
-        if is_dtensor(value):
+        if _is_sharded(value):
             changes[field] = whole(value)
     if isinstance(spec, AttentionSpec):
         for field in ("q_latent", "k_latent"):
             latent = getattr(spec, field)
-            if latent is not None and gathers_of(latent):
-                changes[field] = _replace_dtensors(latent, whole)
+            if latent is not None and _sharded(latent):
+                changes[field] = _replace_sharded(latent, whole)
     if not changes:
         return spec
     if any(v is None for v in changes.values()):  # a rank that is not the owner
         return None
-    return dataclasses.replace(spec, **changes)
+    return _unchecked_replace(spec, changes)
+
+
+def _unchecked_replace(spec: Any, changes: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` without ``__post_init__``'s checks: gathered partitions do
+    not match the partition's head counts until ``_widen`` sets the whole ones."""
+    copy = object.__new__(type(spec))
+    copy.__dict__.update({**spec.__dict__, **changes})
+    return copy
+
+
+def _widen(local: Any, read: Any) -> Any:
+    """The layer read whole from ``read`` (its partitions gathered), given the partition's
+    own spec ``local``; ``read`` itself when nothing was a plain partition.
+
+    Partition t of T (``_check_partitions``: colwise, whole heads, one layout) holds the
+    global heads t·H_p … (t+1)·H_p − 1 and query groups t·G_p …: Megatron's ``linear_qkv``
+    is group-major, [q_1 … q_r, k, v] per group, and splits into T contiguous blocks of
+    R = G_p·(r + 2)·d_h rows. So the whole layer has T·H_p heads, T·G_p groups, and its rows
+    are the partition's rows shifted by t·R for t = 0 … T − 1; head h still reads group
+    h // r. The spec's checks run again on the whole."""
+    if read is None or read is local:
+        return read
+    shard = plain_shard(local.q_weight) if isinstance(local, AttentionSpec) else None
+    if shard is None:  # DTensors: their shapes were whole already
+        return dataclasses.replace(read)
+    dim = _out_dim(local)
+    return dataclasses.replace(
+        read,
+        n_heads=local.n_heads * shard.size,
+        n_kv_heads=local.n_kv_heads * shard.size,
+        q_rows=_tiled(local.q_rows, local.q_weight.shape[dim], shard.size),
+        k_rows=_tiled(local.k_rows, local.k_weight.shape[dim], shard.size),
+    )
+
+
+def _tiled(rows: slice | torch.Tensor, width: int, times: int) -> torch.Tensor:
+    """A partition's rows (of ``width``) repeated for ``times`` partitions laid end to end:
+    rows + t·width, t = 0 … times − 1, in that order.
+
+    >>> _tiled(torch.tensor([0, 1, 6]), 8, 2).tolist()
+    [0, 1, 6, 8, 9, 14]
+    """
+    index = torch.arange(width)[rows] if isinstance(rows, slice) else rows.to(torch.long)
+    return (index.reshape(1, -1) + width * torch.arange(times).reshape(-1, 1)).flatten()
 
 
 def _gathers_to_one(tensor: torch.Tensor, world: int) -> bool:
@@ -262,10 +385,14 @@ def _replicas(tensor: torch.Tensor, world: int) -> int:
     """On how many ranks the same local values sit. A DTensor: its mesh's replicated
     dimensions, times the ranks outside its mesh (FSDP over tensor parallel: a parameter
     sharded on the data-parallel sub-mesh alone is held alike by every tensor-parallel peer).
-    A plain tensor in a group is taken as replicated on every rank (DDP, tensor parallel's
-    unsharded parameters)."""
+    A Megatron parameter: as its attributes and groups say (``sharding.megatron_replicas``:
+    a tensor-parallel partition or an expert's own parameter counts once). Any other plain
+    tensor in a group is taken as replicated on every rank (DDP, tensor parallel's
+    unsharded parameters). Alone (``world`` 1): once."""
+    if world == 1:
+        return 1
     if not is_dtensor(tensor):
-        return world
+        return megatron_replicas(tensor) or world
     mesh = tensor.device_mesh
     replicas = max(world // mesh.size(), 1)
     for dim, placement in enumerate(tensor.placements):
@@ -274,13 +401,18 @@ def _replicas(tensor: torch.Tensor, world: int) -> int:
     return replicas
 
 
-def square_sum(tensors: list[torch.Tensor], world: int) -> torch.Tensor | None:
+def square_sum(
+    tensors: list[torch.Tensor], world: int, params: list[torch.Tensor] | None = None
+) -> torch.Tensor | None:
     """This rank's share of Σ‖t‖² (float32): its local values divided by their replica count,
-    so that the sum of every rank's share is the global sum of squares, each value once."""
+    so that the sum of every rank's share is the global sum of squares, each value once.
+    ``params``: the parameters the tensors belong to (a gradient or a detached copy does not
+    carry Megatron's partition attributes); default the tensors themselves."""
     if not tensors:
         return None
     local = [t.to_local() if is_dtensor(t) else t for t in tensors]
-    weights = [1.0 / _replicas(t, world) for t in tensors]
+    layouts = tensors if params is None else params
+    weights = [1.0 / _replicas(t, world) for t in layouts]
     device = local[0].device
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(local):

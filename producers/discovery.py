@@ -41,6 +41,7 @@ from torch import nn
 
 from .adapters import FINDERS
 from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
+from .names import named_modules
 
 __all__ = ["Discovery", "discover"]
 
@@ -404,7 +405,7 @@ def discover(model: nn.Module) -> Discovery:
     """
     found = Discovery()
     names: set[str] = set()
-    for name, module in model.named_modules():
+    for name, module in named_modules(model):  # as the author named them (see ``names``)
         for spec in _find(name, module):
             if isinstance(spec, str):
                 if spec not in found.skipped:

@@ -38,16 +38,17 @@ from torch import nn
 
 from foreshock.transport.wire import check_run_id
 
-from .collective import Peers, gathers_of, square_sum, whole_parameters
+from .collective import Peers, fsdp1_roots, gathers_of, square_sum, whole_parameters
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .live import Binding, parameter_origins
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
+from .names import named_modules
 from .partials import RankPart, combine
 from .records import METRICS_SCHEMA, parse_series_key, series_key
 from .router import RoutingAccumulator, router_output
-from .sharding import is_dtensor, megatron_tensor_parallel, sharded_tensors
+from .sharding import is_dtensor, sharded_tensors
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -130,6 +131,7 @@ class Monitor:
         self._param_origins = list(self._origins.values())
         self._bindings: dict[str, Binding] = {}
         self.refused: list[str] = []
+        self._norms_refused = False  # FSDP1 measured alone: its flat shards are no norm
         self.errors = 0
         self.records_written = 0
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
@@ -151,19 +153,23 @@ class Monitor:
             log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
 
     def _refuse_alone(self) -> None:
-        """A rank measuring alone drops what only the group could read (DTensor parameters),
-        loudly: touching a DTensor alone issues collectives its peers never join, and the job
-        aborts (gloo) or hangs (NCCL). The refused parts are in ``describe()``."""
-        if megatron_tensor_parallel() > 1 and self.discovery.attention:
-            self._refuse([a.name for a in self.discovery.attention], "Megatron tensor parallel")
+        """A rank measuring alone drops what only the group could read (DTensor parameters,
+        Megatron's tensor-parallel partitions), loudly: touching a DTensor alone issues
+        collectives its peers never join, and the job aborts (gloo) or hangs (NCCL). The
+        refused parts are in ``describe()``."""
         if self.peers is not None:
             return
         attention, routers = self._current_specs()
         refused = [a.name for a in attention if sharded_tensors(a.tensors())]
         refused += [r.name for r in routers if sharded_tensors(r.tensors())]
-        if any(is_dtensor(p) for p in self._live_params()):
+        if not self._norms_refused and sharded_tensors(self._live_params()):
+            self._norms_refused = True  # a rank's own shards are no norm of the model
             refused.append("symptoms (sharded parameters: grad_norm, weight_norm)")
-        self._refuse(refused, "DTensor parameters, and this rank measures alone")
+        self._refuse(refused, "sharded parameters, and this rank measures alone")
+        if fsdp1_roots([self.model]):  # flat shards: no part of them is a whole weight
+            self._norms_refused = True
+            parts = [a.name for a in attention] + [r.name for r in routers]
+            self._refuse([*parts, "symptoms (grad_norm, weight_norm)"], "FSDP1, measured alone")
 
     def _refuse(self, parts: list[str], why: str) -> None:
         """Stop measuring ``parts`` (specs by name), with one ERROR line and ``refused``."""
@@ -293,7 +299,7 @@ class Monitor:
 
     def attention_modules(self) -> dict[str, nn.Module]:
         """{name: module} of the discovered (or registered) attention layers in the model."""
-        modules = dict(self.model.named_modules())
+        modules = dict(named_modules(self.model))
         return {a.name: modules[a.name] for a in self.discovery.attention if a.name in modules}
 
     def on_close(self, undo: Callable[[], None]) -> None:
@@ -446,14 +452,15 @@ class Monitor:
 
     def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
         """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
-        params = self._live_params()
+        params = [] if self._norms_refused else self._live_params()
         if self.peers is None:
             params = [p for p in params if not is_dtensor(p)]
         world = 1 if self.peers is None else self.peers.world
-        grads = [p.grad.detach() for p in params if p.grad is not None]
+        with_grad = [p for p in params if p.grad is not None]
+        grads = [p.grad.detach() for p in with_grad]
         entries: list[tuple[str, torch.Tensor | None]] = [
-            ("square:grad_norm", square_sum(grads, world)),
-            ("square:weight_norm", square_sum([p.detach() for p in params], world)),
+            ("square:grad_norm", square_sum(grads, world, with_grad)),
+            ("square:weight_norm", square_sum([p.detach() for p in params], world, params)),
         ]
         if loss is not None:
             loss_value = loss.detach() if isinstance(loss, torch.Tensor) else loss

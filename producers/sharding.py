@@ -1,20 +1,27 @@
-"""Which parts of a model are sharded across ranks (DTensor parameters).
+"""Which parts of a model are sharded across ranks: DTensors, and Megatron's plain partitions.
 
 Why this matters: arithmetic on a DTensor (FSDP2's ``fully_shard``, DTensor tensor parallel)
 issues collectives. A rank that measures alone while its peers train makes a collective its
 peers never join: gloo aborts the process, NCCL hangs until its watchdog. A part of the model
 that only collective measurement can read must never be touched by a rank measuring alone.
+
+Megatron-core's tensor parallelism shards *plain* tensors: each rank holds its partition, and
+only the parameter's attributes say so (``tensor_model_parallel``, ``partition_dim``,
+``partition_stride``; ``allreduce=False`` on an expert's own parameters), with the groups in
+``megatron.core.parallel_state``. ``plain_shard`` and ``megatron_replicas`` read them, without
+importing Megatron (a model that never loaded it has none).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["is_dtensor", "megatron_tensor_parallel", "sharded_tensors"]
+__all__ = ["PlainShard", "is_dtensor", "megatron_replicas", "plain_shard", "sharded_tensors"]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -32,21 +39,79 @@ def is_dtensor(value: Any) -> bool:
     return isinstance(value, DTensor)
 
 
+class PlainShard(NamedTuple):
+    """A plain tensor that is one rank's partition of a whole: the partitions of the ``size``
+    ranks of ``group``, concatenated along ``dim`` in group-rank order, are the whole tensor
+    (``stride`` 1; Megatron's strided partitions interleave and are not gathered)."""
+
+    group: Any  # a torch.distributed ProcessGroup
+    dim: int
+    size: int
+    stride: int
+
+
 def sharded_tensors(values: Iterable[Any]) -> bool:
-    """True when any of ``values`` (tensors, None, or anything else) is a DTensor."""
-    return any(is_dtensor(v) for v in values)
+    """True when any of ``values`` (tensors, None, or anything else) is a DTensor or a plain
+    partition (``plain_shard``)."""
+    return any(is_dtensor(v) or plain_shard(v) is not None for v in values)
 
 
-def megatron_tensor_parallel() -> int:
-    """Megatron-core's tensor-parallel size (1 when Megatron is not loaded or not set up).
-
-    Megatron shards attention weights as plain per-rank tensors, not DTensors: each rank holds
-    its partition's heads, and nothing in the tensor says so. Until those partitions are
-    combined across ranks, a rank must not report its partition as the whole layer."""
+def _megatron_state() -> ModuleType | None:
+    """``megatron.core.parallel_state`` once Megatron has set up its groups; else None."""
     state = sys.modules.get("megatron.core.parallel_state")
     try:
         if state is not None and state.model_parallel_is_initialized():
-            return int(state.get_tensor_model_parallel_world_size())
-    except Exception:  # a Megatron we do not know: assume no tensor parallelism
-        return 1
-    return 1
+            return state
+    except Exception:  # a Megatron we do not know: no partitions assumed
+        return None
+    return None
+
+
+def _is_expert(tensor: torch.Tensor) -> bool:
+    """Megatron marks an expert's own parameters ``allreduce=False``: they are reduced over
+    the expert data-parallel group, not the data-parallel one."""
+    return getattr(tensor, "allreduce", True) is False
+
+
+def plain_shard(value: Any) -> PlainShard | None:
+    """How ``value`` is partitioned, if it is a Megatron tensor-parallel parameter on a group
+    of more than one rank (the expert tensor-parallel group for an expert's own); else None.
+
+    >>> plain_shard(torch.zeros(2)) is None
+    True
+    """
+    if not isinstance(value, torch.Tensor) or not getattr(value, "tensor_model_parallel", False):
+        return None
+    state = _megatron_state()
+    if state is None:
+        return None
+    if _is_expert(value):
+        group = state.get_expert_tensor_parallel_group()
+    else:
+        group = state.get_tensor_model_parallel_group()
+    size = torch.distributed.get_world_size(group)
+    if size < 2:
+        return None
+    dim, stride = int(value.partition_dim), int(getattr(value, "partition_stride", 1))
+    return PlainShard(group, dim, size, stride)
+
+
+def megatron_replicas(tensor: torch.Tensor) -> int | None:
+    """On how many ranks a Megatron parameter's local values sit alike; None without Megatron.
+
+    A dense parameter is held alike by its data-parallel (× context-parallel) peers, and by
+    its tensor-parallel peers too unless it is partitioned over them (``tensor_model_parallel``).
+    An expert's own parameter (``allreduce=False``) is distinct on each expert-parallel rank:
+    alike only over the expert data-parallel group (× expert tensor parallel, unless
+    partitioned). The whole Σ‖w‖² is then Σ over ranks of ‖local‖² / replicas."""
+    state = _megatron_state()
+    if state is None:
+        return None
+    partitioned = bool(getattr(tensor, "tensor_model_parallel", False))
+    if _is_expert(tensor):
+        alike = state.get_expert_data_parallel_world_size()
+        peers = state.get_expert_tensor_parallel_world_size()
+    else:
+        alike = state.get_data_parallel_world_size(with_context_parallel=True)
+        peers = state.get_tensor_model_parallel_world_size()
+    return alike * (1 if partitioned else peers)

@@ -196,12 +196,13 @@ def support_rows(
     """Per architecture: what discovery finds (counts, skipped) and how max_logit is taken."""
     from foreshock.producers.discovery import discover
     from foreshock.producers.integrations.hf_attention import _uses_registry
+    from foreshock.producers.names import named_modules
 
     rows = []
     for arch in ARCHITECTURES:
         model = build_model(arch)
         found = discover(model)
-        modules = dict(model.named_modules())
+        modules = dict(named_modules(model))
         paths = {
             "registry" if _uses_registry(modules[a.name]) else "SDPA call" for a in found.attention
         }

@@ -138,11 +138,13 @@ def run_series_index(
     history: History, run_id: str, rank: int | None = None
 ) -> list[dict[str, Any]]:
     """Which (metric, module, head) series a run (one rank of it) has, with their points."""
-    return history.sql(
-        f"SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
-        f"AND {_RANK} GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST",
-        [run_id, rank, run_id],
-    ).to_pylist()
+    return history.sql(_SERIES_INDEX, [run_id, rank, run_id]).to_pylist()
+
+
+_SERIES_INDEX = (
+    "SELECT metric, module, head, count(*) AS points FROM metric_values WHERE run_id = ? "
+    f"AND {_RANK} GROUP BY ALL ORDER BY metric, module NULLS FIRST, head NULLS FIRST"
+)
 
 
 # A resumed run has a step once per attempt that reached it: a line shows the latest attempt's

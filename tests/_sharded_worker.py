@@ -12,7 +12,7 @@ status line to ``OUT_DIR/status-<rank>.json``. ``FORESHOCK_TEST_FAIL_RANK=r`` ma
 attention measurement raise (``FORESHOCK_TEST_FAIL_AT=read``: its reading of the specs, before
 any gather), to show that one rank's error never stops the job;
 ``EMIT_RANKS=all`` writes per-rank records; ``MONITOR_BEFORE_WRAP=1`` builds the Monitor on
-the model before it is sharded.
+the model before it is sharded; ``MONITOR_ON_RANK_ZERO_ONLY=1`` builds one on rank 0 alone.
 """
 
 from __future__ import annotations
@@ -130,20 +130,24 @@ def main(mode: str, out_dir: Path) -> None:
     world = dist.get_world_size() if distributed else 1
     model = tiny_mixtral()
 
+    join_timeout_s = float(os.environ.get("JOIN_TIMEOUT_S", "60"))
+
     def attach() -> Monitor:
         emit = os.environ.get("EMIT_RANKS", "zero")
         return Monitor(
             model,
             JsonlSink(out_dir / f"records-{rank}.jsonl"),
             run_id=f"sharded-{mode}",
-            config=MonitorConfig(every=EVERY, emit_ranks=emit),
+            config=MonitorConfig(every=EVERY, emit_ranks=emit, join_timeout_s=join_timeout_s),
         )
 
+    alone = os.environ.get("MONITOR_ON_RANK_ZERO_ONLY") == "1"  # the others build none
     early = attach() if os.environ.get("MONITOR_BEFORE_WRAP") == "1" else None
     model, dp_rank, dp_size = shard(model, mode, world)
-    monitor = early or attach()
+    monitor = None if alone and rank != 0 else early or attach()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # Adam would amplify round-off drift
-    monitor.watch_sdpa()  # max_logit@<layer>: each rank sees its own heads and tokens
+    if monitor is not None:
+        monitor.watch_sdpa()  # max_logit@<layer>: each rank sees its own heads and tokens
     if os.environ.get("FORESHOCK_TEST_FAIL_RANK") == str(rank):
         import foreshock.producers.monitor as monitor_module
 
@@ -159,17 +163,18 @@ def main(mode: str, out_dir: Path) -> None:
         out = model(input_ids=batch[:, :-1], labels=batch[:, 1:])
         out.loss.backward()
         opt.step()
-        monitor.step(step, loss=out.loss)
+        if monitor is not None:
+            monitor.step(step, loss=out.loss)
         opt.zero_grad()
         losses.append(float(out.loss.detach()))
-    monitor.close()
-    status = {
-        "rank": rank,
-        "losses": losses,
-        "errors": monitor.errors,
-        "records_written": monitor.records_written,
-        "describe": monitor.describe(),
-    }
+    status = {"rank": rank, "losses": losses, "records_written": 0, "describe": {}}
+    if monitor is not None:
+        monitor.close()
+        status |= {
+            "errors": monitor.errors,
+            "records_written": monitor.records_written,
+            "describe": monitor.describe(),
+        }
     (out_dir / f"status-{rank}.json").write_text(json.dumps(status))
     if distributed:
         dist.barrier()

@@ -138,7 +138,10 @@ SPECS = [
 ]
 
 # Classes in foreshock.detectors with an ``update`` that are not detectors in river's sense.
-NOT_DETECTORS = {"RunDetector": "a whole run's engine over a config, tested in test_detectors"}
+NOT_DETECTORS = {
+    "RunDetector": "a whole run's engine over a config, tested in test_detectors",
+    "RunStreams": "a run's RunDetectors, one per rank, tested in test_per_rank",
+}
 
 # Not a river ``base.Base`` yet, so no clone() and the default repr(); strict, so the
 # checks below fail as soon as it is one (then delete the entry).

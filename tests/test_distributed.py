@@ -141,12 +141,12 @@ def test_only_rank_zero_emits_by_default(run: tuple[Path, list[dict]]) -> None:
     assert [(s["monitor_rank"], s["world_size"]) for s in status] == [(0, 2), (1, 2)]
     assert [s["errors"] for s in status] == [0, 0]
     assert status[0]["returned"] == MONITORED and status[1]["returned"] == [False] * STEPS
-    assert status[0]["routers"] == ["module.h.0.mlp.gate", "module.h.1.mlp.gate"]
+    assert status[0]["routers"] == ["h.0.mlp.gate", "h.1.mlp.gate"]  # as unwrapped
 
     records = read_records(out_dir / "zero" / "rank0.jsonl")
     assert [r["step"] for r in records] == [0, 5, 10]
     assert all((r["rank"], r["world_size"]) == (0, 2) for r in records)
-    assert "attn.d2.entropy_mean@module.h.0.attn" in records[1]["values"]
+    assert "attn.d2.entropy_mean@h.0.attn" in records[1]["values"]
     assert read_records(out_dir / "zero" / "rank1.jsonl") == []
 
 

@@ -156,3 +156,18 @@ def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], tmp_pa
         assert last1[key] == pytest.approx(want["values"][key], rel=TOLERANCE, abs=TOLERANCE)
     mean = (last0["loss"] + last1["loss"]) / 2
     assert mean == pytest.approx(want["values"]["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_monitor_on_rank_zero_alone_refuses_the_sharded_parts_and_never_hangs(
+    tmp_path: Path,
+) -> None:
+    statuses = launch("fsdp2", 2, tmp_path, MONITOR_ON_RANK_ZERO_ONLY="1", JOIN_TIMEOUT_S="2")
+    assert [len(s["losses"]) for s in statuses] == [7, 7]
+    refused = statuses[0]["describe"]["refused"]
+    assert "model.layers.0.self_attn" in refused and "model.layers.1.mlp.gate" in refused
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == MONITORED_STEPS
+    assert not any(k.startswith("attn.") for r in got for k in r["values"])
+    assert "router.token_entropy@model.layers.0.mlp.gate" not in got[-1]["values"]
+    assert "loss" in got[-1]["values"] and "weight_norm" not in got[-1]["values"]

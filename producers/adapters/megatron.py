@@ -7,10 +7,12 @@ Recognised by class (a ``megatron.`` module in the class's MRO), never by import
   group laid out [q_1 … q_r, (gate_1 … gate_r,) k, v] with d_h = ``hidden_size_per_attention_
   head`` rows per head (the gate with ``config.attention_output_gate``). Group g's width is
   W = (r·(1 + gate) + 2)·d_h, query j of group g starts at g·W + j·d_h, its key at
-  g·W + r·(1 + gate)·d_h. Under TP ≤ G each rank's shard holds whole groups and is read exactly.
-  Under TP > G a group is split over TP/G ranks and each rank rebuilds its heads from an
-  all-gather of the activations (its shard need not hold its key head): not readable from the
-  local weight, so reported in ``skipped``.
+  g·W + r·(1 + gate)·d_h. Under TP ≤ G each rank's shard holds whole groups, laid out alike:
+  the spec describes the partition, and in a group the Monitor gathers the partitions whole to
+  the layer's owner (``collective``: the weight is ``tensor_model_parallel`` along dim 0),
+  which reads TP·H_p = H heads in TP·G_p = G groups. Under TP > G a group is split over TP/G
+  ranks and each rank rebuilds its heads from an all-gather of the activations (its shard need
+  not hold its key head): the partition is no layer, so it is reported in ``skipped``.
 * QK-norm: ``q_layernorm``/``k_layernorm`` normalise each head (d_h wide); the scale g is
   folded, W_q^h diag(g). RMSNorm only rescales each (token, head) row: exact. A LayerNorm also
   centres it: approximate, and said so.
@@ -77,8 +79,8 @@ def _linear_qkv_spec(name: str, module: nn.Module) -> Found:
     if groups_total < tp:
         return (
             f"{name}: linear_qkv under TP={tp} > {groups_total} query groups: a rank's shard "
-            "splits a group (its key head may live on another rank's shard); register the "
-            "gathered projection with Monitor.register_attention"
+            "splits a group (its key head may live on another rank's shard): no layer of whole "
+            "heads to gather; not measured"
         )
     heads = module.num_attention_heads_per_partition
     groups = module.num_query_groups_per_partition
