@@ -282,7 +282,7 @@ def run_sharded(quick: bool, worlds: list[int], modes: list[str]) -> dict[str, A
     print()
     print("ms: medians over the timed steps. monitor = spectra + gathers + exchange + agree +")
     print("other (per step; the medians need not add up). spectra: this rank's layers' snapshot")
-    print("copies and eigen-solves; gathers: DTensor full_tensor of every layer (the transfer);")
+    print("copies and eigen-solves; gathers: every layer's shards to its owner (the transfer);")
     print("exchange: partial records to rank 0 (rank 0 waits there for the slowest owner);")
     print("agree: one all-reduce that also absorbs arrival skew. target = single / ranks +")
     print("this rank's gathers; shared target: the same with the single-process time measured")

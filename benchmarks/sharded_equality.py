@@ -8,10 +8,11 @@ difference is relative on a scale of at least 1: |a − b| / max(1, |b|). It inc
 training's own round-off drift (a sharded step sums its gradients in another order), which SGD
 keeps small.
 
-The workers are the tests' (``tests/_sharded_worker.py``, ``tests/_sharded_integration_worker
-.py``): the benchmark runs from the repository root.
+The workers are the tests' (``tests/_sharded_worker.py``, ``_sharded_integration_worker.py``,
+``_megatron_parallel_worker.py``: a 2-layer Megatron GPT-MoE): the benchmark runs from the
+repository root.
 
-    python -m benchmarks.sharded_equality            # 5 Monitor modes + 3 trainer modes (~3 min)
+    python -m benchmarks.sharded_equality     # 5 Monitor, 3 trainer, 2 Megatron modes (~4 min)
     python -m benchmarks.sharded_equality --quick    # DDP and FSDP2 only (~40 s)
 """
 
@@ -34,6 +35,7 @@ from ._table import emit_json, format_table
 ROOT = Path(__file__).resolve().parent.parent
 MONITOR_WORKER = ROOT / "tests" / "_sharded_worker.py"
 TRAINER_WORKER = ROOT / "tests" / "_sharded_integration_worker.py"
+MEGATRON_WORKER = ROOT / "tests" / "_megatron_parallel_worker.py"
 TIMEOUT_S = 300
 # (name, worker, mode, ranks, the single-process mode it is compared with)
 MODES = [
@@ -45,8 +47,11 @@ MODES = [
     ("HF Trainer + accelerate FSDP2", TRAINER_WORKER, "hf_fsdp2", 2, "hf_single"),
     ("Lightning FSDPStrategy (FSDP1)", TRAINER_WORKER, "pl_fsdp", 2, "pl_single"),
     ("Lightning ModelParallelStrategy", TRAINER_WORKER, "pl_model_parallel", 2, "pl_single"),
+    ("Megatron-core TP = 2 (+ sequence parallel)", MEGATRON_WORKER, "tp", 2, "single"),
+    ("Megatron-core EP = 2", MEGATRON_WORKER, "ep", 2, "single"),
 ]
-QUICK = ("ddp", "fsdp2")
+TORCHRUN_ALWAYS = {MEGATRON_WORKER}  # its single process needs a process group too
+QUICK = ((MONITOR_WORKER, "ddp"), (MONITOR_WORKER, "fsdp2"))
 
 
 def free_port() -> int:
@@ -62,7 +67,7 @@ def launch(worker: Path, mode: str, ranks: int, out: Path) -> list[dict]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [sys.executable, str(worker), mode, str(out)]
-    if ranks > 1:
+    if ranks > 1 or worker in TORCHRUN_ALWAYS:
         command[1:1] = ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
         command.insert(4, f"--master-port={free_port()}")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -107,15 +112,16 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        references: dict[str, list[dict]] = {}
+        references: dict[tuple[Path, str], list[dict]] = {}
         for name, worker, mode, ranks, single in MODES:
-            if args.quick and mode not in QUICK:
+            if args.quick and (worker, mode) not in QUICK:
                 continue
-            if single not in references:
-                references[single] = launch(worker, single, 1, Path(tmp) / single)
-            got = launch(worker, mode, ranks, Path(tmp) / mode)
+            if (worker, single) not in references:
+                out = Path(tmp) / f"{worker.stem}-{single}"
+                references[worker, single] = launch(worker, single, 1, out)
+            got = launch(worker, mode, ranks, Path(tmp) / f"{worker.stem}-{mode}")
             results.append({"parallelism": name, "mode": mode, "ranks": ranks,
-                            **worst(got, references[single])})  # fmt: skip
+                            **worst(got, references[worker, single])})  # fmt: skip
     rows = [
         [r["parallelism"], r["ranks"], r["records"], r["values_compared"], len(r["missing"]),
          *(f"{r['families'].get(f, {}).get('worst', float('nan')):.1e}"
