@@ -6,11 +6,13 @@ measured alone would issue DTensor collectives its peers never join (gloo aborts
 and describe one micro-batch. So every rank enters measurement on monitoring steps, in the
 same order of collectives:
 
-1. ``agree``: one all-reduce, so that a rank that failed before any gather, or that would
-   gather other tensors, makes every rank skip the gathers (no rank is ever left inside a
-   collective alone);
+1. ``schedule``: one all-gather of every rank's plan (its specs by name), so that a rank
+   that failed before any gather makes every rank skip the gathers (no rank is ever left
+   inside a collective alone), and each spec is read by the ranks that hold it (all of them,
+   or a pipeline stage's);
 2. ``materialize``: each DTensor a spec reads is gathered whole to the layer's owner
-   (layer i → rank i mod W), one layer at a time, in discovery order; the owner alone
+   (the i-th spec of the schedule → its holder i mod its holders' count), one layer at a
+   time, in schedule order; the owner alone
    computes its spectra, so the eigen-solves and the snapshots are spread over the ranks.
    A plain tensor partitioned over a process group (Megatron's tensor parallelism,
    ``sharding.plain_shard``) is gathered over the owner's group alone, in partition order,
@@ -33,10 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import pickle
 import time
+from collections import Counter
 from collections.abc import Iterator
 from itertools import count
 from typing import Any
@@ -64,6 +66,7 @@ class Peers:
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
+        self.holders: Counter[str] | None = None  # parameter name -> ranks holding it
         # FSDP1 roots wrapping the monitored model from outside (Lightning's FSDPStrategy wraps
         # the LightningModule): ``whole_parameters`` must summon from the root, see there
         self.roots: list[nn.Module] = []
@@ -94,19 +97,34 @@ class Peers:
             return None
         return cls(rank, world)
 
-    def owner(self, index: int) -> int:
-        """The rank that computes the ``index``-th measured part (layer or router)."""
-        return index % self.world
-
-    def agree(self, ok: bool, plan: list[tuple[str, int]]) -> bool:
-        """True on every rank iff every rank is ok and has the same ``plan`` — the specs it
-        will read, by name, with their gather counts (pipeline stages holding other layers
-        disagree, and then no rank gathers). One all-reduce of three numbers."""
-        digest = hashlib.sha1(repr(plan).encode()).digest()
-        signature = float(int.from_bytes(digest[:6], "big"))  # 48 bits: exact in float64
-        flags = torch.tensor([0.0 if ok else 1.0, signature, -signature], dtype=torch.float64)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return flags[0].item() == 0 and flags[1].item() == -flags[2].item()
+    def schedule(
+        self, ok: bool, plan: list[tuple[str, int]], params: list[str]
+    ) -> list[tuple[str, list[int]]]:
+        """Every spec any rank holds, in one order, with the ranks that hold it; the same
+        list on every rank. Each rank sends its ``plan`` — its specs by name, with how many
+        tensors reading each gathers — in one all-gather, so ranks holding other layers
+        (pipeline stages) each measure their own and nobody waits on a gather no peer joins.
+        Raises on every rank when any rank could not read its specs, or when holders of one
+        spec would gather different tensors. On the first call ``params`` (this rank's
+        parameter names) also say how many ranks hold each parameter (``holders``)."""
+        first = self.holders is None
+        mine = (ok, plan, params if first else None)
+        plans: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(plans, mine)
+        if first:
+            self.holders = Counter(n for _, _, names in plans for n in names or ())
+        if not all(done for done, _, _ in plans):
+            raise RuntimeError("a rank could not read its specs: no rank gathers")
+        holders: dict[str, list[int]] = {}
+        gathers: dict[str, set[int]] = {}
+        for rank, (_, rank_plan, _) in enumerate(plans):
+            for name, tensors in rank_plan:
+                holders.setdefault(name, []).append(rank)
+                gathers.setdefault(name, set()).add(tensors)
+        split = sorted(name for name, counts in gathers.items() if len(counts) > 1)
+        if split:
+            raise RuntimeError(f"ranks would read {split[0]} from different tensors: none gathers")
+        return list(holders.items())
 
     def exchange(self, part: Any, to_all: bool) -> list[Any] | None:
         """Every rank's ``part``, in rank order, on rank 0 (or on all ranks with ``to_all``)."""
@@ -381,20 +399,22 @@ def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | No
     return torch.cat([b.narrow(dim, 0, n) for b, n in zip(buffers, sizes, strict=True)], dim)
 
 
-def _replicas(tensor: torch.Tensor, world: int) -> int:
-    """On how many ranks the same local values sit. A DTensor: its mesh's replicated
-    dimensions, times the ranks outside its mesh (FSDP over tensor parallel: a parameter
-    sharded on the data-parallel sub-mesh alone is held alike by every tensor-parallel peer).
-    A Megatron parameter: as its attributes and groups say (``sharding.megatron_replicas``:
-    a tensor-parallel partition or an expert's own parameter counts once). Any other plain
-    tensor in a group is taken as replicated on every rank (DDP, tensor parallel's
-    unsharded parameters). Alone (``world`` 1): once."""
-    if world == 1:
+def _replicas(tensor: torch.Tensor, holders: int) -> int:
+    """On how many ranks the same local values sit, given how many ranks hold a parameter of
+    this name (``holders``: every rank under DDP, FSDP or tensor parallel; a stage's ranks
+    under pipeline parallelism). A DTensor: its mesh's replicated dimensions, times the
+    holders outside its mesh (FSDP over tensor parallel: a parameter sharded on the
+    data-parallel sub-mesh alone is held alike by every tensor-parallel peer). A Megatron
+    parameter: as its attributes and groups say (``sharding.megatron_replicas``: a
+    tensor-parallel partition or an expert's own parameter counts once). Any other plain
+    tensor: replicated on every holder (DDP, tensor parallel's unsharded parameters, a
+    pipeline stage's data-parallel replicas). Alone (``holders`` 1): once."""
+    if holders == 1:
         return 1
     if not is_dtensor(tensor):
-        return megatron_replicas(tensor) or world
+        return megatron_replicas(tensor) or holders
     mesh = tensor.device_mesh
-    replicas = max(world // mesh.size(), 1)
+    replicas = max(holders // mesh.size(), 1)
     for dim, placement in enumerate(tensor.placements):
         if placement.is_replicate():
             replicas *= mesh.size(dim)
@@ -402,17 +422,18 @@ def _replicas(tensor: torch.Tensor, world: int) -> int:
 
 
 def square_sum(
-    tensors: list[torch.Tensor], world: int, params: list[torch.Tensor] | None = None
+    tensors: list[torch.Tensor], holders: list[int], params: list[torch.Tensor] | None = None
 ) -> torch.Tensor | None:
     """This rank's share of Σ‖t‖² (float32): its local values divided by their replica count,
     so that the sum of every rank's share is the global sum of squares, each value once.
-    ``params``: the parameters the tensors belong to (a gradient or a detached copy does not
-    carry Megatron's partition attributes); default the tensors themselves."""
+    ``holders``: per tensor, how many ranks hold its parameter (``_replicas``). ``params``:
+    the parameters the tensors belong to (a gradient or a detached copy does not carry
+    Megatron's partition attributes); default the tensors themselves."""
     if not tensors:
         return None
     local = [t.to_local() if is_dtensor(t) else t for t in tensors]
     layouts = tensors if params is None else params
-    weights = [1.0 / _replicas(t, world) for t in layouts]
+    weights = [1.0 / _replicas(t, n) for t, n in zip(layouts, holders, strict=True)]
     device = local[0].device
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(local):

@@ -128,7 +128,7 @@ class Monitor:
         self.participating = self.active or self.peers is not None
         self.discovery = discover(model) if auto_discover else Discovery()
         self._origins = parameter_origins(model)  # walked once: named_modules() is slow
-        self._param_origins = list(self._origins.values())
+        self._param_origins = _named_origins(model, self._origins)
         self._bindings: dict[str, Binding] = {}
         self.refused: list[str] = []
         self._norms_refused = False  # FSDP1 measured alone: its flat shards are no norm
@@ -201,9 +201,13 @@ class Monitor:
             [current(r) for r in self.discovery.routers],
         )
 
+    def _live_named_params(self) -> list[tuple[str, torch.Tensor]]:
+        """(name as the unwrapped model names it, live parameter), for every parameter."""
+        live = ((n, module._parameters.get(a)) for n, (module, a) in self._param_origins)
+        return [(name, p) for name, p in live if isinstance(p, torch.Tensor)]
+
     def _live_params(self) -> list[torch.Tensor]:
-        live = (module._parameters.get(name) for module, name in self._param_origins)
-        return [p for p in live if isinstance(p, torch.Tensor)]
+        return [p for _, p in self._live_named_params()]
 
     # ---- registration -------------------------------------------------------------------
     def register_attention(
@@ -415,6 +419,7 @@ class Monitor:
             else:
                 part.owned[key] = value
         for name, acc in self._accumulators.items():
+            part.routers[name] = (acc.n_experts, acc.top_k, acc.bins, acc.scoring)
             if name not in self._hook_errors:  # a failed hook keeps only the weight geometry
                 state = gather(name, acc.state)
                 part.routing[name] = None if state is None else state.tolist()
@@ -422,29 +427,32 @@ class Monitor:
         return part
 
     def _owned_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
-        """The specs this rank computes, read whole. In a group every rank gathers every
-        sharded spec (a collective), in discovery order, after agreeing that all can; the
-        owner of a layer (``Peers.owner``) keeps it. Alone, every spec is its own."""
+        """The specs this rank computes, read whole. In a group the ranks exchange their plans
+        (``Peers.schedule``); each spec is read by the ranks that hold it (a collective among
+        them) and kept by one of them, its owner, so the spectra are spread over the ranks.
+        Alone, every spec is its own."""
         try:
             self._refuse_alone()
             attention, routers = self._current_specs()
-            specs, failure = [*attention, *routers], None
-            plan = [(s.name, gathers_of(s)) for s in specs]
-        except Exception as exc:  # still agree below: no peer may wait for this rank
-            specs, failure, plan = [], exc, []
-        if self.peers is not None and not self.peers.agree(failure is None, plan):
-            raise RuntimeError(
-                "the ranks could not agree on what to read: none gathers"
-            ) from failure
-        if failure is not None:
-            raise failure
+            specs, failure = {s.name: s for s in [*attention, *routers]}, None
+            plan = [(name, gathers_of(s)) for name, s in specs.items()]
+        except Exception as exc:  # still exchange plans below: no peer may wait for us
+            specs, failure, plan = {}, exc, []
         if self.peers is None:
+            if failure is not None:
+                raise failure
             return attention, routers
+        names = [name for name, _ in self._live_named_params()]
+        try:
+            schedule = self.peers.schedule(failure is None, plan, names)
+        except RuntimeError as exc:
+            raise exc from failure
         mine = []
-        for i, spec in enumerate(specs):  # every rank, every spec: collectives
-            whole = self.peers.materialize(spec, self.peers.owner(i))
-            if whole is not None:
-                mine.append(whole)
+        for i, (name, holders) in enumerate(schedule):
+            if self.rank in holders:  # the holders gather together: the same order on each
+                whole = self.peers.materialize(specs[name], holders[i % len(holders)])
+                if whole is not None:
+                    mine.append(whole)
         return (
             [s for s in mine if isinstance(s, AttentionSpec)],
             [s for s in mine if isinstance(s, RouterSpec)],
@@ -452,15 +460,20 @@ class Monitor:
 
     def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
         """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
-        params = [] if self._norms_refused else self._live_params()
+        named = [] if self._norms_refused else self._live_named_params()
         if self.peers is None:
-            params = [p for p in params if not is_dtensor(p)]
-        world = 1 if self.peers is None else self.peers.world
-        with_grad = [p for p in params if p.grad is not None]
-        grads = [p.grad.detach() for p in with_grad]
+            named = [(n, p) for n, p in named if not is_dtensor(p)]
+        holders = self._holders()
+        params = [p for _, p in named]
+        copies = [holders(n) for n, _ in named]
+        with_grad = [(p, h) for p, h in zip(params, copies, strict=True) if p.grad is not None]
+        grads = [p.grad.detach() for p, _ in with_grad]
         entries: list[tuple[str, torch.Tensor | None]] = [
-            ("square:grad_norm", square_sum(grads, world, with_grad)),
-            ("square:weight_norm", square_sum([p.detach() for p in params], world, params)),
+            (
+                "square:grad_norm",
+                square_sum(grads, [h for _, h in with_grad], [p for p, _ in with_grad]),
+            ),
+            ("square:weight_norm", square_sum([p.detach() for p in params], copies, params)),
         ]
         if loss is not None:
             loss_value = loss.detach() if isinstance(loss, torch.Tensor) else loss
@@ -472,6 +485,14 @@ class Monitor:
         values = [torch.as_tensor(v).to(device, torch.float32).reshape(()) for _, v in kept]
         stacked = torch.stack(values) if values else torch.zeros(0, device=device)
         return [k for k, _ in kept], stacked
+
+    def _holders(self) -> Callable[[str], int]:
+        """How many ranks hold the parameter of a name (1 alone; every rank before the
+        first plan exchange told)."""
+        if self.peers is None:
+            return lambda name: 1
+        counts, world = self.peers.holders, self.peers.world
+        return (lambda name: world) if counts is None else (lambda name: counts.get(name, 1))
 
     def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
         """The metrics record: non-finite values become null with a ``nonfinite`` flag."""
@@ -584,3 +605,17 @@ def _to_host(values: list[torch.Tensor]) -> list[float]:
     device = values[0].device
     flat = torch.cat([v.detach().to(device, torch.float32).flatten() for v in values])
     return flat.cpu().tolist()
+
+
+def _named_origins(
+    model: nn.Module, origins: dict[int, tuple[nn.Module, str]]
+) -> list[tuple[str, tuple[nn.Module, str]]]:
+    """Each parameter's origin with its name as the unwrapped model names it (``names``): the
+    same on every rank that holds it, which is how ranks count a parameter's holders."""
+    prefix = {}
+    for name, module in named_modules(model):
+        prefix.setdefault(id(module), name)
+    return [
+        (f"{prefix[id(module)]}.{attr}".lstrip("."), (module, attr))
+        for module, attr in origins.values()
+    ]

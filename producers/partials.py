@@ -28,6 +28,9 @@ class RankPart:
     rank: int = 0
     owned: dict[str, float] = field(default_factory=dict)  # series this rank computed
     routing: dict[str, list[float] | None] = field(default_factory=dict)  # router → state
+    routers: dict[str, tuple[int, int | None, int, str]] = field(default_factory=dict)
+    # router → its accumulator's (E, k, bins, scoring): a writer without that router (another
+    # pipeline stage's) can still combine its states
     drops: dict[str, tuple[float, int]] = field(default_factory=dict)  # router → (dropped, n)
     max_logits: dict[str, float] = field(default_factory=dict)
     loss: float | None = None
@@ -46,7 +49,9 @@ def combine(
     values: dict[str, float] = {}
     for part in parts:
         values.update(part.owned)
-    for name, acc in routers.items():
+    known = {n: shape for p in parts for n, shape in p.routers.items()}
+    for name in [*routers, *(n for n in known if n not in routers)]:
+        acc = routers.get(name) or RoutingAccumulator(*known[name])
         acc.load_state(merge_states([_state(p.routing.get(name)) for p in data]))
         for stat, value in acc.summary().items():
             values[series_key(f"router.{stat}", name)] = float(value)

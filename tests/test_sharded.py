@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("transformers")
 
 WORKER = Path(__file__).with_name("_sharded_worker.py")
+PIPELINE_WORKER = Path(__file__).with_name("_pipeline_worker.py")
 LAUNCH_TIMEOUT_S = 240
 MONITORED_STEPS = [0, 3, 6]
 TOLERANCE = 1e-5  # relative, on a scale of at least 1 (measured worst: 1.1e-6)
@@ -32,13 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(mode: str, ranks: int, out_dir: Path, **env: str) -> list[dict]:
-    """Run the worker (under torchrun unless ``single``); each rank's status. Exit 0 or fail."""
+def launch(
+    mode: str, ranks: int, out_dir: Path, *, worker: Path = WORKER, **env: str
+) -> list[dict]:
+    """Run ``worker`` (under torchrun unless ``single``); each rank's status. Exit 0 or fail."""
     out_dir.mkdir(parents=True, exist_ok=True)
     environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         environ.pop(name, None)
-    command = [sys.executable, str(WORKER), mode, str(out_dir)]
+    command = [sys.executable, str(worker), mode, str(out_dir)]
     if mode != "single":
         command[1:1] = [
             "-m",
@@ -70,10 +73,16 @@ def worst_difference(got: dict[str, float], want: dict[str, float]) -> tuple[flo
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The single process's output folder: its records, and its losses in ``status-0.json``."""
     out = tmp_path_factory.mktemp("single")
     launch("single", 1, out)
-    return records(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(single_run: Path) -> list[dict]:
+    return records(single_run)
 
 
 @pytest.mark.slow
@@ -171,3 +180,26 @@ def test_a_monitor_on_rank_zero_alone_refuses_the_sharded_parts_and_never_hangs(
     assert not any(k.startswith("attn.") for r in got for k in r["values"])
     assert "router.token_entropy@model.layers.0.mlp.gate" not in got[-1]["values"]
     assert "loss" in got[-1]["values"] and "weight_norm" not in got[-1]["values"]
+
+
+@pytest.mark.slow
+def test_pipeline_stages_make_one_global_record(
+    single_run: Path, reference: list[dict], tmp_path: Path
+) -> None:
+    """Two pipeline stages (torchtitan's split: each rank keeps its modules under their
+    original names) make the single process's record. The losses are checked first, so that
+    a wrong pipeline cannot hide behind the Monitor."""
+    statuses = launch("pp", 2, tmp_path, worker=PIPELINE_WORKER)
+    want_losses = json.loads((single_run / "status-0.json").read_text())["losses"]
+    assert statuses[0]["losses"] == []  # the first stage has no loss
+    assert statuses[1]["losses"][0] == pytest.approx(want_losses[0], rel=1e-6)
+    assert statuses[1]["losses"] == pytest.approx(want_losses, rel=TOLERANCE)
+    assert [s["errors"] for s in statuses] == [0, 0]
+    assert [s["records_written"] for s in statuses] == [3, 0]
+    assert statuses[0]["describe"]["refused"] == []
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == MONITORED_STEPS == [r["step"] for r in reference]
+    for mine, want in zip(got, reference, strict=True):
+        assert mine["flags"] == [] and (mine["rank"], mine["world_size"]) == (0, 2)
+        assert set(mine["values"]) == set(want["values"])
+        assert worst_difference(mine["values"], want["values"])[0] < TOLERANCE
