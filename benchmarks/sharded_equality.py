@@ -9,10 +9,11 @@ training's own round-off drift (a sharded step sums its gradients in another ord
 keeps small.
 
 The workers are the tests' (``tests/_sharded_worker.py``, ``_sharded_integration_worker.py``,
-``_megatron_parallel_worker.py``: a 2-layer Megatron GPT-MoE): the benchmark runs from the
+``_megatron_parallel_worker.py``: a 2-layer Megatron GPT-MoE; ``_pipeline_worker.py``: the
+Mixtral in 2 hand-run stages): the benchmark runs from the
 repository root.
 
-    python -m benchmarks.sharded_equality     # 5 Monitor, 3 trainer, 2 Megatron modes (~4 min)
+    python -m benchmarks.sharded_equality     # 6 Monitor, 3 trainer, 2 Megatron modes (~5 min)
     python -m benchmarks.sharded_equality --quick    # DDP and FSDP2 only (~40 s)
 """
 
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MONITOR_WORKER = ROOT / "tests" / "_sharded_worker.py"
 TRAINER_WORKER = ROOT / "tests" / "_sharded_integration_worker.py"
 MEGATRON_WORKER = ROOT / "tests" / "_megatron_parallel_worker.py"
+PIPELINE_WORKER = ROOT / "tests" / "_pipeline_worker.py"
 TIMEOUT_S = 300
 # (name, worker, mode, ranks, the single-process mode it is compared with)
 MODES = [
@@ -44,6 +46,7 @@ MODES = [
     ("TP (colwise q/k/v, rowwise o)", MONITOR_WORKER, "tp", 2, "single"),
     ("FSDP2 × TP (2-D mesh)", MONITOR_WORKER, "fsdp2_tp", 4, "single"),
     ("HSDP (replicate × shard)", MONITOR_WORKER, "hsdp", 4, "single"),
+    ("pipeline, 2 stages", PIPELINE_WORKER, "pp", 2, "single"),
     ("HF Trainer + accelerate FSDP2", TRAINER_WORKER, "hf_fsdp2", 2, "hf_single"),
     ("Lightning FSDPStrategy (FSDP1)", TRAINER_WORKER, "pl_fsdp", 2, "pl_single"),
     ("Lightning ModelParallelStrategy", TRAINER_WORKER, "pl_model_parallel", 2, "pl_single"),
@@ -51,6 +54,7 @@ MODES = [
     ("Megatron-core EP = 2", MEGATRON_WORKER, "ep", 2, "single"),
 ]
 TORCHRUN_ALWAYS = {MEGATRON_WORKER}  # its single process needs a process group too
+REFERENCE_WORKER = {PIPELINE_WORKER: MONITOR_WORKER}  # whose single mode a worker is judged by
 QUICK = ((MONITOR_WORKER, "ddp"), (MONITOR_WORKER, "fsdp2"))
 
 
@@ -116,12 +120,13 @@ def main() -> None:
         for name, worker, mode, ranks, single in MODES:
             if args.quick and (worker, mode) not in QUICK:
                 continue
-            if (worker, single) not in references:
-                out = Path(tmp) / f"{worker.stem}-{single}"
-                references[worker, single] = launch(worker, single, 1, out)
+            judge = REFERENCE_WORKER.get(worker, worker)
+            if (judge, single) not in references:
+                out = Path(tmp) / f"{judge.stem}-{single}"
+                references[judge, single] = launch(judge, single, 1, out)
             got = launch(worker, mode, ranks, Path(tmp) / f"{worker.stem}-{mode}")
             results.append({"parallelism": name, "mode": mode, "ranks": ranks,
-                            **worst(got, references[worker, single])})  # fmt: skip
+                            **worst(got, references[judge, single])})  # fmt: skip
     rows = [
         [r["parallelism"], r["ranks"], r["records"], r["values_compared"], len(r["missing"]),
          *(f"{r['families'].get(f, {}).get('worst', float('nan')):.1e}"
