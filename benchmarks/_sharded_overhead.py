@@ -12,11 +12,12 @@ exactly what is timed and how memory is read).
 
 Per rank: the median time in ``Monitor.step()`` over the timed monitoring steps, and its parts —
 *spectra* (``attention_chunks``: its own layers' snapshot copies and eigen-solves), *gathers*
-(``Peers.materialize``: the DTensor ``full_tensor`` of every layer's W_q, W_k, right after the
-agree has lined the ranks up: the transfer), *exchange* (the gather of the partial records to
-rank 0; on rank 0 it includes waiting for the slowest owner), *agree* (one all-reduce; it also
-absorbs the ranks' different arrival times from the training step) and *other* (the rest:
-spec reads, norms, the host copy, combining and writing the record). The target (issue 28
+(``Peers.materialize``: every layer's W_q, W_k shards gathered to its owner, right after the
+plan exchange has lined the ranks up: the transfer), *exchange* (the gather of the partial
+records to rank 0; on rank 0 it includes waiting for the slowest owner), *agree*
+(``Peers.schedule``, the plans' all-gather; it also absorbs the ranks' different arrival times
+from the training step) and *other* (the rest: spec reads, norms, the host copy, combining and
+writing the record). The target (issue 28
 part 6): per rank ≤ single-process monitor time / ranks + that rank's gathers. Beside each
 world size runs a control: that many single processes at once, each the whole model, so that
 the single process shares the cores as the ranks do; the *shared target* puts its time in
@@ -284,7 +285,8 @@ def run_sharded(quick: bool, worlds: list[int], modes: list[str]) -> dict[str, A
     print("other (per step; the medians need not add up). spectra: this rank's layers' snapshot")
     print("copies and eigen-solves; gathers: every layer's shards to its owner (the transfer);")
     print("exchange: partial records to rank 0 (rank 0 waits there for the slowest owner);")
-    print("agree: one all-reduce that also absorbs arrival skew. target = single / ranks +")
+    print("agree: the plans' all-gather, which also absorbs arrival skew. target = single /")
+    print("ranks +")
     print("this rank's gathers; shared target: the same with the single-process time measured")
     print("while as many copies run at once as there are ranks (the control rows 'single, W at")
     print("once'), so that it shares the cores as the ranks do. MB in/step:")

@@ -11,10 +11,11 @@ are warm-up (the first monitoring step only snapshots); the next STEPS are timed
 untimed, monitoring step is watched for memory. Each rank writes ``OUT/rank-<r>.json``:
 
 * ``monitor_s``: seconds in ``Monitor.step()`` per timed step (``time.perf_counter``);
-* ``agree_s``, ``gather_s``, ``exchange_s``: the part of it inside ``Peers.agree`` (one
-  all-reduce; it also absorbs the ranks' different arrival times), ``Peers.materialize`` (the
-  DTensor ``full_tensor`` gathers: the transfer) and ``Peers.exchange`` (the gather of partial
-  records to rank 0; on rank 0 it includes waiting for the slowest owner to finish);
+* ``agree_s``, ``gather_s``, ``exchange_s``: the part of it inside ``Peers.schedule`` (the
+  plans' all-gather; it also absorbs the ranks' different arrival times), ``Peers.materialize``
+  (each layer's shards gathered to its owner: the transfer) and ``Peers.exchange`` (the
+  gather of partial records to rank 0; on rank 0 it includes waiting for the slowest owner
+  to finish);
 * ``spectra_s``: the part inside ``attention_chunks`` (this rank's layers' snapshot copies and
   eigen-solves: what owner-computes divides among the ranks);
 * ``bytes_per_step``: growth of ``Peers.bytes_received`` per timed step (gathered shards, and on
@@ -200,7 +201,7 @@ def instrument(monitor: Any) -> dict[str, float]:
     clock(monitor_module, "attention_chunks", seconds, "spectra")
     if monitor.peers is not None:
         for method, key in (
-            ("agree", "agree"),
+            ("schedule", "agree"),
             ("materialize", "gather"),
             ("exchange", "exchange"),
         ):
