@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layouts import AttentionSpec, LatentPath, RouterSpec
+from .layouts import TENSOR_FIELDS, AttentionSpec
 from .sharding import PlainShard, is_dtensor, megatron_replicas, plain_shard
 
 __all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
@@ -54,11 +54,6 @@ __all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
 log = logging.getLogger("foreshock.monitor")
 
 _MONITORS = count()  # the n-th Monitor built in this process joins the n-th group key
-_FIELDS = {
-    AttentionSpec: ("q_weight", "k_weight", "q_bias", "k_bias", "q_scale", "k_scale"),
-    RouterSpec: ("weight", "bias"),
-    LatentPath: ("weight", "scale", "bias"),
-}
 
 
 class Peers:
@@ -254,7 +249,7 @@ def _is_sharded(value: Any) -> bool:
 
 def _sharded(spec: Any) -> list[torch.Tensor]:
     """The DTensors and plain partitions among ``spec``'s fields (latent paths included)."""
-    found = [getattr(spec, f) for f in _FIELDS[type(spec)] if _is_sharded(getattr(spec, f))]
+    found = [getattr(spec, f) for f in TENSOR_FIELDS[type(spec)] if _is_sharded(getattr(spec, f))]
     if isinstance(spec, AttentionSpec):
         for latent in (spec.q_latent, spec.k_latent):
             found += _sharded(latent) if latent is not None else []
@@ -309,7 +304,7 @@ def _replace_sharded(spec: Any, whole: Any) -> Any:
     """``spec`` with each sharded field (latent paths included) replaced by ``whole(field)``.
     Counts and rows are still those of the partition: ``_widen`` makes them whole."""
     changes: dict[str, Any] = {}
-    for field in _FIELDS[type(spec)]:
+    for field in TENSOR_FIELDS[type(spec)]:
         value = getattr(spec, field)
         if _is_sharded(value):
             changes[field] = whole(value)

@@ -30,7 +30,14 @@ import torch
 
 from .spectra import compute_dtype
 
-__all__ = ["AttentionSpec", "LatentPath", "RouterSpec", "head_rows", "linear_out_in"]
+__all__ = [
+    "TENSOR_FIELDS",
+    "AttentionSpec",
+    "LatentPath",
+    "RouterSpec",
+    "head_rows",
+    "linear_out_in",
+]
 
 Rows = slice | torch.Tensor  # output features: a slice, or an index tensor in head order
 
@@ -276,3 +283,12 @@ class RouterSpec:
         if self.bias is None:
             return weight
         return torch.cat([weight, self.bias.detach().to(weight.dtype).unsqueeze(1)], dim=1)
+
+
+# The fields of each spec that hold tensors read from the model (one place: following live
+# parameters and gathering shards both walk them).
+TENSOR_FIELDS: dict[type, tuple[str, ...]] = {
+    AttentionSpec: ("q_weight", "k_weight", "q_bias", "k_bias", "q_scale", "k_scale"),
+    RouterSpec: ("weight", "bias"),
+    LatentPath: ("weight", "scale", "bias"),
+}

@@ -16,18 +16,13 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from .layouts import AttentionSpec, LatentPath, RouterSpec
+from .layouts import TENSOR_FIELDS, AttentionSpec, RouterSpec
 
 __all__ = ["Binding", "parameter_origins"]
 
 Origin = tuple[nn.Module, str]
 Spec = TypeVar("Spec", AttentionSpec, RouterSpec)
 
-_FIELDS = {
-    AttentionSpec: ("q_weight", "k_weight", "q_bias", "k_bias", "q_scale", "k_scale"),
-    RouterSpec: ("weight", "bias"),
-    LatentPath: ("weight", "scale", "bias"),
-}
 _LATENTS = ("q_latent", "k_latent")
 
 
@@ -56,7 +51,7 @@ class Binding:
         self.original = self.spec = spec
         self._fields = {
             f: origins[id(getattr(spec, f))]
-            for f in _FIELDS[type(spec)]
+            for f in TENSOR_FIELDS[type(spec)]
             if id(getattr(spec, f)) in origins
         }
         self._latents = {

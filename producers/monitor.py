@@ -442,7 +442,8 @@ class Monitor:
             if failure is not None:
                 raise failure
             return attention, routers
-        names = [name for name, _ in self._live_named_params()]
+        first = self.peers.holders is None  # parameter names travel with the first plan only
+        names = [name for name, _ in self._live_named_params()] if first else []
         try:
             schedule = self.peers.schedule(failure is None, plan, names)
         except RuntimeError as exc:
