@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import pickle
 import time
@@ -47,7 +48,7 @@ import torch
 from torch import nn
 
 from .layouts import TENSOR_FIELDS, AttentionSpec
-from .sharding import PlainShard, is_dtensor, megatron_replicas, plain_shard
+from .sharding import PlainShard, is_dtensor, local_values, megatron_replicas, plain_shard
 
 __all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
 
@@ -297,7 +298,7 @@ def _check_partitions(spec: Any) -> None:
 def _missing_bytes(tensor: torch.Tensor) -> int:
     """Bytes of a DTensor this rank does not hold: what gathering it whole brings in."""
     whole = tensor.numel() * tensor.element_size()
-    return whole - tensor.to_local().numel() * tensor.element_size()
+    return whole - local_values(tensor).numel() * tensor.element_size()
 
 
 def _replace_sharded(spec: Any, whole: Any) -> Any:
@@ -368,12 +369,14 @@ def _gathers_to_one(tensor: torch.Tensor, world: int) -> bool:
     """Whether ``tensor`` can be gathered to one rank: one Shard placement on a 1-D mesh of
     every rank (the same answer on every rank: placements are global)."""
     mesh = tensor.device_mesh
-    return (
-        mesh.ndim == 1
-        and mesh.size() == world
-        and tensor.placements[0].is_shard()
-        and mesh.mesh.tolist() == list(range(world))
-    )
+    return mesh.ndim == 1 and tensor.placements[0].is_shard() and _spans_world(mesh, world)
+
+
+@functools.lru_cache(maxsize=64)
+def _spans_world(mesh: Any, world: int) -> bool:
+    """Whether a 1-D mesh is ranks 0 … world − 1 in order (cached: reading ``mesh.mesh``
+    builds a tensor, about 0.35 ms, and a mesh's ranks never change)."""
+    return mesh.size() == world and mesh.mesh.tolist() == list(range(world))
 
 
 def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | None:
@@ -384,9 +387,9 @@ def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | No
     placement, mesh = tensor.placements[0], tensor.device_mesh
     dim, world, rows = placement.dim, mesh.size(), tensor.shape[placement.dim]
     sizes = [placement.local_shard_size_and_offset(rows, world, r)[0] for r in range(world)]
-    local = tensor.to_local()
+    local = local_values(tensor)
     pad = [0, 0] * (local.dim() - dim - 1) + [0, max(sizes) - local.shape[dim]]
-    padded = torch.nn.functional.pad(local, pad).contiguous()
+    padded = (torch.nn.functional.pad(local, pad) if pad[-1] else local).contiguous()
     buffers = [torch.empty_like(padded) for _ in range(world)] if rank == owner else None
     torch.distributed.gather(padded, buffers, dst=owner, group=mesh.get_group())
     if buffers is None:
@@ -426,7 +429,7 @@ def square_sum(
     Megatron's partition attributes); default the tensors themselves."""
     if not tensors:
         return None
-    local = [t.to_local() if is_dtensor(t) else t for t in tensors]
+    local = [local_values(t) for t in tensors]
     layouts = tensors if params is None else params
     weights = [1.0 / _replicas(t, n) for t, n in zip(layouts, holders, strict=True)]
     device = local[0].device

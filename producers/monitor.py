@@ -468,13 +468,13 @@ class Monitor:
         params = [p for _, p in named]
         copies = [holders(n) for n, _ in named]
         with_grad = [(p, h) for p, h in zip(params, copies, strict=True) if p.grad is not None]
-        grads = [p.grad.detach() for p, _ in with_grad]
+        grads = [p.grad for p, _ in with_grad]  # square_sum reads local values, detached
         entries: list[tuple[str, torch.Tensor | None]] = [
             (
                 "square:grad_norm",
                 square_sum(grads, [h for _, h in with_grad], [p for p, _ in with_grad]),
             ),
-            ("square:weight_norm", square_sum([p.detach() for p in params], copies, params)),
+            ("square:weight_norm", square_sum(params, copies)),
         ]
         if loss is not None:
             loss_value = loss.detach() if isinstance(loss, torch.Tensor) else loss

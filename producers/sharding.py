@@ -14,6 +14,7 @@ importing Megatron (a model that never loaded it has none).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable
 from types import ModuleType
@@ -21,7 +22,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["PlainShard", "is_dtensor", "megatron_replicas", "plain_shard", "sharded_tensors"]
+__all__ = [
+    "PlainShard",
+    "is_dtensor",
+    "local_values",
+    "megatron_replicas",
+    "plain_shard",
+    "sharded_tensors",
+]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -30,13 +38,35 @@ def is_dtensor(value: Any) -> bool:
     >>> is_dtensor(torch.zeros(2))
     False
     """
-    if not isinstance(value, torch.Tensor):
-        return False
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+@functools.cache
+def _dtensor_class() -> type | None:
+    """DTensor's class, imported once (an import statement per call costs a few µs, and
+    ``is_dtensor`` runs for every parameter at every monitoring step)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch built without distributed support has no DTensor
-        return False
-    return isinstance(value, DTensor)
+        return None
+    return DTensor
+
+
+def local_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The values this rank holds of ``tensor``, outside autograd: a DTensor's local shard,
+    any other tensor itself, detached. Why not ``to_local()``/``detach()``: on a DTensor each
+    goes through DTensor's dispatch (about 35 µs a call on CPU), which at a few hundred
+    parameters is most of a sharded monitoring step's bookkeeping; the local shard's own
+    ``detach`` costs about 1 µs.
+
+    >>> local_values(torch.ones(2, requires_grad=True)).requires_grad
+    False
+    """
+    if is_dtensor(tensor):
+        local = getattr(tensor, "_local_tensor", None)  # DTensor's field since torch 2.0
+        return (tensor.to_local() if local is None else local).detach()
+    return tensor.detach()
 
 
 class PlainShard(NamedTuple):

@@ -1,18 +1,23 @@
-"""One rank of a sharded training job with a Monitor attached, run under ``torchrun``.
+"""Ranks of sharded training jobs with a Monitor attached, run under ``torchrun``.
 
-``python -m torch.distributed.run --nproc-per-node W tests/_sharded_worker.py MODE OUT_DIR``
+``python -m torch.distributed.run --nproc-per-node W tests/_sharded_worker.py JOBS OUT_DIR``
 
-MODE is how the tiny transformers Mixtral is sharded: ``single`` (one process, the reference),
-``ddp``, ``fsdp2`` (``fully_shard``), ``tp`` (DTensor tensor parallel: colwise q/k/v, rowwise
-o), ``fsdp2_tp`` (a 2-D mesh, FSDP2 over TP; 4 ranks) or ``hsdp`` (FSDP2 with a replicate
-dimension; 4 ranks). Every run trains on the same global batches: a data-parallel rank takes
+JOBS is a comma-separated list of ``MODE[:VARIANT]``, trained one after the other in one
+process group (a launch costs more than a job: one launch serves many tests). MODE is how the
+tiny transformers Mixtral is sharded: ``single`` (one process, the reference), ``ddp``,
+``fsdp2`` (``fully_shard``), ``tp`` (DTensor tensor parallel: colwise q/k/v, rowwise o),
+``fsdp2_tp`` (a 2-D mesh, FSDP2 over TP; 4 ranks) or ``hsdp`` (FSDP2 with a replicate
+dimension; 4 ranks). Every job trains on the same global batches: a data-parallel rank takes
 its slice of each batch, so every parallelism follows the single process's trajectory up to
-float round-off. Each rank writes its records to ``OUT_DIR/records-<rank>.jsonl`` and a
-status line to ``OUT_DIR/status-<rank>.json``. ``FORESHOCK_TEST_FAIL_RANK=r`` makes rank r's
-attention measurement raise (``FORESHOCK_TEST_FAIL_AT=read``: its reading of the specs, before
-any gather), to show that one rank's error never stops the job;
-``EMIT_RANKS=all`` writes per-rank records; ``MONITOR_BEFORE_WRAP=1`` builds the Monitor on
-the model before it is sharded; ``MONITOR_ON_RANK_ZERO_ONLY=1`` builds one on rank 0 alone.
+float round-off. Each rank writes its records to ``OUT_DIR/<job>/records-<rank>.jsonl`` and a
+status line to ``OUT_DIR/<job>/status-<rank>.json`` (``<job>`` with ``:`` as ``-``).
+
+VARIANT: ``fail_compute`` makes rank 1's attention measurement raise after the gathers,
+``fail_read`` its reading of the specs (before any gather), to show that one rank's error
+never stops the job; ``per_rank`` writes per-rank records; ``before_wrap`` builds the Monitor
+on the model before it is sharded; ``rank_zero_only`` builds one on rank 0 alone (with a 2 s
+join timeout). It must come last: the n-th Monitor of a process joins the n-th group key, and
+rank 1 builds none.
 """
 
 from __future__ import annotations
@@ -118,55 +123,74 @@ def batches(dp_rank: int, dp_size: int) -> list[torch.Tensor]:
     return out
 
 
-def main(mode: str, out_dir: Path) -> None:
+def main(jobs: str, out_dir: Path) -> None:
     import torch.distributed as dist
 
-    from foreshock.producers import JsonlSink, Monitor, MonitorConfig
-
-    distributed = mode != "single"
+    distributed = not jobs.startswith("single")
     if distributed:
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    for job in jobs.split(","):
+        mode, _, variant = job.partition(":")
+        folder = out_dir / job.replace(":", "-")
+        folder.mkdir(parents=True, exist_ok=True)
+        run_job(mode, variant, folder, distributed)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_job(mode: str, variant: str, out_dir: Path, distributed: bool) -> None:
+    """Train one job; write its records and ``status-<rank>.json`` to ``out_dir``."""
+    import torch.distributed as dist
+
+    import foreshock.producers.monitor as monitor_module
+    from foreshock.producers import JsonlSink, Monitor, MonitorConfig
+
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     model = tiny_mixtral()
 
-    join_timeout_s = float(os.environ.get("JOIN_TIMEOUT_S", "60"))
-
     def attach() -> Monitor:
-        emit = os.environ.get("EMIT_RANKS", "zero")
         return Monitor(
             model,
             JsonlSink(out_dir / f"records-{rank}.jsonl"),
             run_id=f"sharded-{mode}",
-            config=MonitorConfig(every=EVERY, emit_ranks=emit, join_timeout_s=join_timeout_s),
+            config=MonitorConfig(
+                every=EVERY,
+                emit_ranks="all" if variant == "per_rank" else "zero",
+                join_timeout_s=2.0 if variant == "rank_zero_only" else 60.0,
+            ),
         )
 
-    alone = os.environ.get("MONITOR_ON_RANK_ZERO_ONLY") == "1"  # the others build none
-    early = attach() if os.environ.get("MONITOR_BEFORE_WRAP") == "1" else None
+    alone = variant == "rank_zero_only"  # the others build none
+    early = attach() if variant == "before_wrap" else None
     model, dp_rank, dp_size = shard(model, mode, world)
     monitor = None if alone and rank != 0 else early or attach()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # Adam would amplify round-off drift
     if monitor is not None:
         monitor.watch_sdpa()  # max_logit@<layer>: each rank sees its own heads and tokens
-    if os.environ.get("FORESHOCK_TEST_FAIL_RANK") == str(rank):
-        import foreshock.producers.monitor as monitor_module
+    real_chunks = monitor_module.attention_chunks
+    if variant.startswith("fail_") and rank == 1:
 
         def fail(*args: object, **kwargs: object) -> None:
             raise RuntimeError(f"forced failure on rank {rank}")
 
-        if os.environ.get("FORESHOCK_TEST_FAIL_AT") == "read":  # before any gather
+        if variant == "fail_read":  # before any gather
             monitor._current_specs = fail
         else:  # after the gathers, in this rank's own computation
             monitor_module.attention_chunks = fail
     losses = []
-    for step, batch in enumerate(batches(dp_rank, dp_size)):
-        out = model(input_ids=batch[:, :-1], labels=batch[:, 1:])
-        out.loss.backward()
-        opt.step()
-        if monitor is not None:
-            monitor.step(step, loss=out.loss)
-        opt.zero_grad()
-        losses.append(float(out.loss.detach()))
+    try:
+        for step, batch in enumerate(batches(dp_rank, dp_size)):
+            out = model(input_ids=batch[:, :-1], labels=batch[:, 1:])
+            out.loss.backward()
+            opt.step()
+            if monitor is not None:
+                monitor.step(step, loss=out.loss)
+            opt.zero_grad()
+            losses.append(float(out.loss.detach()))
+    finally:
+        monitor_module.attention_chunks = real_chunks
     status = {"rank": rank, "losses": losses, "records_written": 0, "describe": {}}
     if monitor is not None:
         monitor.close()
@@ -177,8 +201,7 @@ def main(mode: str, out_dir: Path) -> None:
         }
     (out_dir / f"status-{rank}.json").write_text(json.dumps(status))
     if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # the next job starts together
 
 
 if __name__ == "__main__":

@@ -33,16 +33,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(
-    mode: str, ranks: int, out_dir: Path, *, worker: Path = WORKER, **env: str
-) -> list[dict]:
-    """Run ``worker`` (under torchrun unless ``single``); each rank's status. Exit 0 or fail."""
+PAIRS = (  # 2-rank jobs, one launch; rank_zero_only last (see the worker)
+    *("ddp", "tp", "fsdp2"),
+    *("fsdp2:before_wrap", "fsdp2:fail_compute", "fsdp2:fail_read", "fsdp2:per_rank"),
+    "fsdp2:rank_zero_only",
+)
+QUADS = ("fsdp2_tp", "hsdp")  # 4-rank jobs, one launch
+
+
+def launch(jobs: str, ranks: int, out_dir: Path, *, worker: Path = WORKER) -> None:
+    """Run ``worker`` on ``jobs`` (under torchrun unless ``single``). Exit 0 or fail."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    environ = {**os.environ, "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         environ.pop(name, None)
-    command = [sys.executable, str(worker), mode, str(out_dir)]
-    if mode != "single":
+    command = [sys.executable, str(worker), jobs, str(out_dir)]
+    if jobs != "single":
         command[1:1] = [
             "-m",
             "torch.distributed.run",
@@ -52,7 +58,14 @@ def launch(
     done = subprocess.run(
         command, env=environ, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
     )
-    assert done.returncode == 0, f"{mode} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{jobs} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def job_dir(root: Path, job: str) -> Path:
+    return root / job.replace(":", "-")
+
+
+def statuses(out_dir: Path, ranks: int) -> list[dict]:
     return [json.loads((out_dir / f"status-{r}.json").read_text()) for r in range(ranks)]
 
 
@@ -77,7 +90,7 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The single process's output folder: its records, and its losses in ``status-0.json``."""
     out = tmp_path_factory.mktemp("single")
     launch("single", 1, out)
-    return out
+    return job_dir(out, "single")
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +98,35 @@ def reference(single_run: Path) -> list[dict]:
     return records(single_run)
 
 
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-rank jobs' output folders (``job_dir``), from one launch."""
+    out = tmp_path_factory.mktemp("pairs")
+    launch(",".join(PAIRS), 2, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def quads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 4-rank jobs' output folders, from one launch."""
+    out = tmp_path_factory.mktemp("quads")
+    launch(",".join(QUADS), 4, out)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "ranks"), [("ddp", 2), ("fsdp2", 2), ("tp", 2), ("fsdp2_tp", 4), ("hsdp", 4)]
 )
 def test_one_global_record_equals_the_unsharded_run(
-    mode: str, ranks: int, reference: list[dict], tmp_path: Path
+    mode: str, ranks: int, reference: list[dict], request: pytest.FixtureRequest
 ) -> None:
-    statuses = launch(mode, ranks, tmp_path)
-    assert all(len(s["losses"]) == 7 and s["errors"] == 0 for s in statuses)
-    assert [s["records_written"] for s in statuses] == [3] + [0] * (ranks - 1)
-    assert statuses[0]["describe"]["refused"] == []
-    got = records(tmp_path)
+    out = job_dir(request.getfixturevalue("pairs" if ranks == 2 else "quads"), mode)
+    ranks_status = statuses(out, ranks)
+    assert all(len(s["losses"]) == 7 and s["errors"] == 0 for s in ranks_status)
+    assert [s["records_written"] for s in ranks_status] == [3] + [0] * (ranks - 1)
+    assert ranks_status[0]["describe"]["refused"] == []
+    got = records(out)
     assert [r["step"] for r in got] == MONITORED_STEPS == [r["step"] for r in reference]
     for mine, want in zip(got, reference, strict=True):
         assert mine["flags"] == [] and (mine["rank"], mine["world_size"]) == (0, ranks)
@@ -110,10 +140,9 @@ def test_one_global_record_equals_the_unsharded_run(
 
 @pytest.mark.slow
 def test_a_monitor_built_before_sharding_follows_the_sharded_parameters(
-    reference: list[dict], tmp_path: Path
+    reference: list[dict], pairs: Path
 ) -> None:
-    launch("fsdp2", 2, tmp_path, MONITOR_BEFORE_WRAP="1")
-    got = records(tmp_path)
+    got = records(job_dir(pairs, "fsdp2:before_wrap"))
     assert [r["step"] for r in got] == MONITORED_STEPS
     for mine, want in zip(got, reference, strict=True):
         assert set(mine["values"]) == set(want["values"])
@@ -121,11 +150,12 @@ def test_a_monitor_built_before_sharding_follows_the_sharded_parameters(
 
 
 @pytest.mark.slow
-def test_an_error_on_one_rank_is_a_flagged_record_and_training_goes_on(tmp_path: Path) -> None:
-    statuses = launch("fsdp2", 2, tmp_path, FORESHOCK_TEST_FAIL_RANK="1")
-    assert [len(s["losses"]) for s in statuses] == [7, 7]
-    assert [s["errors"] for s in statuses] == [0, 3]  # rank 1 failed at each monitoring step
-    got = records(tmp_path)
+def test_an_error_on_one_rank_is_a_flagged_record_and_training_goes_on(pairs: Path) -> None:
+    out = job_dir(pairs, "fsdp2:fail_compute")
+    ranks_status = statuses(out, 2)
+    assert [len(s["losses"]) for s in ranks_status] == [7, 7]
+    assert [s["errors"] for s in ranks_status] == [0, 3]  # rank 1 failed at each monitoring step
+    got = records(out)
     assert [r["flags"] for r in got] == [["monitor_error@attention"]] * 3
     layers = {k.split("@")[1].split("#")[0] for k in got[-1]["values"] if k.startswith("attn.")}
     assert layers == {"model.layers.0.self_attn"}  # rank 0's layer; rank 1 owned layer 1
@@ -134,13 +164,11 @@ def test_an_error_on_one_rank_is_a_flagged_record_and_training_goes_on(tmp_path:
 
 @pytest.mark.slow
 def test_a_rank_that_cannot_read_its_specs_makes_every_rank_skip_the_gathers(
-    tmp_path: Path,
+    pairs: Path,
 ) -> None:
-    statuses = launch(
-        "fsdp2", 2, tmp_path, FORESHOCK_TEST_FAIL_RANK="1", FORESHOCK_TEST_FAIL_AT="read"
-    )
-    assert [len(s["losses"]) for s in statuses] == [7, 7]
-    got = records(tmp_path)
+    out = job_dir(pairs, "fsdp2:fail_read")
+    assert [len(s["losses"]) for s in statuses(out, 2)] == [7, 7]
+    got = records(out)
     assert [r["flags"] for r in got] == [["monitor_error@sharded"]] * 3
     assert not any(k.startswith(("attn.", "router.epsilon")) for r in got for k in r["values"])
     assert {"loss", "weight_norm", "router.token_entropy@model.layers.0.mlp.gate"} <= set(
@@ -149,14 +177,15 @@ def test_a_rank_that_cannot_read_its_specs_makes_every_rank_skip_the_gathers(
 
 
 @pytest.mark.slow
-def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], tmp_path: Path) -> None:
-    statuses = launch("fsdp2", 2, tmp_path, EMIT_RANKS="all")
-    per_rank = [records(tmp_path, rank) for rank in (0, 1)]
+def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], pairs: Path) -> None:
+    out = job_dir(pairs, "fsdp2:per_rank")
+    ranks_status = statuses(out, 2)
+    per_rank = [records(out, rank) for rank in (0, 1)]
     assert [len(r) for r in per_rank] == [3, 3]
     for rank, recs in enumerate(per_rank):
         assert all(r["rank"] == rank for r in recs)
         assert [r["values"]["loss"] for r in recs] == pytest.approx(
-            [statuses[rank]["losses"][step] for step in MONITORED_STEPS], rel=1e-6
+            [ranks_status[rank]["losses"][step] for step in MONITORED_STEPS], rel=1e-6
         )
     last0, last1, want = per_rank[0][-1]["values"], per_rank[1][-1]["values"], reference[-1]
     weights = [k for k in want["values"] if k.startswith("attn.") or k == "weight_norm"]
@@ -169,13 +198,14 @@ def test_per_rank_records_keep_each_ranks_own_data(reference: list[dict], tmp_pa
 
 @pytest.mark.slow
 def test_a_monitor_on_rank_zero_alone_refuses_the_sharded_parts_and_never_hangs(
-    tmp_path: Path,
+    pairs: Path,
 ) -> None:
-    statuses = launch("fsdp2", 2, tmp_path, MONITOR_ON_RANK_ZERO_ONLY="1", JOIN_TIMEOUT_S="2")
-    assert [len(s["losses"]) for s in statuses] == [7, 7]
-    refused = statuses[0]["describe"]["refused"]
+    out = job_dir(pairs, "fsdp2:rank_zero_only")
+    ranks_status = statuses(out, 2)
+    assert [len(s["losses"]) for s in ranks_status] == [7, 7]
+    refused = ranks_status[0]["describe"]["refused"]
     assert "model.layers.0.self_attn" in refused and "model.layers.1.mlp.gate" in refused
-    got = records(tmp_path)
+    got = records(out)
     assert [r["step"] for r in got] == MONITORED_STEPS
     assert not any(k.startswith("attn.") for r in got for k in r["values"])
     assert "router.token_entropy@model.layers.0.mlp.gate" not in got[-1]["values"]
@@ -189,14 +219,15 @@ def test_pipeline_stages_make_one_global_record(
     """Two pipeline stages (torchtitan's split: each rank keeps its modules under their
     original names) make the single process's record. The losses are checked first, so that
     a wrong pipeline cannot hide behind the Monitor."""
-    statuses = launch("pp", 2, tmp_path, worker=PIPELINE_WORKER)
+    launch("pp", 2, tmp_path, worker=PIPELINE_WORKER)
+    stages = statuses(tmp_path, 2)
     want_losses = json.loads((single_run / "status-0.json").read_text())["losses"]
-    assert statuses[0]["losses"] == []  # the first stage has no loss
-    assert statuses[1]["losses"][0] == pytest.approx(want_losses[0], rel=1e-6)
-    assert statuses[1]["losses"] == pytest.approx(want_losses, rel=TOLERANCE)
-    assert [s["errors"] for s in statuses] == [0, 0]
-    assert [s["records_written"] for s in statuses] == [3, 0]
-    assert statuses[0]["describe"]["refused"] == []
+    assert stages[0]["losses"] == []  # the first stage has no loss
+    assert stages[1]["losses"][0] == pytest.approx(want_losses[0], rel=1e-6)
+    assert stages[1]["losses"] == pytest.approx(want_losses, rel=TOLERANCE)
+    assert [s["errors"] for s in stages] == [0, 0]
+    assert [s["records_written"] for s in stages] == [3, 0]
+    assert stages[0]["describe"]["refused"] == []
     got = records(tmp_path)
     assert [r["step"] for r in got] == MONITORED_STEPS == [r["step"] for r in reference]
     for mine, want in zip(got, reference, strict=True):
