@@ -61,6 +61,9 @@ def _replay(args: argparse.Namespace) -> int:
                         "scenario": report.labels.get("scenario"),
                         "divergence_step": report.divergence_step,
                         "config_version": config.version,
+                        "profile": report.profile,
+                        "profile_reason": report.profile_reason,
+                        "unruled": report.unruled,
                         "warnings": [a.to_message() for a in report.alerts],
                     }
                 )
@@ -71,29 +74,40 @@ def _replay(args: argparse.Namespace) -> int:
         div = report.divergence_step
         for alert in report.alerts or [None]:
             if alert is None:
-                rows.append([report.run_id, "-", "-", "-", "-", "-", div, "-"])
+                rows.append([report.run_id, report.profile, "-", "-", "-", "-", "-", "-", div, "-"])
                 continue
             lead = None if div is None else div - alert.step
+            rule = f"{alert.evidence.get('detector')} {alert.series.split('@')[0]}"
             rows.append(
                 [
                     report.run_id,
+                    report.profile,
                     alert.family,
                     alert.module or "-",
                     alert.role,
+                    rule,
                     alert.step,
                     alert.false_alarm_rate,
                     div,
                     lead,
                 ]
             )
-    print(
-        format_table(
-            ["run", "family", "module", "role", "step", "false-alarm rate", "divergence", "lead"],
-            rows,
-        )
-    )
+    headers = ["run", "profile", "family", "module", "role", "rule", "step"]
+    print(format_table([*headers, "false-alarm rate", "divergence", "lead"], rows))
+    for report in reports:
+        print(_profile_note(report))
     print(f"detector config {config.version}")
     return 0
+
+
+def _profile_note(report) -> str:
+    """Which profile judged a run, why, and what it left unread."""
+    text = f"{report.run_id}: profile {report.profile} ({report.profile_reason})"
+    if report.unruled:
+        text += "; no rule for " + ", ".join(
+            f"{metric} ({why})" for metric, why in report.unruled.items()
+        )
+    return text
 
 
 def _live(args: argparse.Namespace) -> int:

@@ -133,10 +133,6 @@ class DetectorConfig:
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
-    def for_labels(self, labels: dict[str, Any]) -> DetectorConfig:
-        """The config for a run with these labels: this one (see ``profiles.ProfileConfigs``)."""
-        return self
-
     def confirm_of(self, rule: SeriesRule) -> int:
         """Records in a row beyond h before ``rule`` warns: its own, else the config's."""
         return rule.confirm or self.confirm

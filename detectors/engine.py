@@ -36,6 +36,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from foreshock.catalogue import SERIES
 from foreshock.producers.records import parse_series_key
 from foreshock.transport.warning import SCHEMA
 
@@ -44,8 +45,13 @@ from .config import MECHANISMS, DetectorConfig, SeriesRule
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
 from .level import SustainedLevel
-from .profiles import ProfileConfigs
-from .standardize import LogRatioStandardizer, TrendStandardizer, WarmupStandardizer
+from .profiles import ProfileConfigs, choose_profile
+from .standardize import (
+    LogRatioStandardizer,
+    LogTrendStandardizer,
+    TrendStandardizer,
+    WarmupStandardizer,
+)
 
 __all__ = ["RunDetector", "RunWarning"]
 
@@ -63,6 +69,9 @@ CHECK = {
     "symptom": "a global symptom (loss, gradient or weight norm): look for the mechanism "
     "warning before it",
 }
+
+# The catalogue's series: the metrics a rule may read (the rest are evidence only).
+RULED_METRICS = frozenset(s.metric for s in SERIES)
 
 # LogRatioStandardizer is a Warmup one
 Standardizer = WarmupStandardizer | TrendStandardizer | BandStandardizer
@@ -156,7 +165,8 @@ class RunDetector:
     ) -> None:
         self.run_id, self._configs, self.rank = run_id, config, rank
         self._named = rank is not None and rank != 0  # the warnings name the rank
-        self.config = config.for_labels({})  # until the run's start labels say otherwise
+        self.profile = choose_profile(config, None)  # until the run's start record says
+        self.config = self.profile.config
         self._inputs: deque[dict[str, Any]] = deque(maxlen=self.MAX_REPLAY)
         self._attempt: int | None = None
         self._attempts: set[int] = set()
@@ -170,6 +180,7 @@ class RunDetector:
         """Every piece of state a run's records build (not its config or kept records)."""
         self._series: dict[str, _Series] = {}
         self._ignored: set[str] = set()  # series keys no rule reads
+        self.unruled: dict[str, str] = {}  # module-level metric no rule reads -> why
         self._open: dict[tuple[str, str | None], RunWarning] = {}
         self.alerts: list[RunWarning] = []
         self.cause: str | None = None
@@ -177,7 +188,9 @@ class RunDetector:
         self.divergence = LossDivergence()
         self.divergence_step: int | None = None
         self.last_step = -1
-        self._inflation: tuple[BandStandardizer, SustainedLevel] | None = None
+        self._inflation: tuple[BandStandardizer | LogTrendStandardizer, SustainedLevel] | None = (
+            None
+        )
 
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         kind = message.get("kind", "metrics")
@@ -206,7 +219,8 @@ class RunDetector:
             if self.divergence.divergence_step is not None:
                 events += self._diverged(self.divergence.divergence_step)
         elif kind == "start" and not self._series:
-            self.config = self._configs.for_labels(message.get("labels") or {})
+            self.profile = choose_profile(self._configs, message)
+            self.config = self.profile.config
             self._inflation = None
         elif kind == "end":
             if message.get("divergence_step") is not None:
@@ -254,15 +268,19 @@ class RunDetector:
         return events + self._clear(step)
 
     def _track_inflation(self, step: int, value: Any) -> None:
-        """The total weight norm against its healthy band (where calibrated): see above."""
+        """The total weight norm against its healthy band where the profile has one, else
+        against the run's own warm-up trend (``LogTrendStandardizer``: a zero-shot profile
+        reads no other model's weights): see ``_attribute``."""
         c = self.config
-        if c.inflation_h is None or INFLATION_METRIC not in c.bands:
+        if c.inflation_h is None:
             return
         if self._inflation is None:
-            self._inflation = (
-                BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start),
-                SustainedLevel("up", c.inflation_h, c.confirm),
+            reference: BandStandardizer | LogTrendStandardizer = (
+                BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
+                if INFLATION_METRIC in c.bands
+                else LogTrendStandardizer(c.warmup_start, c.warmup_records)
             )
+            self._inflation = (reference, SustainedLevel("up", c.inflation_h, c.confirm))
         band, level = self._inflation
         z = band.update(step, value)
         if z is not None:
@@ -276,10 +294,15 @@ class RunDetector:
             metric, module, head = parse_series_key(key)
         except ValueError:
             return None
+        if head is not None:
+            return None  # per-head series are evidence, not rules' input
         rule = self.config.rule_for(metric)
-        if rule is None or head is not None:
+        if rule is None:
+            if metric in RULED_METRICS:  # a catalogue series this profile leaves unread
+                self.unruled.setdefault(metric, "no rule in this profile")
             return None
         if rule.kind == "band" and key not in self.config.bands:
+            self.unruled.setdefault(metric, "no healthy band for this module")
             return None  # no healthy reference for this series: nothing to compare with
         h = self.config.thresholds.get(rule.metric, math.inf)
         series = _Series(
@@ -340,6 +363,7 @@ class RunDetector:
             config_version=self.config.version,
             evidence={
                 "detector": self.config.rule_for(series.metric).kind,
+                "profile": self.profile.name,
                 "warmup_mean": series.standardizer.mean,
                 "warmup_scale": series.standardizer.scale,
                 "recent": [list(r) for r in series.recent],

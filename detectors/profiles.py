@@ -1,57 +1,114 @@
-"""Detector profiles: which calibration fits a run, read from its labels (torch-free).
+"""Detector profiles: which calibration fits a run — chosen by its architecture, never defaulted.
 
-Thresholds do not carry across architectures or dispatch: the reference implementation of
-these monitors says so for MHA vs GQA/MLA, and capacity changes what a router's gradient sees.
-So each (architecture, dispatch) pair is calibrated on its own healthy runs, shipped as
-``detectors/calibrated/<profile>.json``. A run's profile is ``<arch>`` with dropless dispatch and
-``<arch>+<dispatch>`` otherwise; a run without these labels is the lab's own ``gpt-moe``.
+Thresholds and bands do not carry across architectures, sizes or dispatch: the reference
+implementation of these monitors says so for MHA vs GQA/MLA, capacity changes what a router's
+gradient sees, and the lab's Mixtral at hidden 192 left the bands of the 128-wide one on 8 of 9
+healthy runs. So each calibrated profile (``detectors/calibrated/<profile>.json``) applies
+only to runs whose architecture signature (:mod:`foreshock.detectors.signatures`) it was
+calibrated on (``detectors/calibrated/signatures.json``); every other run gets the
+**zero-shot** profile: run-relative rules whose thresholds were calibrated across the lab's
+architectures (:mod:`foreshock.detectors.zero_shot`). A run may name its profile (label
+``profile``, or ``arch`` and ``dispatch``: ``<arch>`` with dropless dispatch and
+``<arch>+<dispatch>`` otherwise); the name is honoured unless the run's signature says it is
+another model. Every choice says why (``ProfileChoice.reason``), and the detectors report it.
 
->>> profile_of({})
-'gpt-moe'
 >>> profile_of({"arch": "gpt-moe", "dispatch": "capacity-1"})
 'gpt-moe+capacity-1'
 >>> profile_of({"arch": "mixtral", "dispatch": "dropless"})
 'mixtral'
+>>> profile_of({})
+'gpt-moe'
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import DetectorConfig
+from .signatures import describe, same_model, signature_of
 
-__all__ = ["DEFAULT_PROFILE", "ProfileConfigs", "profile_of", "shipped_profiles"]
+__all__ = [
+    "ZERO_SHOT",
+    "ProfileChoice",
+    "ProfileConfigs",
+    "choose_profile",
+    "profile_of",
+    "shipped_profiles",
+]
 
-DEFAULT_PROFILE = "gpt-moe"
+ZERO_SHOT = "zero-shot"
+LAB_PROFILE = "gpt-moe"  # the lab's own model
+SIGNATURES_FILE = "signatures.json"  # profile -> the signatures it was calibrated on
 
 
 def profile_of(labels: dict[str, Any]) -> str:
+    """The profile a lab run's labels name: the lab's own ``gpt-moe`` when they name none
+    (its first recorded runs carry no ``arch``). ``choose`` reads labels with ``_asked``."""
+    return _asked(labels) or LAB_PROFILE
+
+
+def _asked(labels: dict[str, Any]) -> str | None:
+    """The profile a run's labels name, if any: a run that names none asks for none."""
     if isinstance(labels.get("profile"), str):
         return labels["profile"]
-    arch = labels.get("arch") or DEFAULT_PROFILE
-    dispatch = labels.get("dispatch") or "dropless"
-    return str(arch) if dispatch == "dropless" else f"{arch}+{dispatch}"
+    if not labels.get("arch"):
+        return None
+    arch, dispatch = str(labels["arch"]), labels.get("dispatch") or "dropless"
+    return arch if dispatch == "dropless" else f"{arch}+{dispatch}"
+
+
+class ProfileChoice(NamedTuple):
+    """The profile a run is judged by, its config, and why it was chosen."""
+
+    name: str
+    config: DetectorConfig
+    reason: str
 
 
 @dataclass(frozen=True)
 class ProfileConfigs:
-    """One calibrated config per profile; a run whose profile has none gets ``default``'s.
+    """One config per profile, and the architecture signatures each was calibrated on.
 
-    Used wherever a single :class:`DetectorConfig` is (``for_labels``, ``version``): the
-    detectors pick a run's config from its ``start`` labels."""
+    Used wherever a single :class:`DetectorConfig` is (``choose``, ``version``): the
+    detectors pick a run's config from its ``start`` record."""
 
     configs: dict[str, DetectorConfig]
-    default: str = DEFAULT_PROFILE
+    signatures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.default not in self.configs:
-            raise ValueError(f"no config for the default profile {self.default!r}")
+    def choose(self, start: dict[str, Any] | None) -> ProfileChoice:
+        """The profile for a run with this ``start`` record (see the module docstring)."""
+        start = start or {}
+        signature = signature_of(start)
+        asked = _asked(start.get("labels") or {})
+        notes = []
+        if asked is not None and asked in self.configs:
+            made_for = self.signatures.get(asked, [])
+            if signature is None or not made_for or any(same_model(signature, s) for s in made_for):
+                return ProfileChoice(asked, self.configs[asked], f"the run's labels name {asked}")
+            notes.append(f"labels name {asked}, calibrated on {_models(made_for)}, not this model")
+        elif asked is not None:
+            notes.append(f"labels name {asked}, which no config here has")
+        for name in sorted(self.signatures):
+            if name in self.configs and any(
+                same_model(signature, s) for s in self.signatures[name]
+            ):
+                return ProfileChoice(
+                    name, self.configs[name], f"calibrated on {describe(signature)}"
+                )
+        if signature is None:
+            notes.append("the run sent no architecture signature")
+        else:
+            notes.append(f"no profile was calibrated on {describe(signature)}")
+        return self._zero_shot("; ".join(notes))
 
-    def for_labels(self, labels: dict[str, Any]) -> DetectorConfig:
-        return self.configs.get(profile_of(labels), self.configs[self.default])
+    def _zero_shot(self, why: str) -> ProfileChoice:
+        if ZERO_SHOT in self.configs:
+            return ProfileChoice(ZERO_SHOT, self.configs[ZERO_SHOT], f"{why}: zero-shot rules")
+        return ProfileChoice(ZERO_SHOT, DetectorConfig(), f"{why}; no zero-shot config: no rule")
 
     @property
     def version(self) -> str:
@@ -60,12 +117,27 @@ class ProfileConfigs:
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
+def choose_profile(
+    configs: DetectorConfig | ProfileConfigs, start: dict[str, Any] | None
+) -> ProfileChoice:
+    """``configs.choose(start)``; one config given (``--config``) judges every run."""
+    if isinstance(configs, DetectorConfig):
+        return ProfileChoice("given", configs, "one config was given for every run")
+    return configs.choose(start)
+
+
+def _models(signatures: list[dict[str, Any]]) -> str:
+    return ", ".join(describe(s) for s in signatures)
+
+
 def shipped_profiles() -> ProfileConfigs:
-    """The configs calibrated on the shipped lab runs, one per profile."""
+    """The configs calibrated on the shipped lab runs, one per profile, with their signatures."""
     folder = files("foreshock.detectors").joinpath("calibrated")
     configs = {
         entry.name.removesuffix(".json"): DetectorConfig.load(str(entry))
         for entry in folder.iterdir()
-        if entry.name.endswith(".json")
+        if entry.name.endswith(".json") and entry.name != SIGNATURES_FILE
     }
-    return ProfileConfigs(configs or {DEFAULT_PROFILE: DetectorConfig()})
+    signatures_file = folder.joinpath(SIGNATURES_FILE)
+    signatures = json.loads(signatures_file.read_text()) if signatures_file.is_file() else {}
+    return ProfileConfigs(configs, signatures)

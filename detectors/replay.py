@@ -26,6 +26,9 @@ class RunReport:
     alerts: list[RunWarning]
     peaks: dict[str, float]
     events: list[RunWarning] = field(default_factory=list)
+    profile: str | None = None  # the profile the run was judged by
+    profile_reason: str = ""  # why that one (``profiles.ProfileChoice.reason``)
+    unruled: dict[str, str] = field(default_factory=dict)  # metric no rule read -> why
 
     def first(self, family: str, before: int | None = None) -> RunWarning | None:
         """The first warning of ``family`` (optionally only those before step ``before``)."""
@@ -44,8 +47,17 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
     if run.end is not None:
         events += detector.finish(run.end)
     exact = (run.end or {}).get("divergence_step")
+    profile = detector.profile
     return RunReport(
-        run_id, run.start.get("labels", {}), exact, detector.alerts, detector.peaks, events
+        run_id,
+        run.start.get("labels", {}),
+        exact,
+        detector.alerts,
+        detector.peaks,
+        events,
+        profile.name,
+        profile.reason,
+        detector.unruled,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import DetectorConfig
 from .engine import RunDetector, RunWarning
-from .profiles import ProfileConfigs
+from .profiles import ProfileChoice, ProfileConfigs, choose_profile
 
 __all__ = ["RunStreams"]
 
@@ -66,9 +66,10 @@ class RunStreams:
         return detector.update(message)
 
     def _labels(self, start: dict[str, Any], rank: int) -> None:
-        """The run's first labelled start also labels the ranks that started without (a
-        detector takes labels until its first series exists)."""
-        if self._start is not None or not start.get("labels"):
+        """The run's first start with labels or an architecture signature also describes the
+        ranks that started without (a detector takes them until its first series exists)."""
+        described = start.get("labels") or (start.get("monitor") or {}).get("signature")
+        if self._start is not None or not described:
             return
         self._start = start
         for other, detector in self.ranks.items():
@@ -109,6 +110,21 @@ class RunStreams:
         """The first step any rank's loss diverged at (None: none has)."""
         steps = [d.divergence_step for d in self.ranks.values() if d.divergence_step is not None]
         return min(steps, default=None)
+
+    @property
+    def profile(self) -> ProfileChoice:
+        """The profile the run is judged by (its lowest rank's: every rank reads one start)."""
+        if not self.ranks:
+            return choose_profile(self._config, self._start)
+        return self.ranks[min(self.ranks)].profile
+
+    @property
+    def unruled(self) -> dict[str, str]:
+        """Module-level metrics the run sent that no rule of its profile reads, and why."""
+        out: dict[str, str] = {}
+        for _, detector in sorted(self.ranks.items()):
+            out = {**detector.unruled, **out}
+        return dict(sorted(out.items()))
 
     @property
     def ignored(self) -> int:

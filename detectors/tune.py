@@ -120,7 +120,7 @@ def replay_messages(
     detectors' own estimate — the rule the store's ``runs`` view applies.
     """
     detector = RunStreams(run_id, config)
-    events = []
+    events = [] if start is None else detector.update({**start, "kind": "start"})
     for record in records:
         events += detector.update(record)
     if end is not None:

@@ -49,6 +49,7 @@ from .partials import RankPart, combine
 from .records import METRICS_SCHEMA, parse_series_key, series_key
 from .router import RoutingAccumulator, router_output
 from .sharding import is_dtensor, sharded_tensors
+from .signature import model_signature
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -577,7 +578,22 @@ class Monitor:
             "config": asdict(self.config),
             "discovery": self.discovery.summary(),
             "refused": list(self.refused),
+            "signature": self.signature(),
         }
+
+    def signature(self) -> dict[str, Any] | None:
+        """The model's architecture signature (``producers.signature``): the detectors choose
+        a calibrated profile by it. None when it cannot be read (never raises)."""
+        try:
+            return model_signature(
+                self.model,
+                self.discovery.attention,
+                self.discovery.routers,
+                self.attention_modules(),
+            )
+        except Exception as exc:  # a model we cannot read: the zero-shot profile applies
+            log.warning("foreshock: no architecture signature: %r", exc)
+            return None
 
     def close(self) -> None:
         """Remove the hooks and close the sink. Safe to call twice."""

@@ -30,6 +30,7 @@ from foreshock.detectors.divergence import LossDivergence
 from foreshock.detectors.level import SustainedLevel
 from foreshock.detectors.standardize import (
     LogRatioStandardizer,
+    LogTrendStandardizer,
     TrendStandardizer,
     WarmupStandardizer,
 )
@@ -116,6 +117,14 @@ SPECS = [
         params={"start": 10, "records": 2, "abs_floor": 1e-9},
         others={"start": 20, "records": 3, "abs_floor": 1e-6},
         stream=[(0, 9.0), (10, 0.9), (20, 1.1), (30, 0.5), (40, 2.0)],
+        signal=_ready,
+        fires_at=2,
+    ),
+    Spec(
+        LogTrendStandardizer,
+        params={"start": 10, "records": 2},
+        others={"start": 20, "records": 3},
+        stream=[(0, 9.0), (10, 1.0), (20, 1.1), (30, 1.2), (40, 2.0)],
         signal=_ready,
         fires_at=2,
     ),

@@ -1,0 +1,129 @@
+"""The zero-shot profile: rules a model no one calibrated can be judged by.
+
+A calibrated profile compares a run with healthy runs of the same model (bands at the same
+step). A fleet trains many recipes and sizes and nobody trains seven healthy 70B runs to make
+a band, so the zero-shot profile keeps only rules that compare a run with *itself*:
+
+* every mechanism and symptom series against its own warm-up (``DEFAULT_RULES``: a CUSUM on
+  the residual from the run's own trend, in warm-up σ; the router entropies as a log ratio
+  to their warm-up level, in nats) — scale-free, so one threshold serves any width or depth;
+* the optimizer test (weights moved before any mechanism) as the total weight norm's log
+  above its own warm-up trend (``standardize.LogTrendStandardizer``), never another model's
+  weight band.
+
+Thresholds are pooled across architectures, and each metric's margin is chosen **leave one
+architecture out**: the least margin in ``calibrate.MARGINS`` under which no healthy run of a
+held-out architecture exceeds the threshold the *other* architectures set,
+
+    h_m = max_i M_m,i · (1 + μ_m),
+    μ_m = min{ μ : for every group A and run i in A, M_m,i ≤ max_{j ∉ A} M_m,j · (1 + μ) },
+
+so the stated margin is what it took for an architecture never seen to stay quiet. ``groups``
+are the architectures (or architecture/size/dispatch combinations: any key); a single group
+falls back to leaving one run out, which promises less.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from .bands import INFLATION_METRIC
+from .calibrate import MARGINS, calibrate, uncalibrated
+from .config import DEFAULT_RULES, DetectorConfig
+from .level import SustainedLevel
+from .standardize import LogTrendStandardizer
+
+__all__ = [
+    "INFLATION_FLOOR",
+    "OPTIMIZER_TEST",
+    "calibrate_zero_shot",
+    "inflation_peak",
+    "zero_shot_base",
+]
+
+INFLATION_FLOOR = 0.05  # nats: the least optimizer threshold (a 5 % lead over the trend)
+OPTIMIZER_TEST = "optimizer-test"  # its peaks' key: "weight_norm" is also a symptom rule's
+
+
+def zero_shot_base() -> DetectorConfig:
+    """The rules, no thresholds: run-relative only, the optimizer test on the own trend."""
+    return DetectorConfig(DEFAULT_RULES)
+
+
+def inflation_peak(run: Any, config: DetectorConfig) -> float:
+    """A run's largest weight-norm lead over its own warm-up trend held for ``confirm``
+    records (nats): what the optimizer test reads (``engine.RunDetector._track_inflation``)."""
+    trend = LogTrendStandardizer(config.warmup_start, config.warmup_records)
+    level = SustainedLevel("up", math.inf, config.confirm)
+    for record in run.records:
+        x = trend.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
+        if x is not None:
+            level.update(x)
+    return level.peak
+
+
+def calibrate_zero_shot(
+    groups: Mapping[str, Sequence[Any]],
+    replay: Callable[[Any, DetectorConfig], Any],
+    base: DetectorConfig | None = None,
+) -> DetectorConfig:
+    """The zero-shot config from healthy runs of several architectures (see above).
+    ``replay(run, config)`` gives a report with ``peaks``; runs have ``records``."""
+    if not groups or not all(groups.values()):
+        raise ValueError("a zero-shot profile needs healthy runs of each group given")
+    base = base or zero_shot_base()
+    bare = uncalibrated(base)
+    reports = {
+        name: [_peaks(run, base, replay(run, bare)) for run in runs]
+        for name, runs in groups.items()
+    }
+    metrics = [r.metric for r in base.rules] + [OPTIMIZER_TEST]
+    margins = {
+        m: _group_margin({g: [r.peaks.get(m, 0.0) for r in rs] for g, rs in reports.items()})
+        for m in metrics
+    }
+    pooled = [r for rs in reports.values() for r in rs]
+    config = calibrate(pooled, base, margin={m: margins[m] for m in metrics[:-1]})
+    top = max(r.peaks[OPTIMIZER_TEST] for r in pooled)
+    calibration = {
+        **config.calibration,
+        "method": "zero-shot: pooled max-statistic, margins leave one architecture out",
+        "groups": {g: len(rs) for g, rs in sorted(reports.items())},
+        "inflation": {
+            "method": "weight-norm log above its warm-up trend",
+            "peak": round(top, 4),
+            "margin": margins[OPTIMIZER_TEST],
+        },
+    }
+    inflation_h = round(max(INFLATION_FLOOR, top * (1 + margins[OPTIMIZER_TEST])), 4)
+    return replace(config, calibration=calibration, inflation_h=inflation_h)
+
+
+class _Peaks(NamedTuple):
+    run_id: str
+    peaks: dict[str, float]
+
+
+def _peaks(run: Any, base: DetectorConfig, report: Any) -> _Peaks:
+    """A run's peaks as ``calibrate`` reads them, with the optimizer test's."""
+    return _Peaks(report.run_id, {**report.peaks, OPTIMIZER_TEST: inflation_peak(run, base)})
+
+
+def _group_margin(peaks: Mapping[str, Sequence[float]]) -> float:
+    """The least margin in MARGINS under which every group's peaks stay under the others'
+    largest × (1 + margin); the largest margin if none does. One group alone: each run
+    against the others (leave one run out), all a single group can tell."""
+    if len(peaks) == 1:
+        (only,) = peaks.values()
+        peaks = {str(i): [p] for i, p in enumerate(only)}
+    for margin in MARGINS:
+        if all(
+            max(ps, default=0.0)
+            <= max((p for h, qs in peaks.items() if h != g for p in qs), default=0.0) * (1 + margin)
+            for g, ps in peaks.items()
+        ):
+            return margin
+    return MARGINS[-1]
