@@ -65,24 +65,30 @@ def _smoke(args: argparse.Namespace) -> int:
 
 @_needs_torch
 def _lab_run(args: argparse.Namespace) -> int:
-    from foreshock.lab.arch import default_model
+    from foreshock.lab.arch import SIZES, check_fault, default_model
     from foreshock.lab.faults import Fault, default_capacity
     from foreshock.lab.run import RunConfig, run_lab
 
     capacity = args.capacity
     if capacity is None:
         capacity = default_capacity(args.scenario, args.arch)
-    model = default_model(args.arch, capacity)
-    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
-    fault = Fault.default(
-        args.scenario,
-        args.onset,
-        args.magnitude,
-        ramp=args.ramp,
-        bits=args.bits,
-        layers=layers,
-        lr_target=args.lr_target,
-    )
+    sizes = {field: getattr(args, option[2:].replace("-", "_")) for field, option in SIZES.items()}
+    try:  # a run the architecture cannot build, or a fault it has no place for: one line
+        model = default_model(args.arch, capacity, **sizes)
+        layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+        fault = Fault.default(
+            args.scenario,
+            args.onset,
+            args.magnitude,
+            ramp=args.ramp,
+            bits=args.bits,
+            layers=layers,
+            lr_target=args.lr_target,
+        )
+        check_fault(args.arch, fault, model.n_experts)
+    except ValueError as exc:
+        print(f"foreshock lab run: {exc}", file=sys.stderr)
+        return 2
     config = RunConfig(
         fault=fault,
         seed=args.seed,
@@ -117,18 +123,37 @@ def _lab_run(args: argparse.Namespace) -> int:
 
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
+    from foreshock.lab.arch_table import ARCHS
     from foreshock.lab.scenarios import SCENARIOS
 
     lab = sub.add_parser("lab", help="the fault-injection lab")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
-    run = lab_sub.add_parser("run", help="train one labelled run with a fault scenario")
+    run = lab_sub.add_parser(
+        "run",
+        help="train one labelled run with a fault scenario",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="architectures (--arch):\n"
+        + "\n".join(f"  {name:12} {arch.summary}" for name, arch in ARCHS.items()),
+    )
     run.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     run.add_argument(
         "--arch",
-        choices=("gpt-moe", "mixtral"),
+        choices=tuple(ARCHS),
         default="gpt-moe",
-        help="the lab's own GPT-MoE, or a tiny transformers Mixtral (GQA, 2 key/value heads)",
+        help="the lab's own GPT-MoE, or a tiny transformers model built offline from its "
+        "config class (llama is dense: no router scenarios); docs/lab.md lists them",
     )
+    size = run.add_argument_group(
+        "model size", "default: the lab's dimensions for the arch (docs/lab.md)"
+    )
+    size.add_argument("--n-layers", type=int, metavar="N", help="transformer blocks")
+    size.add_argument("--hidden", type=int, metavar="D", help="model width d")
+    size.add_argument("--heads", type=int, metavar="H", help="query heads (hidden/H = head width)")
+    size.add_argument(
+        "--kv-heads", type=int, metavar="H", help="key/value heads (GQA; 0 = one per query head)"
+    )
+    size.add_argument("--experts", type=int, metavar="E", help="experts per MoE layer")
+    size.add_argument("--top-k", type=int, metavar="K", help="experts per token")
     run.add_argument(
         "--capacity",
         type=float,
@@ -142,7 +167,9 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--magnitude", type=float, help="fault magnitude (scenario default)")
     run.add_argument("--ramp", type=int, default=1000, help="lr-high: ramp steps (default 1000)")
     run.add_argument("--bits", type=int, default=1, help="combined: mantissa bits (default 1)")
-    run.add_argument("--layers", help="fa-*: comma-separated attention layers (default all)")
+    run.add_argument(
+        "--layers", help="fa-*: comma-separated attention layers to fault (default all)"
+    )
     run.add_argument(
         "--lr-target",
         choices=("model", "router"),

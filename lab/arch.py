@@ -1,72 +1,60 @@
-"""The lab's architectures behind one small interface: the lab's own GPT-MoE, or a transformers
-Mixtral built from its config class — a model no one here wrote.
+"""The lab's architectures behind one small interface: the lab's own GPT-MoE, or a
+transformers model built from its config class — models no one here wrote (Mixtral, Llama,
+Qwen3-MoE, OLMoE, DeepSeek-V3; :mod:`foreshock.lab.hf_archs`).
 
-Both take the same dimensions (:class:`~foreshock.lab.model.GPTConfig`) and give the training
-loop the same handles: the attention layers (each with a ``lowp`` switch for the FA faults and a
-``logit_observer`` for ``max_logit``), the MoE layers (a ``drop_observer`` where dispatch is
-capacity-limited), the router weights (for router-only faults) and the loss.
+All take the same dimensions (:class:`~foreshock.lab.model.GPTConfig`) and give the training
+loop the same handles (:class:`~foreshock.lab.lab_model.LabModel`): the attention layers (each
+with a ``lowp`` switch for the FA faults and a ``logit_observer`` for ``max_logit``), the MoE
+layers (a ``drop_observer`` where dispatch is capacity-limited), the router weights (for
+router-only faults) and the loss.
 
-On Mixtral the lab's FlashAttention-backward function (:mod:`foreshock.lab.attention`) is the
-model's attention implementation, registered through transformers' attention-function
-registry as ``foreshock-lab-fa``: the fault lives in the backward of the model's own attention
-call, exactly where a low-precision kernel would put it. Mixtral is GQA (``n_kv_head`` <
-``n_head``): each key/value head serves ``n_head / n_kv_head`` query heads, as in the library's
-own path.
+On the transformers models the lab's FlashAttention-backward function is the model's attention
+implementation, registered through transformers' attention-function registry as
+``foreshock-lab-fa`` (:mod:`foreshock.lab.hf_attention`): the fault lives in the backward of
+the model's own attention call, exactly where a low-precision kernel would put it.
+
+What each architecture is and can run (dense or MoE, GQA or not, ...) is in the torch-free
+table :data:`foreshock.lab.arch_table.ARCHS`; :func:`default_model` and :func:`build` check a
+model's dimensions against it, so a run that cannot be built is refused with a reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from .attention import flash_attention
+from . import hf_archs
+from .arch_table import ARCHS as TABLE
+from .arch_table import check_fault, info
+from .hf_attention import LAB_ATTENTION, lab_attention
+from .lab_model import LabModel
 from .model import GPT, GPTConfig
 
-__all__ = ["ARCHS", "LabModel", "build", "default_model"]
+__all__ = [
+    "ARCHS",
+    "LAB_ATTENTION",
+    "SIZES",
+    "LabModel",
+    "build",
+    "check_fault",
+    "check_model",
+    "default_model",
+    "lab_attention",
+]
 
-ARCHS = ("gpt-moe", "mixtral")
-LAB_ATTENTION = "foreshock-lab-fa"
-
-
-@dataclass
-class LabModel:
-    """A model with the handles the lab's training loop and faults need."""
-
-    model: nn.Module
-    attention: dict[str, nn.Module]  # name -> layer with .lowp and .logit_observer
-    moe: dict[str, nn.Module]  # router name -> MoE layer with .drop_observer
-    routers: list[nn.Parameter]  # the router weights (router-only learning-rate faults)
-    aux_loss_weight: float
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Next-byte cross-entropy plus the load-balancing loss (weight ``aux_loss_weight``)."""
-        if isinstance(self.model, GPT):
-            return self.model(x, y)[1]
-        out = self.model(input_ids=x, output_router_logits=self.aux_loss_weight > 0)
-        loss = F.cross_entropy(out.logits.reshape(-1, out.logits.size(-1)), y.reshape(-1))
-        if self.aux_loss_weight > 0:
-            loss = loss + self.aux_loss_weight * out.aux_loss
-        return loss
-
-
-def default_model(arch: str, capacity_factor: float = 0.0) -> GPTConfig:
-    """The lab's dimensions for ``arch``: Mixtral's attention is GQA (2 key/value heads)."""
-    return GPTConfig(capacity_factor=capacity_factor, n_kv_head=2 if arch == "mixtral" else 0)
-
-
-def build(arch: str, config: GPTConfig) -> LabModel:
-    if arch == "gpt-moe":
-        return _gpt_moe(config)
-    if arch == "mixtral":
-        return _mixtral(config)
-    raise ValueError(f"unknown arch {arch!r}; choose from {ARCHS}")
+ARCHS = tuple(TABLE)
+# The dimensions a run may set (GPTConfig fields), each with the CLI option that sets it.
+SIZES = {
+    "n_layer": "--n-layers",
+    "n_embd": "--hidden",
+    "n_head": "--heads",
+    "n_kv_head": "--kv-heads",
+    "n_experts": "--experts",
+    "top_k": "--top-k",
+}
 
 
 def _gpt_moe(config: GPTConfig) -> LabModel:
+    """The lab's own model (:mod:`foreshock.lab.model`)."""
     model = GPT(config)
     moe = {f"h.{i}.mlp.gate": b.mlp for i, b in enumerate(model.h) if hasattr(b.mlp, "gate")}
     return LabModel(
@@ -78,62 +66,63 @@ def _gpt_moe(config: GPTConfig) -> LabModel:
     )
 
 
-def _mixtral(config: GPTConfig) -> LabModel:
-    from transformers import AttentionInterface, MixtralConfig, MixtralForCausalLM
-
-    if config.capacity_factor:
-        raise ValueError("mixtral: dispatch is dropless (transformers' MixtralSparseMoeBlock)")
-    AttentionInterface.register(LAB_ATTENTION, lab_attention)
-    hf = MixtralConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.n_embd,
-        intermediate_size=config.expert_hidden or 4 * config.n_embd // config.top_k,
-        num_hidden_layers=config.n_layer,
-        num_attention_heads=config.n_head,
-        num_key_value_heads=config.n_kv_head or config.n_head,
-        max_position_embeddings=config.block_size,
-        num_local_experts=config.n_experts,
-        num_experts_per_tok=config.top_k,
-        router_aux_loss_coef=config.aux_loss_weight,
-        initializer_range=0.02,
-        tie_word_embeddings=True,
-        attn_implementation=LAB_ATTENTION,
-    )
-    model = MixtralForCausalLM(hf)
-    layers = model.model.layers
-    attention = {f"model.layers.{i}.self_attn": layer.self_attn for i, layer in enumerate(layers)}
-    for layer in attention.values():
-        layer.lowp, layer.logit_observer = None, None
-    return LabModel(
-        model,
-        attention=attention,
-        moe={},
-        routers=[layer.mlp.gate.weight for layer in layers],
-        aux_loss_weight=config.aux_loss_weight,
-    )
+BUILDERS: dict[str, Callable[[GPTConfig], LabModel]] = {
+    "gpt-moe": _gpt_moe,
+    "mixtral": hf_archs.mixtral,
+    "llama": hf_archs.llama,
+    "qwen3-moe": hf_archs.qwen3_moe,
+    "olmoe": hf_archs.olmoe,
+    "deepseek-v3": hf_archs.deepseek_v3,
+}
+assert set(BUILDERS) == set(TABLE), "every architecture has a builder"
 
 
-def lab_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature over the lab's causal FlashAttention.
+def default_model(arch: str, capacity_factor: float = 0.0, **sizes: int | None) -> GPTConfig:
+    """The lab's dimensions for ``arch`` — GPTConfig's defaults with the architecture's own
+    departures (Mixtral's 2 key/value heads, Llama's dense MLP, ...) — with ``sizes`` (the
+    GPTConfig fields of :data:`SIZES`; None = the default) on top, checked (:func:`check_model`).
+    """
+    unknown = set(sizes) - set(SIZES)
+    if unknown:
+        raise TypeError(f"not a size: {', '.join(sorted(unknown))}; sizes are {list(SIZES)}")
+    given = {name: value for name, value in sizes.items() if value is not None}
+    config = GPTConfig(**{**info(arch).defaults, "capacity_factor": capacity_factor, **given})
+    check_model(arch, config)
+    return config
 
-    query (B, H, T, d_h), key/value (B, H_kv, T, d_h) → output (B, T, H, d_h). Causal, no
-    padding (the lab's batches are full windows); scale 1/√d_h, as Mixtral's own."""
-    d_h = query.shape[-1]
-    if scaling is not None and abs(scaling * d_h**0.5 - 1) > 1e-6:
-        raise ValueError(f"{LAB_ATTENTION}: scale {scaling} is not 1/sqrt({d_h})")
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out, max_logit = flash_attention(query, key, value, getattr(module, "lowp", None))
-    observer = getattr(module, "logit_observer", None)
-    if observer is not None:
-        observer(max_logit)
-    return out.transpose(1, 2).contiguous(), None
+
+def check_model(arch: str, config: GPTConfig) -> None:
+    """Refuse dimensions the architecture cannot build, with every reason at once."""
+    entry, problems = info(arch), []
+    if min(config.n_layer, config.n_embd, config.n_kv_head + 1, config.top_k) < 1:
+        problems.append("layers, hidden, heads and top-k must be positive, kv-heads not negative")
+    if config.n_head < 1 or config.n_embd % config.n_head:
+        problems.append(f"hidden {config.n_embd} is not a multiple of heads {config.n_head}")
+    elif (config.n_embd // config.n_head) % entry.head_dim_multiple:
+        problems.append(
+            f"the head width hidden/heads = {config.n_embd // config.n_head} must be a "
+            f"multiple of {entry.head_dim_multiple}"
+        )
+    kv_heads = config.n_kv_head or config.n_head
+    if kv_heads != config.n_head and not entry.gqa:
+        problems.append("it has no key/value head groups: kv-heads must equal heads")
+    elif config.n_head % kv_heads:
+        problems.append(f"heads {config.n_head} is not a multiple of kv-heads {kv_heads}")
+    if not entry.moe and config.n_experts:
+        problems.append("it is dense: experts must be 0")
+    elif entry.moe and config.n_experts < entry.min_experts:
+        problems.append(f"it is an MoE model: experts must be at least {entry.min_experts}")
+    elif config.n_experts and not 1 <= config.top_k <= config.n_experts:
+        problems.append(f"top-k {config.top_k} must be in [1, experts = {config.n_experts}]")
+    if config.capacity_factor and not entry.capacity:
+        problems.append("its dispatch is dropless (no expert capacity)")
+    if config.aux_loss_weight and not entry.aux_loss:
+        problems.append("it trains without a load-balancing loss: aux_loss_weight must be 0")
+    if problems:
+        raise ValueError(f"{arch}: " + "; ".join(problems))
+
+
+def build(arch: str, config: GPTConfig) -> LabModel:
+    """The architecture ``arch`` at ``config``'s dimensions, with the lab's handles."""
+    check_model(arch, config)
+    return BUILDERS[arch](config)

@@ -1,12 +1,14 @@
 """One labelled lab run: train a lab architecture with a fault scenario and the Monitor attached.
 
-``arch`` is the lab's own GPT-MoE or a transformers Mixtral (:mod:`foreshock.lab.arch`); the
-labels record it, the dispatch (dropless or capacity-limited) and the detector ``profile``
-they make together, so that a replay applies the calibration that fits the run.
+``arch`` is the lab's own GPT-MoE or a transformers model (Mixtral, Llama, Qwen3-MoE, OLMoE,
+DeepSeek-V3: :mod:`foreshock.lab.arch`); the labels record it, the dispatch (dropless or
+capacity-limited) and the detector ``profile`` they make together, so that a replay applies
+the calibration that fits the run, and what was built (``arch_config``, ``parameters``).
 
 The run is written through the file sink as JSON Lines: a ``start`` record (labels: scenario,
-seed, onset, magnitude, model and optimizer config, versions), the Monitor's metric records,
-and an ``end`` record (status, divergence step by :mod:`foreshock.lab.divergence`, CPU time).
+seed, onset, magnitude, model dimensions and optimizer config, versions), the Monitor's metric
+records, and an ``end`` record (status, divergence step by :mod:`foreshock.lab.divergence`,
+CPU time).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from foreshock.producers.monitor import Monitor, MonitorConfig
 from foreshock.producers.records import RUN_SCHEMA, finite_or_none
 from foreshock.producers.sinks import JsonlSink, Sink
 
-from .arch import LabModel, build
+from .arch import LabModel, build, check_fault
 from .data import ByteBatches, stdlib_bytes
 from .faults import Fault
 from .model import GPTConfig
@@ -49,7 +51,7 @@ class RunConfig:
     after_divergence: int | None = 250  # steps kept past the divergence step; None = horizon
     name: str | None = None  # the run id; default "[<arch>-]<scenario>-s<seed>"
     project: str | None = None  # a label the dashboard filters on
-    arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or "mixtral" (transformers)
+    arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or a transformers one (arch.ARCHS)
 
     @property
     def run_id(self) -> str:
@@ -92,8 +94,14 @@ class _Progress:
             print(file=sys.stderr)
 
 
-def _labels(config: RunConfig) -> dict[str, Any]:
+def _labels(config: RunConfig, lab: LabModel) -> dict[str, Any]:
     project = {} if config.project is None else {"project": config.project}
+    if lab.settings:  # a transformers model: its config as built, and the library's version
+        import transformers
+
+        built = {"arch_config": lab.settings, "transformers": transformers.__version__}
+    else:
+        built = {}
     labels = {
         **project,
         "arch": config.arch,
@@ -109,7 +117,9 @@ def _labels(config: RunConfig) -> dict[str, Any]:
         "batch_size": config.batch_size,
         "lr": config.lr,
         "weight_decay": config.weight_decay,
-        "model": asdict(config.model),
+        "model": asdict(config.model),  # dimensions: n_layer, n_embd, n_head, n_kv_head, ...
+        **built,
+        "parameters": lab.n_parameters,
         "divergence_rule": asdict(config.divergence),
         "foreshock": __version__,
         "torch": torch.__version__,
@@ -178,6 +188,7 @@ def run_lab(
     config: RunConfig, out: str | Path | None, progress: bool = True, sink: Sink | None = None
 ) -> LabResult:
     """Train one run and write it to ``sink``, or to the JSON Lines file ``out`` (replaced)."""
+    check_fault(config.arch, config.fault, config.model.n_experts)  # before the file is replaced
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
     path = Path(out) if out is not None else None
@@ -203,7 +214,7 @@ def run_lab(
             "kind": "start",
             "run_id": config.run_id,
             "time": time.time(),
-            "labels": _labels(config),
+            "labels": _labels(config, lab),
             "monitor": monitor.describe(),
         }
     )
@@ -223,6 +234,8 @@ def run_lab(
             loss = lab.loss(x, y)
             loss.backward()
             optimizer.step()
+            if lab.after_step is not None:
+                lab.after_step()  # e.g. DeepSeek-V3's router-bias update
             tick = time.perf_counter()
             monitor.step(step, loss=loss)
             monitor_seconds += time.perf_counter() - tick
