@@ -13,7 +13,7 @@ scenario:
   alarm;
 * attribution: the cause the run's first mechanism warning names — the right one (correct:
   fa-lowprec → attention-numerics; router-* and gbs-small → router; lr-high → optimizer or
-  router), a wrong one, or ambiguous;
+  router: the catalogue's right causes), a wrong one, or ambiguous;
 * lead: divergence step − first warning step, for the mechanism families and for the symptom
   family (loss, grad norm, weight norm: the baseline foreshock must beat);
 * own family before symptom: diverged runs whose own-family warning came before any symptom
@@ -28,7 +28,8 @@ series (largest median lead).
 ``--trained-after TIME`` judges only the runs that started training at or after TIME: a clean
 batch trained after a rule was frozen, on its own (calibration and envelope unchanged).
 A run's scenario is its ``scenario`` label (the file name before ``-s<seed>`` when it has
-none); ``--runs`` is read flat (``*.jsonl.gz`` directly in it, not in sub-folders).
+none); ``--runs`` is read flat (``*.jsonl.gz`` directly in it, not in sub-folders). Each run is
+judged by :mod:`foreshock.detectors.judge`, the judge ``foreshock tune`` uses too.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from foreshock.catalogue import SCENARIOS
 from foreshock.detectors.calibrate import calibrate_profile
-from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, FAMILIES, DetectorConfig
+from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, DetectorConfig
+from foreshock.detectors.judge import judge, own_families
 from foreshock.detectors.profiles import profile_of
 from foreshock.detectors.replay import RunReport, replay_run
 from foreshock.lab.envelope import Envelope, healthy_envelope, scenario_envelope
@@ -57,12 +58,6 @@ from foreshock.lab.recorded import (
 from foreshock.producers.records import parse_series_key
 
 from ._table import emit_json, format_table
-
-# The family a fault's own warnings come from, and the causes its first mechanism warning may
-# rightly name (lr-high is an optimizer fault): the catalogue's.
-OWN = {s.name: set(s.own) for s in SCENARIOS if s.own}
-RIGHT_CAUSE = {s.name: set(s.right_causes) for s in SCENARIOS if s.own}
-
 
 HEALTHY = "healthy"
 SCENARIO_HEADER = [
@@ -114,45 +109,23 @@ def _load(directory: Path) -> tuple[dict[Path, RecordedRun], dict[Path, str]]:
     return loaded, {path: _scenario(path, run) for path, run in loaded.items()}
 
 
-def _family_leads(report: RunReport) -> dict[str, int | None]:
-    """Per family, divergence − its first warning before divergence (None: no lead)."""
-    div = report.divergence_step
-    firsts = {family: report.first(family, before=div) for family in FAMILIES}
-    return {f: None if div is None or a is None else div - a.step for f, a in firsts.items()}
-
-
 def _judge(report: RunReport, scenario: str) -> dict:
+    """The run's verdict (:func:`~foreshock.detectors.judge.judge`) as the tables' figures."""
     div = report.divergence_step
-    mechanism = [
-        a for a in report.alerts if a.family != "symptom" and (div is None or a.step < div)
-    ]
-    symptom = report.first("symptom", before=div)
-    first = mechanism[0] if mechanism else None
-    own = OWN.get(scenario, set())
-    own_first = next((a for a in mechanism if a.family in own), None)
-    detected = any(a.family in own for a in mechanism) if own else bool(mechanism)
-    cause = None if first is None else first.evidence.get("cause") or first.family
-    if first is None:
-        attribution = "none"
-    elif cause == "ambiguous":
-        attribution = "ambiguous"
-    else:
-        attribution = "correct" if cause in RIGHT_CAUSE.get(scenario, set()) else "wrong"
+    verdict = judge(scenario, div, report.alerts)
+    first = verdict.first
     return {
         "run": report.run_id,
         "divergence": div,
-        "detected": detected,
-        "attribution": attribution,
+        "detected": verdict.detected,
+        "attribution": verdict.attribution,
         "first": first and (first.family, first.module, first.step),
-        "cause": cause,
-        "mechanism_lead": None if div is None or first is None else div - first.step,
-        "before_symptom": div is not None
-        and own_first is not None
-        and (symptom is None or own_first.step < symptom.step),
-        "before_any_symptom": own_first is not None
-        and (symptom is None or own_first.step < symptom.step),
-        "symptom_lead": None if div is None or symptom is None else div - symptom.step,
-        "family_leads": _family_leads(report),
+        "cause": verdict.cause,
+        "mechanism_lead": verdict.lead(),
+        "before_symptom": div is not None and verdict.own_before_symptom,
+        "before_any_symptom": verdict.own_before_symptom,
+        "symptom_lead": verdict.lead("symptom"),
+        "family_leads": verdict.family_leads,
     }
 
 
@@ -228,7 +201,7 @@ def _scenario_row(scenario: str, runs: list[dict]) -> tuple[list, dict]:
         count["ambiguous"],
         _median(mech),
         _median(sym),
-        f"{earlier}/{diverged or n}" if scenario in OWN else "-",
+        f"{earlier}/{diverged or n}" if own_families(scenario) else "-",
     ]
     figures = {
         "runs": n,

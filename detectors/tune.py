@@ -15,10 +15,11 @@ thresholds are calibrated on the calibration runs with leave-one-out margins
   gbs-small → router, combined → both) with a warning of that family before divergence;
 * false warnings: mechanism warnings of the family per held-out healthy (and fa-noise) run;
 * lead: divergence step − the first warning of the family before it (median, p10, p90);
-* attribution: of the runs warned before divergence, those whose first mechanism warning is
-  the cause and of the fault's own family.
+* attribution: of the runs warned before divergence, those whose first mechanism warning
+  names one of the scenario's right causes (the catalogue's: lr-high → optimizer or router).
 
-A faulty scenario with no known family counts under ``unknown``: any mechanism warning
+Every run is judged by :mod:`foreshock.detectors.judge`, as the detection benchmark judges
+it. A faulty scenario with no known family counts under ``unknown``: any mechanism warning
 before divergence detects it, attribution is not judged.
 """
 
@@ -36,13 +37,13 @@ import polars as pl
 from foreshock.catalogue import SCENARIOS
 
 from .calibrate import calibrate, leave_one_out_margin, uncalibrated
-from .config import MECHANISMS, DetectorConfig
+from .config import DetectorConfig
+from .judge import judge
 from .replay import RunReport
 from .streams import RunStreams
 
 __all__ = [
     "DEFAULT_GRID",
-    "OWN",
     "RULE",
     "StoredRun",
     "TuneError",
@@ -53,9 +54,6 @@ __all__ = [
     "tune",
 ]
 
-# the family whose warning detects each fault (combined: both), from the catalogue; a
-# scenario the catalogue does not know is a fault of unknown family
-OWN: dict[str, tuple[str, ...]] = {s.name: s.own for s in SCENARIOS if not s.quiet}
 NOT_FAULTY = tuple(s.name for s in SCENARIOS if s.quiet)  # any mechanism warning is false
 DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "k": (0.25, 0.5, 1.0),
@@ -232,42 +230,33 @@ def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
-    """One row per family the run is judged on: a fault's families, or every mechanism
-    family (false warnings) for a quiet run (healthy or a control)."""
-    div = report.divergence_step
-    if not run.faulty:
+    """One row per family the run is judged on (:func:`~foreshock.detectors.judge.judge`): a
+    fault's families, or every mechanism family (false warnings) for a quiet run (healthy
+    or a control)."""
+    verdict = judge(run.scenario, report.divergence_step, report.alerts)
+    if not verdict.faulty:
         return [
             {
                 "run": run.run_id,
                 "scenario": run.scenario,
-                "family": f,
-                "faulty": False,
-                "false_warnings": sum(a.family == f for a in report.alerts),
-            }
-            for f in MECHANISMS
-        ]
-    before = [a for a in report.alerts if a.family in MECHANISMS and (div is None or a.step < div)]
-    own = OWN.get(run.scenario)
-    first = before[0] if before else None
-    attribution = (
-        None if first is None or own is None else (first.role == "cause" and first.family in own)
-    )
-    rows = []
-    for family in own or ("unknown",):
-        hits = [a for a in before if own is None or a.family == family]
-        lead = div - hits[0].step if hits and div is not None else None
-        rows.append(
-            {
-                "run": run.run_id,
-                "scenario": run.scenario,
                 "family": family,
-                "faulty": True,
-                "detected": bool(hits),
-                "lead": lead,
-                "attribution_ok": attribution,
+                "faulty": False,
+                "false_warnings": count,
             }
-        )
-    return rows
+            for family, count in verdict.false_warnings.items()
+        ]
+    return [
+        {
+            "run": run.run_id,
+            "scenario": run.scenario,
+            "family": family,
+            "faulty": True,
+            "detected": verdict.detected_by(family),
+            "lead": verdict.lead(family),
+            "attribution_ok": verdict.attribution_ok,
+        }
+        for family in verdict.families
+    ]
 
 
 def family_table(verdicts: pl.DataFrame) -> pl.DataFrame:

@@ -12,6 +12,7 @@ from typing import Any
 _LAZY = {
     "Monitor": "monitor",
     "MonitorConfig": "monitor",
+    "DivergenceWatch": "divergence_watch",
     "JsonlSink": "sinks",
     "ListSink": "sinks",
     "discover": "discovery",

@@ -13,7 +13,10 @@ names are also importable from here (lazily)::
     from foreshock.producers.integrations import ForeshockCallback
 
 What both callbacks share lives here: :class:`MonitoredRun`, one run's ``Monitor`` with its
-``start`` and ``end`` lifecycle records, which never raises into the training loop.
+``start`` and ``end`` lifecycle records, which never raises into the training loop. Its
+``end`` record carries the run's exact ``divergence_step``: the project's divergence rule
+applied to every step's loss (:mod:`foreshock.producers.divergence_watch`), not only to the
+monitoring steps' the detectors see.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from foreshock.producers.records import RUN_SCHEMA
 if TYPE_CHECKING:  # torch-free at run time
     from torch import nn
 
+    from foreshock.detectors.divergence import DivergenceRule
     from foreshock.producers.monitor import Monitor, MonitorConfig
     from foreshock.producers.sinks import Sink
 
@@ -119,10 +123,21 @@ class MonitoredRun:
 
     ``sink`` is a Sink (``write``/``close``) or a path: a ``JsonlSink`` is opened there when
     the run begins. ``begin`` builds the Monitor and writes the ``start`` record (labels: the
-    caller's, over the framework's own), ``step`` forwards to ``Monitor.step``, ``finish``
-    writes the ``end`` record and closes the Monitor and its sink. Only the ranks the Monitor
+    caller's, over the framework's own), ``step`` forwards to ``Monitor.step`` and gives the
+    step's loss to the divergence rule, ``finish`` writes the ``end`` record (with the rule's
+    ``divergence_step``) and closes the Monitor and its sink. Only the ranks the Monitor
     emits from (rank 0 by default) write lifecycle records. A failure while building the
     Monitor disables monitoring for the run (logged); the training is never interrupted.
+
+    Under torch.distributed each writing rank applies the rule to its *own* loss (rank 0's by
+    default), not the mean over ranks a record carries: the mean would take a collective at
+    every step, and one outside the Monitor's exchange could hang a job whose ranks disagree
+    about monitoring (a rank whose Monitor failed to build). A divergence is one of the
+    weights every data-parallel rank shares, so it shows in any rank's loss (a NaN reaches
+    every rank through the gradient all-reduce): one rank's loss is noisier, which the rule's
+    smoothing (EMA, 50 steps' patience) absorbs. It is also what a per-rank run
+    (``emit_ranks="all"``) means: each rank's ``end`` judges its own loss, as the detectors
+    read it (``detectors.streams``).
     """
 
     def __init__(
@@ -132,7 +147,10 @@ class MonitoredRun:
         config: MonitorConfig,
         labels: Mapping[str, Any] | None,
         framework: str,
+        divergence: DivergenceRule | None = None,
     ) -> None:
+        from foreshock.producers.divergence_watch import DivergenceWatch
+
         if sink is None:
             raise TypeError("a sink is required: a Sink (JsonlSink, KafkaSink, ...) or a path")
         self.sink_spec = sink
@@ -141,6 +159,7 @@ class MonitoredRun:
         self.labels = dict(labels or {})
         self.framework = framework
         self.monitor: Monitor | None = None
+        self.divergence = DivergenceWatch(divergence)
         self.last_step: int | None = None
         self.state = "new"  # new → running → finished; or disabled
 
@@ -199,13 +218,22 @@ class MonitoredRun:
                 }
             )
 
-    def step(self, step: int, loss: Any = None) -> dict[str, Any] | None:
-        """``Monitor.step`` (itself never raises); the record on monitoring steps."""
+    def step(self, step: int, loss: Any = None, own: bool = True) -> dict[str, Any] | None:
+        """``Monitor.step`` (itself never raises); the record on monitoring steps. Call it at
+        every optimizer step: the divergence rule reads every step's loss. ``own=False``: the
+        loss is not this step's own (a framework's last logged value): the Monitor records
+        it, the rule does not read it (a step it cannot see)."""
         if not self.running:
             return None
         self.last_step = step
-        assert self.monitor is not None
-        return self.monitor.step(step, loss=loss)
+        monitor = self.monitor
+        assert monitor is not None
+        record = monitor.step(step, loss=loss)
+        if monitor.active:  # the ranks that write the end record
+            self.divergence.observe(step, loss if own else None)
+            if step % monitor.config.every == 0:
+                self.divergence.drain()  # just after the Monitor's own device sync
+        return record
 
     def finish(self, status: str = "finished", **fields: Any) -> None:
         """Write the ``end`` record and close the Monitor and its sink. Safe to call twice."""
@@ -226,6 +254,7 @@ class MonitoredRun:
                     "last_step": self.last_step,
                     "records": monitor.records_written,
                     "monitor_errors": monitor.errors,
+                    **self.divergence.end_fields(),
                     **fields,
                 }
             )

@@ -44,6 +44,11 @@ mean, or their sum where the Trainer passed ``num_items_in_batch`` (the model th
 each micro-batch by the whole accumulated batch's token count). A model whose output has no
 ``loss`` (a ``compute_loss_func`` or label smoothing) falls back to the last logged loss.
 
+The ``end`` record's ``divergence_step``: the project's divergence rule applied to every
+update's loss (``MonitoredRun``, :mod:`foreshock.producers.divergence_watch`), null when the
+run did not diverge. A step whose loss is the logged fallback is one the rule cannot read;
+the record then has no ``divergence_step`` and the detectors estimate it.
+
 Sharded training (accelerate's FSDP2 from ``TrainingArguments(fsdp=True, fsdp_config=...)``)
 needs nothing more: the Trainer calls the callback on every rank, so every rank builds a
 Monitor on the same model, and FSDP2 shards it in place (DTensor parameters, which the
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
     import torch
 
     from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
     from foreshock.producers.sinks import Sink
@@ -108,6 +114,8 @@ class ForeshockCallback(RunAccess, TrainerCallback):
     warnings: run the detectors in the trainer process (:class:`.trackers.TrackerFeed`):
              ``True`` with the shipped calibrated profiles, or a ``DetectorConfig`` /
              ``ProfileConfigs``; ``False`` for the series only
+    divergence: the ``DivergenceRule`` applied to every step's loss for the ``end`` record's
+             ``divergence_step`` (default: the project's, the lab's)
 
     One callback per training run: after ``on_train_end`` its sink is closed.
     """
@@ -122,12 +130,12 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         max_logit: bool = True,
         trackers: bool = True,
         warnings: bool | DetectorConfig | ProfileConfigs = True,
+        divergence: DivergenceRule | None = None,
         **config_options: Any,
     ) -> None:
         self._max_logit = max_logit
-        self.run = MonitoredRun(
-            sink, run_id, make_config(config, config_options), labels, framework="transformers"
-        )
+        config = make_config(config, config_options)
+        self.run = MonitoredRun(sink, run_id, config, labels, "transformers", divergence)
         self.feed = TrackerFeed(warnings)
         self._trackers = trackers
         self._handler: Any = None  # the Trainer's CallbackHandler
@@ -195,10 +203,10 @@ class ForeshockCallback(RunAccess, TrainerCallback):
     # ---- internals ----------------------------------------------------------------------
     def _step(self, step: int, state: Any) -> None:
         try:
-            loss = self._step_loss(state)
+            loss, own = self._step_loss(state)
         except Exception:
-            loss = None
-        record = self.run.step(step, loss=loss)
+            loss, own = None, False
+        record = self.run.step(step, loss=loss, own=own)
         if record is not None:
             self._pending = self.feed.update(record)
 
@@ -257,15 +265,16 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         except Exception:  # never break the forward pass
             pass
 
-    def _step_loss(self, state: Any) -> Any:
+    def _step_loss(self, state: Any) -> tuple[Any, bool]:
+        """(the update's loss, whether it is the update's own: not the logged fallback)."""
         losses, self._losses = self._losses, []
         if losses:
             total = losses[0] if len(losses) == 1 else sum(losses[1:], losses[0])
-            return total if self._losses_summed else total / len(losses)
+            return (total if self._losses_summed else total / len(losses)), True
         for entry in reversed(state.log_history):
             if "loss" in entry:
-                return entry["loss"]
-        return None
+                return entry["loss"], False
+        return None, False
 
     def _remove_hook(self) -> None:
         if self._hook is not None:

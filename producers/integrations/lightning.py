@@ -48,6 +48,12 @@ as in the lab's loops. The loss is the ``loss`` of ``training_step``'s output (`
 ``on_train_batch_end``), summed over the micro-batches of an accumulated update (Lightning has
 already divided each by ``accumulate_grad_batches``); under manual optimisation the last
 batch's. Without one there, ``trainer.callback_metrics[loss_key]`` is used.
+
+The ``end`` record's ``divergence_step``: the project's divergence rule applied to every
+update's loss (``MonitoredRun``, :mod:`foreshock.producers.divergence_watch`), null when the
+run did not diverge. A ``callback_metrics`` loss may be an epoch's aggregate, not the
+update's: the rule does not read it, and the record then has no ``divergence_step`` (the
+detectors estimate it).
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ if TYPE_CHECKING:
     import torch
 
     from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
     from foreshock.producers.sinks import Sink
@@ -110,12 +117,12 @@ class _ForeshockHooks(RunAccess):
         loss_key: str | None = None,
         trackers: bool = True,
         warnings: bool | DetectorConfig | ProfileConfigs = True,
+        divergence: DivergenceRule | None = None,
         **config_options: Any,
     ) -> None:
         super().__init__()
-        self.run = MonitoredRun(
-            sink, run_id, make_config(config, config_options), labels, framework="lightning"
-        )
+        config = make_config(config, config_options)
+        self.run = MonitoredRun(sink, run_id, config, labels, "lightning", divergence)
         self.loss_key = loss_key
         self.feed = TrackerFeed(warnings)
         self._trackers = trackers
@@ -156,12 +163,13 @@ class _ForeshockHooks(RunAccess):
         step = trainer.global_step
         if self._step_before is None or step == self._step_before:
             return  # a micro-batch of an accumulating update: no optimizer step yet
+        own = self._loss is not None  # training_step's own; callback_metrics' may be stale
         try:
-            loss = self._loss if self._loss is not None else self._metric_loss(trainer)
+            loss = self._loss if own else self._metric_loss(trainer)
         except Exception:
             log.debug("foreshock: no loss for this step", exc_info=True)
         self._loss = None
-        record = self.run.step(step - 1, loss=loss)
+        record = self.run.step(step - 1, loss=loss, own=own)
         if record is not None:
             update = self.feed.update(record)
             if update is not None and self._trackers:
@@ -285,6 +293,8 @@ class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc
     warnings: run the detectors in the trainer process (:class:`.trackers.TrackerFeed`):
               ``True`` with the shipped calibrated profiles, or a ``DetectorConfig`` /
               ``ProfileConfigs``; ``False`` for the series only
+    divergence: the ``DivergenceRule`` applied to every step's loss for the ``end`` record's
+              ``divergence_step`` (default: the project's, the lab's)
 
     One callback per fit: after ``on_fit_end`` its sink is closed.
     """
