@@ -11,7 +11,10 @@ from pathlib import Path
 from foreshock.table import format_table
 
 from .config import DetectorConfig
-from .profiles import ProfileConfigs, shipped_profiles
+from .make_profile import MIN_HEALTHY_RUNS
+from .profiles import ProfileConfigs, load_profiles, merged, shipped_profiles
+from .registry import PROFILES, REGISTRY
+from .signatures import describe
 
 __all__ = ["add_detector_commands", "default_config"]
 
@@ -33,13 +36,14 @@ def _detect_config(args: argparse.Namespace) -> DetectorConfig | ProfileConfigs:
     from .registry import live_config
 
     config = live_config(args.store)
-    if config is None:
+    if config is None:  # the shipped profiles, and those published into this store
+        published = load_profiles(Path(args.store) / REGISTRY / PROFILES)
         print(
             f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
-            "using the shipped one",
+            f"using the shipped profiles and {len(published.configs)} published there",
             file=sys.stderr,
         )
-        return default_config()
+        return merged(default_config(), published)
     return config
 
 
@@ -129,19 +133,63 @@ def _detect(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate, leave_one_out_margin, uncalibrated
-    from .replay import replay
+    """A profile from healthy runs (files, or a store's runs selected by label): bands,
+    thresholds and the optimizer test (``make_profile``), published by ``--name`` beside
+    the shipped profiles, or written to ``--out``."""
+    from .make_profile import ProfileError, make_profile
+    from .profiles import save_profile
+    from .replay import replay_run
 
-    base = _load_config(args.detector_config) if args.detector_config else DetectorConfig()
-    reports = replay(args.healthy, uncalibrated(base))
-    margin = args.margin if args.margin is not None else leave_one_out_margin(reports, base, args.k)
-    config = calibrate(reports, base, k=args.k, margin=margin)
-    config.save(args.out)
+    try:
+        runs = _healthy_runs(args)
+        base = DetectorConfig.load(args.detector_config) if args.detector_config else None
+        config, signatures = make_profile(runs, replay_run, args.allow_few, base)
+        if args.name:
+            where = save_profile(_profiles_folder(args), args.name, config, signatures)
+        else:
+            config.save(args.out)
+            where = Path(args.out)
+    except (ProfileError, ValueError, OSError) as exc:
+        print(f"foreshock calibrate: {exc}", file=sys.stderr)
+        return 2
+    if "too_few_runs" in config.calibration:
+        print(
+            f"WARNING: {config.calibration['too_few_runs']}: thresholds are noise", file=sys.stderr
+        )
     rows = [[m, h] for m, h in config.thresholds.items()]
     print(format_table(["metric", "threshold h"], rows))
-    print(f"false-alarm rate per run and family: {config.false_alarm}")
-    print(f"-> {args.out} (version {config.version})", file=sys.stderr)
+    print(f"{len(runs)} healthy runs of {describe(signatures[0])}; bands: {len(config.bands)}")
+    print(f"optimizer test: weight norm above its band by {config.inflation_h} widths")
+    print(f"-> {where} (version {config.version})", file=sys.stderr)
     return 0
+
+
+def _healthy_runs(args: argparse.Namespace) -> list:
+    """``--healthy`` files, else the finished runs of ``--from-store`` whose labels match
+    every ``--select KEY=VALUE``."""
+    from foreshock.lab.recorded import load_run
+
+    if args.healthy:
+        return [load_run(path) for path in args.healthy]
+    from .tune import load_runs
+
+    wanted = dict(item.split("=", 1) for item in args.select)
+    runs, _, _ = load_runs(args.from_store)
+    return [
+        r
+        for r in runs
+        if all(str(r.start.get("labels", {}).get(k)) == v for k, v in wanted.items())
+    ]
+
+
+def _profiles_folder(args: argparse.Namespace) -> Path:
+    """Where ``--name`` publishes: ``--profiles``, else the store's registry."""
+    if args.profiles:
+        return Path(args.profiles)
+    root = args.store or args.from_store
+    if root is None:
+        raise ValueError("--name needs --profiles DIR or --store ROOT to publish into")
+    return Path(root) / REGISTRY / PROFILES
 
 
 def _progress(done: int, total: int) -> None:
@@ -414,16 +462,28 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
 
     add_metrics_options(detect)  # live: --metrics-port, --metrics-host
     detect.set_defaults(func=_detect)
-    cal = sub.add_parser("calibrate", help="set detector thresholds from healthy runs")
-    cal.add_argument("--healthy", nargs="+", type=Path, required=True, metavar="RUN")
-    cal.add_argument("--out", required=True, help="config file to write (JSON)")
-    cal.add_argument("--k", type=int, default=1, help="k-th largest healthy maximum")
+    cal = sub.add_parser("calibrate", help="make a profile (bands, thresholds) from healthy runs")
+    runs = cal.add_mutually_exclusive_group(required=True)
+    runs.add_argument("--healthy", nargs="+", type=Path, metavar="RUN", help="run files")
+    runs.add_argument("--from-store", metavar="ROOT", help="the finished runs of a store…")
     cal.add_argument(
-        "--margin",
-        type=float,
-        help="relative margin over it (default: per metric, by leave-one-out)",
+        "--select",
+        nargs="*",
+        default=["scenario=healthy"],
+        metavar="KEY=VALUE",
+        help="…whose labels say so (default: scenario=healthy)",
     )
-    cal.add_argument("--detector-config", help="rules to start from (default: built-in)")
+    out = cal.add_mutually_exclusive_group(required=True)
+    out.add_argument("--name", help="publish a named profile beside the shipped ones")
+    out.add_argument("--out", help="write the config to this file (JSON) instead")
+    cal.add_argument("--profiles", help="folder to publish into (default: the store's)")
+    cal.add_argument("--store", help="store whose registry gets the profile")
+    cal.add_argument(
+        "--allow-few",
+        action="store_true",
+        help=f"allow fewer than {MIN_HEALTHY_RUNS} healthy runs (warned: thresholds are noise)",
+    )
+    cal.add_argument("--detector-config", help="rules to start from (default: the band rules)")
     cal.set_defaults(func=_calibrate)
     _add_tune(sub)
     _add_notify(sub)

@@ -26,6 +26,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from importlib.resources import files
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from .config import DetectorConfig
@@ -36,7 +37,10 @@ __all__ = [
     "ProfileChoice",
     "ProfileConfigs",
     "choose_profile",
+    "load_profiles",
+    "merged",
     "profile_of",
+    "save_profile",
     "shipped_profiles",
 ]
 
@@ -92,7 +96,7 @@ class ProfileConfigs:
             notes.append(f"labels name {asked}, calibrated on {_models(made_for)}, not this model")
         elif asked is not None:
             notes.append(f"labels name {asked}, which no config here has")
-        for name in sorted(self.signatures):
+        for name in reversed(list(self.signatures)):  # the last merged (a user's) first
             if name in self.configs and any(
                 same_model(signature, s) for s in self.signatures[name]
             ):
@@ -132,7 +136,16 @@ def _models(signatures: list[dict[str, Any]]) -> str:
 
 def shipped_profiles() -> ProfileConfigs:
     """The configs calibrated on the shipped lab runs, one per profile, with their signatures."""
-    folder = files("foreshock.detectors").joinpath("calibrated")
+    return load_profiles(files("foreshock.detectors").joinpath("calibrated"))
+
+
+def load_profiles(folder: Any) -> ProfileConfigs:
+    """The profiles in a folder: ``<name>.json`` (a :class:`DetectorConfig`) each, and
+    ``signatures.json`` ({name: [signature, ...]}). The shipped profiles and the ones a user
+    makes (``save_profile``) share this layout. ``folder``: a path or an importlib resource."""
+    folder = Path(folder) if isinstance(folder, str) else folder
+    if not folder.is_dir():
+        return ProfileConfigs({})
     configs = {
         entry.name.removesuffix(".json"): DetectorConfig.load(str(entry))
         for entry in folder.iterdir()
@@ -140,4 +153,32 @@ def shipped_profiles() -> ProfileConfigs:
     }
     signatures_file = folder.joinpath(SIGNATURES_FILE)
     signatures = json.loads(signatures_file.read_text()) if signatures_file.is_file() else {}
+    return ProfileConfigs(configs, signatures)
+
+
+def save_profile(
+    folder: str | Path, name: str, config: DetectorConfig, signatures: list[dict[str, Any]]
+) -> Path:
+    """Write a named profile into ``folder`` (``load_profiles``' layout); returns its file.
+    A name the shipped profiles use is refused: a user's profile sits beside them."""
+    if not name or "/" in name or name.startswith(".") or name == SIGNATURES_FILE[:-5]:
+        raise ValueError(f"not a profile name: {name!r}")
+    if name in shipped_profiles().configs:
+        raise ValueError(f"{name!r} is a shipped profile; choose another name")
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    config.save(target / f"{name}.json")
+    index = target / SIGNATURES_FILE
+    known = json.loads(index.read_text()) if index.exists() else {}
+    index.write_text(json.dumps({**known, name: signatures}, indent=1) + "\n")
+    return target / f"{name}.json"
+
+
+def merged(*parts: ProfileConfigs) -> ProfileConfigs:
+    """Profiles from several folders as one; a later part's profile of a name wins."""
+    configs: dict[str, DetectorConfig] = {}
+    signatures: dict[str, list[dict[str, Any]]] = {}
+    for part in parts:
+        configs |= part.configs
+        signatures |= part.signatures
     return ProfileConfigs(configs, signatures)

@@ -7,6 +7,9 @@ history it was chosen from::
     <store>/detector-configs/<version>.tune.json  the tune report that chose it
     <store>/detector-configs/live.json            {"version": ...}: what detectors load
     <store>/detector-configs/history.jsonl        append-only: time, version, action, note
+    <store>/detector-configs/profiles/            named profiles (``foreshock calibrate --name``):
+                                                  detectors started with ``--store`` judge a
+                                                  run by one when its signature fits
 
 ``live.json`` is replaced atomically (temporary file, fsync, ``os.replace``), so a detector
 starting during a publish reads the old version or the new one, never half a file. A warning
@@ -32,6 +35,7 @@ from typing import Any
 from .config import DetectorConfig
 
 __all__ = [
+    "PROFILES",
     "REGISTRY",
     "RegistryError",
     "history",
@@ -42,6 +46,7 @@ __all__ = [
 ]
 
 REGISTRY = "detector-configs"
+PROFILES = "profiles"  # the named profiles' folder in the registry (``profiles.load_profiles``)
 _LIVE, _HISTORY, _LOCK = "live.json", "history.jsonl", ".lock"
 
 

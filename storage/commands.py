@@ -149,6 +149,49 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    """Runs from JSON Lines files into the store, with the shipped detectors' warnings. A run
+    id already in the store, or in two of the files, is refused and nothing is written: two
+    runs under one id would be read as one (``foreshock tune`` and ``calibrate`` would judge
+    a blend)."""
+    from foreshock.detectors.commands import default_config
+    from foreshock.lab.recorded import load_run
+
+    from .recorded import store_recorded_runs
+    from .store import DeltaStore
+
+    try:
+        ids = [load_run(path).run_id for path in args.runs]
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"foreshock store import: {exc}", file=sys.stderr)
+        return 2
+    location = _location(args)
+    stored = _stored_run_ids(location)
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    clash = sorted(set(ids) & stored)
+    if twice or clash:
+        why = [f"in two files: {', '.join(twice)}"] if twice else []
+        why += [f"already in the store: {', '.join(clash)}"] if clash else []
+        print(f"foreshock store import: refused, run ids {'; '.join(why)}", file=sys.stderr)
+        return 1
+    config = None if args.no_warnings else default_config()
+    count = store_recorded_runs(DeltaStore(location), args.runs, config)
+    print(f"imported {count} runs into {location.uri}")
+    return 0
+
+
+def _stored_run_ids(location: object) -> set[str]:
+    """The run ids a store holds (none for a store not yet written)."""
+    from .reader import open_history
+
+    try:
+        with open_history(location) as history:
+            rows = history.sql("SELECT DISTINCT run_id FROM run_events").to_pylist()
+    except (ValueError, FileNotFoundError):  # no tables yet: an empty store
+        return set()
+    return {row["run_id"] for row in rows}
+
+
 def _migrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -280,6 +323,11 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
         cmd = store_sub.add_parser(name, help=text)
         _store_option(cmd)
         cmd.set_defaults(func=func)
+    imports = store_sub.add_parser("import", help="runs from JSON Lines files (no broker)")
+    _store_option(imports)
+    imports.add_argument("runs", nargs="+", metavar="RUN", help="run files (.jsonl[.gz])")
+    imports.add_argument("--no-warnings", action="store_true", help="skip the detectors")
+    imports.set_defaults(func=_import)
     maintain = store_sub.add_parser("maintain", help="compact small files, vacuum old ones")
     _store_option(maintain)
     maintain.add_argument(

@@ -1,0 +1,72 @@
+"""A user's own profile from their healthy runs: bands, thresholds and the optimizer test.
+
+``foreshock calibrate --name`` builds what the shipped profiles hold for the lab's models —
+healthy bands per series and step with leave-one-out thresholds, the run-relative rules'
+thresholds, the weight-norm band of the optimizer test
+(:func:`~foreshock.detectors.calibrate.calibrate_profile`) — for the user's model, and names
+the architecture signature it was made on, so it judges only runs of that model
+(:mod:`foreshock.detectors.profiles`).
+
+How many healthy runs: a band of n runs is their [min, max], and its leave-one-out
+thresholds are set by how far each run strays from the others. With few runs both are
+noise: on a Qwen3-MoE probe, 3 healthy runs gave thresholds of hundreds of band widths
+(no fault could cross them), 7 gave a profile under which held-out healthy runs stayed quiet
+and learning-rate ramps were warned 143 and 185 steps ahead. So ``MIN_HEALTHY_RUNS`` = 7:
+fewer is refused unless asked for, and then the profile says so in its calibration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .calibrate import calibrate_profile
+from .config import BAND_RULES, DetectorConfig
+from .signatures import describe, same_model, signature_of
+
+__all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile"]
+
+MIN_HEALTHY_RUNS = 7
+
+
+class ProfileError(ValueError):
+    """The runs cannot make a profile (too few, of different models, no signature)."""
+
+
+def make_profile(
+    healthy: Sequence[Any],
+    replay: Callable[[Any, DetectorConfig], Any],
+    allow_few: bool = False,
+    base: DetectorConfig | None = None,
+) -> tuple[DetectorConfig, list[dict[str, Any]]]:
+    """The calibrated config and the signature(s) it applies to, from ``healthy`` runs
+    (objects with ``start`` and ``records``) of one model. Raises ``ProfileError`` for
+    fewer than ``MIN_HEALTHY_RUNS`` (unless ``allow_few``) or runs of different models."""
+    n = len(healthy)
+    if n < 2:
+        raise ProfileError(f"a profile needs at least 2 healthy runs, got {n}")
+    if n < MIN_HEALTHY_RUNS and not allow_few:
+        raise ProfileError(
+            f"{n} healthy runs: a profile needs {MIN_HEALTHY_RUNS} (with 3 the probe's "
+            "thresholds were hundreds of band widths); --allow-few makes it anyway"
+        )
+    signatures = [signature_of(run.start) for run in healthy]
+    first = signatures[0]
+    if first is None:
+        raise ProfileError(f"{_id(healthy[0])} has no architecture signature in its start")
+    other = next((i for i, s in enumerate(signatures) if not same_model(first, s)), None)
+    if other is not None:
+        raise ProfileError(
+            f"the runs are of different models: {_id(healthy[0])} is {describe(first)}, "
+            f"{_id(healthy[other])} is {describe(signatures[other])}"
+        )
+    config = calibrate_profile(healthy, base or DetectorConfig(BAND_RULES), replay)
+    if n < MIN_HEALTHY_RUNS:
+        note = f"only {n} healthy runs (at least {MIN_HEALTHY_RUNS} needed)"
+        config = replace(config, calibration={**config.calibration, "too_few_runs": note})
+    return config, [first]
+
+
+def _id(run: Any) -> str:
+    return str(run.start.get("run_id") or "a run")
