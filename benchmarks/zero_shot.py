@@ -5,16 +5,22 @@ architectures. To see what it promises on a model it never saw, each architectur
 the recorded lab runs (a folder of ``lab/runs``: the lab's GPT-MoE, its capacity-limited
 dispatch, Mixtral, …) is held out in turn: the profile is calibrated on the *other* groups'
 calibration healthy runs (``HELD_OUT_HEALTHY`` seeds excluded), then every run of the held-out
-group is replayed under it. Per held-out group and scenario:
+group is replayed under it; so are the groups of its architecture (``gpt-moe+capacity-1`` is
+the lab's GPT-MoE). Per held-out group and scenario:
 
 * healthy: runs with any mechanism warning (false warnings);
 * fa-lowprec (diverged runs): attention-numerics named the cause, before divergence;
 * lr-high (diverged runs): warned before divergence, and never named attention-numerics;
-* lead: median steps from the first mechanism warning to the divergence.
+* lead: median steps from the first mechanism warning to the divergence; for fa-lowprec
+  beside it the envelope lead, the ceiling (``foreshock.lab.envelope``: the median over
+  diverged runs of how early any attention series leaves the [min, max] of the group's
+  healthy runs for good — it peeks at the future).
+
+Every run is judged by the one judge, :func:`foreshock.detectors.judge.judge`.
 
 ``--groups`` picks folders under ``lab/runs`` (the top folder is ``gpt-moe``).
 
-    python -m benchmarks.zero_shot                 # every group (~10 s)
+    python -m benchmarks.zero_shot                 # every group (~30 s)
     python -m benchmarks.zero_shot --save-profile  # also write the shipped zero-shot profile
 
 ``--save-profile`` writes ``detectors/calibrated/zero-shot.json``: the profile calibrated on
@@ -28,8 +34,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from foreshock.detectors.judge import judge
 from foreshock.detectors.replay import RunReport, replay_run
-from foreshock.detectors.zero_shot import calibrate_zero_shot
+from foreshock.detectors.zero_shot import calibrate_zero_shot, zero_shot_base
+from foreshock.lab.envelope import healthy_envelope, scenario_envelope
 from foreshock.lab.recorded import (
     HELD_OUT_HEALTHY,
     RECORDED_DIR,
@@ -38,6 +46,7 @@ from foreshock.lab.recorded import (
     seed_spans,
     shipped_runs,
 )
+from foreshock.producers.records import parse_series_key
 
 from ._table import emit_json, format_table
 
@@ -45,6 +54,8 @@ GROUPS = {
     "gpt-moe": RECORDED_DIR,
     "gpt-moe+capacity-1": RECORDED_DIR / "gpt-moe+capacity-1",
     "mixtral": RECORDED_DIR / "mixtral",
+    "llama": RECORDED_DIR / "llama",
+    "deepseek-v3": RECORDED_DIR / "deepseek-v3",
 }
 SCENARIOS = ("healthy", "fa-lowprec", "lr-high")
 PROFILE_FILE = Path(__file__).parents[1] / "detectors" / "calibrated" / "zero-shot.json"
@@ -63,56 +74,86 @@ def calibration_runs(name: str, runs: list[RecordedRun]) -> list[RecordedRun]:
     return [r for r in runs if scenario_of(r) == "healthy" and r.labels.get("seed") not in held]
 
 
+def architecture(group: str) -> str:
+    """A group's architecture: ``gpt-moe+capacity-1`` is the lab's GPT-MoE too."""
+    return group.split("+")[0]
+
+
+def by_architecture(groups: dict[str, list]) -> dict[str, list]:
+    """Runs of the groups pooled per architecture (what the margins leave out in turn)."""
+    pooled: dict[str, list] = {}
+    for name, runs in groups.items():
+        if runs:  # a group with no healthy calibration run calibrates nothing
+            pooled.setdefault(architecture(name), []).extend(runs)
+    return pooled
+
+
 def shipped_zero_shot(names: list[str] | None = None) -> Any:
     """The zero-shot config calibrated on every group's calibration healthy runs."""
-    groups = {n: calibration_runs(n, load_group(GROUPS[n])) for n in names or GROUPS}
-    return calibrate_zero_shot(groups, replay_run)
+    names = names or [n for n in GROUPS if any(shipped_runs(GROUPS[n]))]
+    groups = {n: calibration_runs(n, load_group(GROUPS[n])) for n in names}
+    return calibrate_zero_shot(by_architecture(groups), replay_run)
 
 
 def verdict(report: RunReport, scenario: str) -> dict[str, Any]:
-    """What a run's warnings say against its scenario (mechanism warnings only)."""
-    div = report.divergence_step
-    mechanism = sorted((a for a in report.alerts if a.family != "symptom"), key=lambda a: a.step)
-    before = [a for a in mechanism if div is None or a.step < div]
-    first = before[0] if before else None
-    cause = None if first is None else first.evidence.get("cause") or first.family
+    """The one judge's answers (:mod:`foreshock.detectors.judge`) this table reads."""
+    v = judge(scenario, report.divergence_step, report.alerts)
     return {
-        "run": report.run_id,
         "scenario": scenario,
-        "diverged": div is not None,
-        "warned": bool(mechanism),
-        "cause": cause,
-        "lead": None if div is None or first is None else div - first.step,
-        "named_attention": any(
-            (a.evidence.get("cause") or a.family) == "attention-numerics" for a in mechanism
-        ),
+        "diverged": report.divergence_step is not None,
+        "quiet": sum(v.false_warnings.values()) == 0,
+        "attribution": v.attribution,
+        "cause": v.cause,
+        "lead": v.lead(),
+        "attention_lead": v.lead("attention-numerics"),
     }
 
 
-def summarise(group: str, verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def right(row: dict[str, Any]) -> bool:
+    """What the acceptance asks of a run of each scenario (see the module docstring)."""
+    if row["scenario"] == "healthy":
+        return row["quiet"]
+    if row["scenario"] == "fa-lowprec":
+        return row["attribution"] == "correct"
+    return row["lead"] is not None and row["cause"] != "attention-numerics"
+
+
+def envelope_lead(runs: list[RecordedRun], healthy: list[RecordedRun]) -> float | None:
+    """Median over diverged runs of the attention family's best envelope lead (a ceiling:
+    how early any attention series leaves the [min, max] of the group's healthy runs)."""
+    if not healthy:
+        return None
+    family = scenario_envelope(runs, healthy_envelope(healthy), _attention_series)
+    return (family.get("attention-numerics") or {}).get("family_best_median")
+
+
+def _attention_series(key: str) -> str | None:
+    rule = zero_shot_base().rule_for(parse_series_key(key).metric)
+    return rule.family if rule is not None and rule.family == "attention-numerics" else None
+
+
+def summarise(group: str, verdicts: list[dict[str, Any]], runs: dict[str, list]) -> list[dict]:
     rows = []
     for scenario in SCENARIOS:
         mine = [v for v in verdicts if v["scenario"] == scenario]
         if not mine:
             continue
-        diverged = [v for v in mine if v["diverged"]]
-        leads = [v["lead"] for v in diverged if v["lead"] is not None]
-        if scenario == "healthy":
-            ok, of = sum(not v["warned"] for v in mine), len(mine)
-        elif scenario == "fa-lowprec":
-            ok, of = sum(v["cause"] == "attention-numerics" for v in diverged), len(diverged)
-        else:
-            ok = sum(v["lead"] is not None and not v["named_attention"] for v in diverged)
-            of = len(diverged)
+        judged = mine if scenario == "healthy" else [v for v in mine if v["diverged"]]
+        leads = [v["lead"] for v in judged if v["lead"] is not None]
+        ok = sum(right(v) for v in judged)
+        ceiling = (
+            envelope_lead(runs[scenario], runs["healthy"]) if scenario == "fa-lowprec" else None
+        )
         rows.append(
             {
                 "held out": group,
                 "scenario": scenario,
                 "runs": len(mine),
-                "diverged": len(diverged),
-                "right": f"{ok}/{of}",
-                "rate": round(ok / of, 3) if of else None,
+                "diverged": sum(v["diverged"] for v in mine),
+                "right": f"{ok}/{len(judged)}",
+                "rate": round(ok / len(judged), 3) if judged else None,
                 "median lead": statistics.median(leads) if leads else None,
+                "envelope lead": ceiling,
             }
         )
     return rows
@@ -123,17 +164,18 @@ def main() -> None:
     parser.add_argument("--groups", default=",".join(GROUPS), help="groups to use")
     parser.add_argument("--save-profile", action="store_true", help="write zero-shot.json")
     args = parser.parse_args()
-    names = args.groups.split(",")
+    names = [n for n in args.groups.split(",") if any(shipped_runs(GROUPS[n]))]
     runs = {name: load_group(GROUPS[name]) for name in names}
     calibration = {name: calibration_runs(name, rs) for name, rs in runs.items()}
     rows, configs = [], {}
     for held in names:
-        config = calibrate_zero_shot({g: calibration[g] for g in names if g != held}, replay_run)
+        others = {g: calibration[g] for g in names if architecture(g) != architecture(held)}
+        config = calibrate_zero_shot(by_architecture(others), replay_run)
         configs[held] = config.version
-        ids = {r.run_id for r in calibration[held]}  # judged on its held-out runs too
-        judged = [r for r in runs[held] if r.run_id not in ids and scenario_of(r) in SCENARIOS]
+        judged = [r for r in runs[held] if scenario_of(r) in SCENARIOS]  # none calibrated it
         verdicts = [verdict(replay_run(r, config), scenario_of(r)) for r in judged]
-        rows += summarise(held, verdicts)
+        by_scenario = {sc: [r for r in judged if scenario_of(r) == sc] for sc in SCENARIOS}
+        rows += summarise(held, verdicts, by_scenario)
     headers = list(rows[0]) if rows else []
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))
     if args.save_profile:

@@ -225,6 +225,8 @@ class RunDetector:
         elif kind == "end":
             if message.get("divergence_step") is not None:
                 events += self._diverged(int(message["divergence_step"]), exact=True)
+            elif "divergence_step" in message:  # null: the producer's every-step rule says none
+                events += self._not_diverged()
             self._ranks.discard(int(message.get("rank") or 0))
             if not self._ranks:
                 events += self._clear(self.last_step, ended=str(message.get("status") or "ended"))
@@ -426,6 +428,18 @@ class RunDetector:
         events = []
         for alert in self.alerts:
             alert.divergence_step, alert.lead_time = step, _lead(step, alert.step)
+            events.append(RunWarning(**{**asdict(alert), "event": "updated"}))
+        return events
+
+    def _not_diverged(self) -> list[RunWarning]:
+        """The producer saw every step's loss and says the run never diverged: an estimate
+        from the sparse one-batch losses of monitoring records is withdrawn (``updated``)."""
+        if self.divergence_step is None:
+            return []
+        self.divergence_step = None
+        events = []
+        for alert in self.alerts:
+            alert.divergence_step, alert.lead_time = None, None
             events.append(RunWarning(**{**asdict(alert), "event": "updated"}))
         return events
 

@@ -30,6 +30,8 @@ HELD_OUT_HEALTHY = {
     "gpt-moe": "10-14,25-39,60-74",
     "mixtral": "15-24",
     "gpt-moe+capacity-1": "12-19",
+    "llama": "5-9",
+    "deepseek-v3": "5-9",
 }
 
 

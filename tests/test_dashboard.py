@@ -102,6 +102,7 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     assert any("healthy runs' band at the same step" in t for t in texts)  # a band warning
     assert any("its CUSUM statistic" in t for t in texts)  # a symptom (trend) warning
     assert any("What to check:" in t and "FlashAttention" in t for t in texts)
+    assert any("profile <b>gpt-moe</b>" in t for t in texts)  # the profile that judged it
     assert {m.label: m.value for m in app.metric}["divergence step"] == str(
         load_run(_path("fa-lowprec-s1")).end["divergence_step"]
     )

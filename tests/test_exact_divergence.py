@@ -232,3 +232,23 @@ def test_lightning_end_has_the_rules_divergence_step(
     assert "divergence_step" in end
     assert end["divergence_step"] == divergence_step(losses)
     assert (end["divergence_step"] is not None) is diverges
+
+
+def test_an_end_that_says_no_divergence_withdraws_the_detectors_estimate():
+    """A one-batch loss spike at a monitoring record can look like a divergence; the
+    producer's every-step rule saying null (did not diverge) has the last word."""
+    from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.engine import RunDetector
+
+    detector = RunDetector("r", DetectorConfig(thresholds={"grad_norm": 1.0}))
+    detector.update({"kind": "start", "labels": {}})
+    for step in range(0, 600, 25):
+        loss = 2.0 if step < 400 else None  # null: a non-finite one-batch loss
+        grad = 1.0 + 0.01 * (step % 50) if step < 300 else 50.0  # a symptom warning first
+        values = {"loss": loss, "grad_norm": grad}
+        detector.update({"kind": "metrics", "step": step, "values": values})
+    assert detector.divergence_step is not None and detector.alerts
+    events = detector.update({"kind": "end", "status": "finished", "divergence_step": None})
+    assert detector.divergence_step is None
+    updated = [e for e in events if e.event == "updated"]
+    assert updated and all(e.divergence_step is None and e.lead_time is None for e in updated)

@@ -117,7 +117,7 @@ def _warnings(warnings: list[dict]) -> None:
                     f"{t['statistic']} crossed the calibrated threshold {t['threshold']}. "
                     f"A healthy run warns falsely in this family with probability ≤ "
                     f"<b>{t['false_alarm_rate']}</b> per run (config "
-                    f"<code>{t['config_version']}</code>)."
+                    f"<code>{t['config_version']}</code>{_profile(w)})."
                 ),
                 unsafe_allow_html=True,
             )
@@ -126,6 +126,12 @@ def _warnings(warnings: list[dict]) -> None:
                     block(f"<b>What to check:</b> {html_text(check)}"), unsafe_allow_html=True
                 )
             st.json(w["evidence"] or {}, expanded=False)  # a JSON viewer: its strings are text
+
+
+def _profile(warning: dict) -> str:
+    """ ", profile <name>" where the warning says which profile judged the run (as HTML)."""
+    profile = _evidence(warning).get("profile")
+    return "" if not profile else f", profile <b>{html_text(profile)}</b>"
 
 
 def _attempts(attempts: list[dict]) -> None:
