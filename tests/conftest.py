@@ -7,6 +7,11 @@ import shutil
 
 import pytest
 
+# One thread per training process (the brief's rule): torch reads this when first imported, in
+# this process and in every trainer a test starts. Tiny models gain nothing from a second
+# thread, and on a shared 2-core machine two threads per process only contend.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from foreshock.transport.broker import EmbeddedBroker
 from foreshock.transport.settings import KafkaSettings
 

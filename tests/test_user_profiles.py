@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from foreshock.cli import main
+from foreshock.detectors.commands import default_config
 from foreshock.detectors.make_profile import MIN_HEALTHY_RUNS, ProfileError, make_profile
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.signatures import lab_signature
@@ -83,3 +84,48 @@ def test_a_published_profile_judges_its_models_runs_from_the_store(tmp_path, cap
     other = _unlabelled(RECORDED_DIR / "lr-high-s0.jsonl.gz", tmp_path / "other.jsonl")
     assert main(["detect", "--store", str(store), "--replay", str(other), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["profile"] == "gpt-moe"  # not ours: the lab's
+
+
+def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnings(
+    tmp_path, capsys
+):
+    """A tiny Qwen3-MoE of a size no profile knows, trained by the HF Trainer with the
+    callback as documented and no labels, its learning rate ramped to 1.0 (it diverges):
+    the zero-shot profile judges it, warns, and the detect table says which profile and why."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from foreshock.producers.integrations.huggingface import ForeshockCallback
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        **{"hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2},
+        **{"head_dim": 12, "num_hidden_layers": 2, "intermediate_size": 32},
+        **{"moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2},
+        **{"vocab_size": 64, "max_position_embeddings": 64},
+    )
+    tokens = torch.arange(64).repeat(40)
+    starts = torch.randint(0, 1000, (400 * 8,), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": tokens[s : s + 32], "labels": tokens[s : s + 32]} for s in starts]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        **{"max_steps": 400, "per_device_train_batch_size": 8, "learning_rate": 1.0},
+        **{"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 300},
+        **{"max_grad_norm": 0.0, "save_strategy": "no", "report_to": "none"},
+        **{"use_cpu": True, "seed": 0, "disable_tqdm": True, "dataloader_num_workers": 0},
+    )
+    path = tmp_path / "run.jsonl"
+    callback = ForeshockCallback(path, run_id="users-moe", every=10)
+    model = transformers.Qwen3MoeForCausalLM(config)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    trainer.train()
+    run = load_run(path)
+    assert not {"arch", "profile"} & set(run.labels)
+    assert run.start["monitor"]["signature"]["model_type"] == "qwen3_moe"
+    assert main(["detect", "--replay", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "users-moe: profile zero-shot (no profile was calibrated on qwen3_moe L2 d48" in table
+    report = replay_run(run, default_config())
+    assert report.profile == "zero-shot" and report.alerts
+    assert {a.evidence["profile"] for a in report.alerts} == {"zero-shot"}
