@@ -23,8 +23,12 @@ others (its own values are inside its own band by construction), and
     h_m = max(1, (1 + margin) · max_i peak_m,i)   band widths,
 
 the floor of one width being the lab's band rule (``lab.bands``: the healthy range widened by
-its width on each side). Bands are per series key (module names included): they belong to one
-profile's calibration and travel in its config.
+its width on each side). Bands are stored per series key (module names included): they belong
+to one profile's calibration and travel in its config. A run of the same model whose modules
+are named otherwise (a wrapper's prefix: ``base_model.model.…``) finds its band by position
+(``band_key``: the same metric, layer index and role), so a profile does not hang on how a
+library or a wrapper names things; across sizes it is never used (a profile applies to its
+own signature only, :mod:`foreshock.detectors.profiles`).
 
 The weight norm's band raises no warning; it decides a cause (``engine``: the weights left
 what healthy runs do before any mechanism moved → ``optimizer``). Its threshold is the same
@@ -55,11 +59,13 @@ from .level import SustainedLevel
 
 INFLATION_METRIC = "weight_norm"  # the optimizer's signature: every weight grows
 
+
 __all__ = [
     "BAND_FLOOR",
     "INFLATION_FLOOR",
     "INFLATION_METRIC",
     "BandStandardizer",
+    "band_key",
     "band_thresholds",
     "healthy_bands",
 ]
@@ -200,3 +206,40 @@ def _sustained_peak(
         if z is not None:
             level.update(z)
     return level.peak
+
+
+def band_key(key: str, bands: dict[str, Any]) -> str | None:
+    """The band a series key reads: its own, else the one band of the same metric at the same
+    position (layer index and role, ``position``); None when there is none or it is ambiguous.
+
+    >>> bands = {"max_logit@h.0.attn": {}, "max_logit@h.1.attn": {}}
+    >>> band_key("max_logit@base_model.model.h.1.attn", bands)
+    'max_logit@h.1.attn'
+    >>> band_key("max_logit@h.2.attn", bands) is None
+    True
+    """
+    if key in bands:
+        return key
+    where = position(key)
+    if where is None:
+        return None
+    matches = [k for k in bands if position(k) == where]
+    return matches[0] if len(matches) == 1 else None
+
+
+@cache
+def position(key: str) -> tuple[str, int, str] | None:
+    """(metric, layer index, role) of a module-level series key: the module path's first
+    integer is its layer; the role is the family its metric reads (attention or router).
+
+    >>> position("router.load_entropy@model.layers.3.mlp.gate")
+    ('router.load_entropy', 3, 'router')
+    """
+    parsed = _parsed(key)
+    if parsed is None or parsed.module is None or parsed.head is not None:
+        return None
+    layer = next((int(p) for p in parsed.module.split(".") if p.isdigit()), None)
+    if layer is None:
+        return None
+    role = "router" if parsed.metric.startswith("router.") else "attention"
+    return parsed.metric, layer, role

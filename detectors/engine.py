@@ -40,7 +40,7 @@ from foreshock.catalogue import SERIES
 from foreshock.producers.records import parse_series_key
 from foreshock.transport.warning import SCHEMA
 
-from .bands import INFLATION_METRIC, BandStandardizer
+from .bands import INFLATION_METRIC, BandStandardizer, band_key
 from .config import MECHANISMS, DetectorConfig, SeriesRule
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
@@ -303,7 +303,8 @@ class RunDetector:
             if metric in RULED_METRICS:  # a catalogue series this profile leaves unread
                 self.unruled.setdefault(metric, "no rule in this profile")
             return None
-        if rule.kind == "band" and key not in self.config.bands:
+        band = band_key(key, self.config.bands) if rule.kind == "band" else None
+        if rule.kind == "band" and band is None:
             self.unruled.setdefault(metric, "no healthy band for this module")
             return None  # no healthy reference for this series: nothing to compare with
         h = self.config.thresholds.get(rule.metric, math.inf)
@@ -312,7 +313,7 @@ class RunDetector:
             metric,
             rule.family,
             module,
-            self._standardizer(rule, key),
+            self._standardizer(rule, band or key),
             {d: self._detector(rule, d, h) for d in rule.directions()},
         )
         self._series[key] = series

@@ -196,3 +196,24 @@ def test_a_users_moe_of_a_size_no_profile_knows_gets_the_zero_shot_profile(tmp_p
     detector = RunDetector("r", default_config())
     detector.update(start)
     assert detector.profile.name == ZERO_SHOT and detector.config.thresholds
+
+
+def test_a_wrappers_module_names_find_the_bands_by_position():
+    """The same Mixtral run with a wrapper's prefix on every module (as PEFT's
+    ``base_model.model.``) is judged by the same bands and warns at the same steps."""
+    run = load_run(FOLDERS["mixtral"] / "mixtral-fa-lowprec-s0.jsonl.gz")
+
+    def prefixed(key: str) -> str:
+        return key.replace("@model.", "@base_model.model.model.")
+
+    wrapped = type(run)(
+        run.path,
+        run.start,
+        [{**r, "values": {prefixed(k): v for k, v in r["values"].items()}} for r in run.records],
+        run.end,
+    )
+    want = replay_run(run, default_config())
+    got = replay_run(wrapped, default_config())
+    assert want.alerts and got.profile == "mixtral"
+    assert [(a.family, a.step) for a in got.alerts] == [(a.family, a.step) for a in want.alerts]
+    assert "no healthy band" not in " ".join(got.unruled.values())
