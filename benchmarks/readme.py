@@ -81,6 +81,36 @@ def _sharded_equality(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _zero_shot(r: dict) -> list[tuple[str, str]]:
+    """Per held-out group and scenario: right of judged, median lead, envelope lead."""
+    rows = []
+    for row in r["rows"]:
+        what = {
+            "healthy": "quiet (no mechanism warning)",
+            "fa-lowprec": "attention named first",
+            "lr-high": "warned, not named attention",
+        }[row["scenario"]]
+        value = f"{row['right']} {what}"
+        if row["median lead"] is not None:
+            value += f"; median lead {row['median lead']}"
+        if row.get("envelope lead") is not None:
+            value += f" (envelope {row['envelope lead']})"
+        rows.append((f"{row['held out']} held out: {row['scenario']} ({row['runs']} runs)", value))
+    return rows
+
+
+def _profile_size(r: dict) -> list[tuple[str, str]]:
+    """Per group and profile: quiet healthy, attention named, LR warned, fa-lowprec lead."""
+    return [
+        (
+            f"{row['group']}: {row['profile']}",
+            f"healthy quiet {row['healthy']}; fa-lowprec named {row['fa-lowprec']}; "
+            f"lr-high warned {row['lr-high']}; fa lead {row['fa lead']}",
+        )
+        for row in r["rows"]
+    ]
+
+
 def _overhead_sharded(r: dict) -> list[tuple[str, str]]:
     """Per-rank cost under FSDP2 against the single process (``overhead --sharded``)."""
     m, s = r["model"], r["single"]
@@ -493,6 +523,16 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         ["--sharded"],
         _overhead_sharded,
         "Monitor overhead per rank under FSDP2 (gloo, CPU) against the single process",
+    ),
+    "zero_shot": (
+        [],
+        _zero_shot,
+        "Zero-shot profile, each architecture held out of its calibration",
+    ),
+    "profile_size": (
+        [],
+        _profile_size,
+        "A user's profile from N healthy runs, against the zero-shot profile",
     ),
     "sharded_equality": (
         [],

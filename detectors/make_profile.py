@@ -8,11 +8,13 @@ the architecture signature it was made on, so it judges only runs of that model
 (:mod:`foreshock.detectors.profiles`).
 
 How many healthy runs: a band of n runs is their [min, max], and its leave-one-out
-thresholds are set by how far each run strays from the others. With few runs both are
-noise: on a Qwen3-MoE probe, 3 healthy runs gave thresholds of hundreds of band widths
-(no fault could cross them), 7 gave a profile under which held-out healthy runs stayed quiet
-and learning-rate ramps were warned 143 and 185 steps ahead. So ``MIN_HEALTHY_RUNS`` = 7:
-fewer is refused unless asked for, and then the profile says so in its calibration.
+thresholds are set by how far each run strays from the others; with few runs both are noise.
+Measured by ``python -m benchmarks.profile_size`` (profiles of the lab's Mixtral and GPT-MoE
+from N of their healthy runs, judged on held-out runs; figures in docs/detectors.md): with 3,
+learning-rate ramps went largely unwarned on Mixtral; with 5–7 every fault kind was caught
+but a draw could leave 4 in 10 held-out healthy runs warning falsely; with 10 the held-out
+healthy runs were mostly quiet. So ``MIN_HEALTHY_RUNS`` = 10: fewer is refused unless asked
+for, and then the profile says so in its calibration.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .signatures import describe, same_model, signature_of
 
 __all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile"]
 
-MIN_HEALTHY_RUNS = 7
+MIN_HEALTHY_RUNS = 10
 
 
 class ProfileError(ValueError):
@@ -48,8 +50,8 @@ def make_profile(
         raise ProfileError(f"a profile needs at least 2 healthy runs, got {n}")
     if n < MIN_HEALTHY_RUNS and not allow_few:
         raise ProfileError(
-            f"{n} healthy runs: a profile needs {MIN_HEALTHY_RUNS} (with 3 the probe's "
-            "thresholds were hundreds of band widths); --allow-few makes it anyway"
+            f"{n} healthy runs: a profile needs {MIN_HEALTHY_RUNS} (with fewer, held-out "
+            "healthy runs warned falsely; benchmarks.profile_size); --allow-few makes it anyway"
         )
     signatures = [signature_of(run.start) for run in healthy]
     first = signatures[0]
