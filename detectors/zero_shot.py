@@ -4,9 +4,10 @@ A calibrated profile compares a run with healthy runs of the same model (bands a
 step). A fleet trains many recipes and sizes and nobody trains seven healthy 70B runs to make
 a band, so the zero-shot profile keeps only rules that compare a run with *itself*:
 
-* every mechanism and symptom series against its own warm-up (``DEFAULT_RULES``: a CUSUM on
-  the residual from the run's own trend, in warm-up σ; the router entropies as a log ratio
-  to their warm-up level, in nats) — scale-free, so one threshold serves any width or depth;
+* every mechanism and symptom series against its own warm-up (``ZERO_SHOT_RULES``: a CUSUM on
+  the residual from the run's own trend, in warm-up σ; the router entropies, the largest
+  attention logit and the QK increment's entropy as a log ratio to their warm-up level, in
+  nats) — scale-free, so one threshold serves any width or depth;
 * the optimizer test (weights moved before any mechanism) as the total weight norm's log
   above its own warm-up trend (``standardize.LogTrendStandardizer``), never another model's
   weight band.
@@ -18,7 +19,16 @@ held-out architecture exceeds the threshold the *other* architectures set,
     h_m = max_i M_m,i · (1 + μ_m),
     μ_m = min{ μ : for every group A and run i in A, M_m,i ≤ max_{j ∉ A} M_m,j · (1 + μ) },
 
-so the stated margin is what it took for an architecture never seen to stay quiet. ``groups``
+so the stated margin is what it took for an architecture never seen to stay quiet. The
+optimizer test's statistic is a log (nats), so its margin is a *shift*, not a factor:
+
+    h_opt = max(INFLATION_FLOOR, max_i M_i + δ),   δ = min{ δ ∈ SHIFTS : the same test },
+
+because a factor on a peak near zero is no margin at all (healthy Llama runs stay within
+0.001 nats of their trend, the lab's GPT-MoE reaches 0.1: any factor on the first fails the
+second, and the largest factor on the second, ×6, arms the test at 0.6 nats — past where a
+learning-rate ramp has already tipped the attention entropies, so it named them the cause).
+``groups``
 are the architectures (or architecture/size/dispatch combinations: any key); a single group
 falls back to leaving one run out, which promises less.
 """
@@ -39,18 +49,39 @@ from .standardize import LogTrendStandardizer
 __all__ = [
     "INFLATION_FLOOR",
     "OPTIMIZER_TEST",
+    "SHIFTS",
+    "ZERO_SHOT_RULES",
     "calibrate_zero_shot",
     "inflation_peak",
     "zero_shot_base",
 ]
 
 INFLATION_FLOOR = 0.05  # nats: the least optimizer threshold (a 5 % lead over the trend)
+SHIFTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # nats: the optimizer test's margins
 OPTIMIZER_TEST = "optimizer-test"  # its peaks' key: "weight_norm" is also a symptom rule's
+
+
+# Levels, not CUSUMs, where a CUSUM's σ (a warm-up's noise) does not transfer across models.
+# The largest logit and the QK increment's entropy of a healthy run drift by a factor of
+# their warm-up that is alike across architectures, while their warm-up noise is not: as
+# CUSUMs, leaving the lab's GPT-MoE out armed thresholds 42 of its 75 healthy runs crossed;
+# as levels, 3 (``python -m benchmarks.zero_shot``). The ΔW entropies stay CUSUMs: as
+# levels they tip under a learning-rate ramp before the weights do and name attention for it.
+ZERO_SHOT_LEVELS = ("max_logit", "attn.d2.entropy_mean")
+# Not read zero-shot: ε's run-relative CUSUM on healthy runs of one architecture reaches what
+# faults of another reach (GPT-MoE healthy peaks up to 902, Mixtral learning-rate ramps' median
+# 346): no threshold separates them without a model's own healthy runs (its band does).
+ZERO_SHOT_UNREAD = ("router.epsilon",)
+ZERO_SHOT_RULES = tuple(
+    replace(r, kind="level") if r.metric in ZERO_SHOT_LEVELS else r
+    for r in DEFAULT_RULES
+    if r.metric not in ZERO_SHOT_UNREAD
+)
 
 
 def zero_shot_base() -> DetectorConfig:
     """The rules, no thresholds: run-relative only, the optimizer test on the own trend."""
-    return DetectorConfig(DEFAULT_RULES)
+    return DetectorConfig(ZERO_SHOT_RULES)
 
 
 def inflation_peak(run: Any, config: DetectorConfig) -> float:
@@ -81,12 +112,13 @@ def calibrate_zero_shot(
         for name, runs in groups.items()
     }
     metrics = [r.metric for r in base.rules] + [OPTIMIZER_TEST]
-    margins = {
-        m: _group_margin({g: [r.peaks.get(m, 0.0) for r in rs] for g, rs in reports.items()})
-        for m in metrics
+    per_group = {
+        m: {g: [r.peaks.get(m, 0.0) for r in rs] for g, rs in reports.items()} for m in metrics
     }
+    margins = {m: _group_margin(per_group[m]) for m in metrics[:-1]}
+    shift = _group_margin(per_group[OPTIMIZER_TEST], SHIFTS, additive=True)
     pooled = [r for rs in reports.values() for r in rs]
-    config = calibrate(pooled, base, margin={m: margins[m] for m in metrics[:-1]})
+    config = calibrate(pooled, base, margin=margins)
     top = max(r.peaks[OPTIMIZER_TEST] for r in pooled)
     calibration = {
         **config.calibration,
@@ -95,10 +127,10 @@ def calibrate_zero_shot(
         "inflation": {
             "method": "weight-norm log above its warm-up trend",
             "peak": round(top, 4),
-            "margin": margins[OPTIMIZER_TEST],
+            "shift": shift,
         },
     }
-    inflation_h = round(max(INFLATION_FLOOR, top * (1 + margins[OPTIMIZER_TEST])), 4)
+    inflation_h = round(max(INFLATION_FLOOR, top + shift), 4)
     return replace(config, calibration=calibration, inflation_h=inflation_h)
 
 
@@ -112,18 +144,26 @@ def _peaks(run: Any, base: DetectorConfig, report: Any) -> _Peaks:
     return _Peaks(report.run_id, {**report.peaks, OPTIMIZER_TEST: inflation_peak(run, base)})
 
 
-def _group_margin(peaks: Mapping[str, Sequence[float]]) -> float:
-    """The least margin in MARGINS under which every group's peaks stay under the others'
-    largest × (1 + margin); the largest margin if none does. One group alone: each run
-    against the others (leave one run out), all a single group can tell."""
+def _group_margin(
+    peaks: Mapping[str, Sequence[float]],
+    margins: Sequence[float] = MARGINS,
+    additive: bool = False,
+) -> float:
+    """The least margin in ``margins`` under which every group's peaks stay under the others'
+    largest × (1 + margin) (``additive``: + margin); the largest margin if none does. One
+    group alone: each run against the others (leave one run out), all a single group can
+    tell."""
     if len(peaks) == 1:
         (only,) = peaks.values()
         peaks = {str(i): [p] for i, p in enumerate(only)}
-    for margin in MARGINS:
+
+    def others(g: str) -> float:
+        return max((p for h, qs in peaks.items() if h != g for p in qs), default=0.0)
+
+    for margin in margins:
         if all(
-            max(ps, default=0.0)
-            <= max((p for h, qs in peaks.items() if h != g for p in qs), default=0.0) * (1 + margin)
+            max(ps, default=0.0) <= (others(g) + margin if additive else others(g) * (1 + margin))
             for g, ps in peaks.items()
         ):
             return margin
-    return MARGINS[-1]
+    return margins[-1]
