@@ -12,7 +12,7 @@ from foreshock.table import format_table
 
 from .config import DetectorConfig
 from .make_profile import MIN_HEALTHY_RUNS
-from .profiles import ProfileConfigs, load_profiles, merged, shipped_profiles
+from .profiles import ProfileConfigs, load_profiles, merged, shipped_profiles, with_live
 from .registry import PROFILES, REGISTRY
 from .signatures import describe
 
@@ -29,22 +29,26 @@ def _load_config(path: str | None) -> DetectorConfig | ProfileConfigs:
     return DetectorConfig.load(path) if path else default_config()
 
 
-def _detect_config(args: argparse.Namespace) -> DetectorConfig | ProfileConfigs:
-    """``--detector-config``, else the store's live config (``--store``), else the shipped one."""
+def _detect_config(
+    args: argparse.Namespace, quiet: bool = False
+) -> DetectorConfig | ProfileConfigs:
+    """``--detector-config``, else the store's live config (``--store``), else the shipped one;
+    with ``--store``, the profiles published there beside either."""
     if args.store is None:
         return _load_config(args.detector_config)
     from .registry import live_config
 
     config = live_config(args.store)
+    published = load_profiles(Path(args.store) / REGISTRY / PROFILES)
     if config is None:  # the shipped profiles, and those published into this store
-        published = load_profiles(Path(args.store) / REGISTRY / PROFILES)
-        print(
-            f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
-            f"using the shipped profiles and {len(published.configs)} published there",
-            file=sys.stderr,
-        )
+        if not quiet:
+            print(
+                f"foreshock detect: no live config in {args.store} (run `foreshock tune`); "
+                f"using the shipped profiles and {len(published.configs)} published there",
+                file=sys.stderr,
+            )
         return merged(default_config(), published)
-    return config
+    return with_live(config, published) if published.configs else config
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -119,7 +123,8 @@ def _live(args: argparse.Namespace) -> int:
 
     from .worker import DetectorWorker, WorkerConfig
 
-    config = config_from_args(WorkerConfig, args, detectors=_detect_config(args))
+    reload = None if args.store is None else lambda: _detect_config(args, quiet=True)
+    config = config_from_args(WorkerConfig, args, detectors=_detect_config(args), reload=reload)
     started = f"group {args.group}, config {config.detectors.version}"
     return serve("detect", DetectorWorker, config, args, lambda _: started, _detected)
 
@@ -173,7 +178,7 @@ def _healthy_runs(args: argparse.Namespace) -> list:
         return [load_run(path) for path in args.healthy]
     from .tune import load_runs
 
-    wanted = dict(item.split("=", 1) for item in args.select)
+    wanted = _selection(args.select)
     runs, _, _ = load_runs(args.from_store)
     return [
         r
@@ -186,7 +191,7 @@ def _profiles_folder(args: argparse.Namespace) -> Path:
     """Where ``--name`` publishes: ``--profiles``, else the store's registry."""
     if args.profiles:
         return Path(args.profiles)
-    root = args.store or args.from_store
+    root = args.store or getattr(args, "from_store", None)
     if root is None:
         raise ValueError("--name needs --profiles DIR or --store ROOT to publish into")
     return Path(root) / REGISTRY / PROFILES
@@ -283,20 +288,48 @@ def _tune(args: argparse.Namespace) -> int:
             args.held_out_seeds,
             progress=None if args.json else _progress,
             versions=args.store_versions,
+            select=_selection(args.select),
         )
-        published = None if args.dry_run else publish(args.store, config, report, args.note)
-    except (TuneError, RegistryError) as exc:
+        if args.dry_run:
+            published = None
+        elif args.name:
+            published = str(_publish_profile(args, config, report))
+        else:
+            published = publish(args.store, config, report, args.note)
+    except (TuneError, RegistryError, ValueError) as exc:
         print(f"foreshock tune: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({**report, "config": config.to_dict(), "published": published}))
         return 0
     print(_tune_table(report))
+    where = f"profile {args.name} ({published})" if args.name else "live"
     print(
-        f"-> {'published, live' if published else 'not published (--dry-run)'}: "
+        f"-> {f'published, {where}' if published else 'not published (--dry-run)'}: "
         f"detector config {config.version}"
     )
     return 0
+
+
+def _selection(items: list[str]) -> dict[str, str]:
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"--select takes KEY=VALUE, got {bad[0]!r}")
+    return dict(item.split("=", 1) for item in items)
+
+
+def _publish_profile(args: argparse.Namespace, config: DetectorConfig, report: dict) -> Path:
+    """``tune --name``: the tuned config as a named profile of the one model it was tuned
+    on, beside the shipped ones (``--select`` picks that model's runs from a mixed store)."""
+    from .profiles import save_profile
+
+    signature = report["signature"]
+    if signature is None:
+        raise ValueError(
+            "--name publishes a profile of one model, and the calibration runs are of several "
+            "(or sent no architecture signature): pick one model's runs with --select KEY=VALUE"
+        )
+    return save_profile(_profiles_folder(args), args.name, config, [signature])
 
 
 def _seed_range(text: str) -> range:
@@ -341,6 +374,17 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         metavar="B",
         help="EMA weights of the trend baseline",
     )
+    tune.add_argument(
+        "--select",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tune on the runs whose labels have these values only",
+    )
+    tune.add_argument(
+        "--name", help="publish a named profile of the runs' model instead of the live config"
+    )
+    tune.add_argument("--profiles", help="folder --name publishes into (default: the store's)")
     tune.add_argument("--dry-run", action="store_true", help="report only; publish nothing")
     tune.add_argument("--json", action="store_true", help="the whole report as one JSON object")
     tune.add_argument("--note", default="", help="why: kept in the registry's history")

@@ -27,7 +27,7 @@ from .calibrate import calibrate_profile
 from .config import BAND_RULES, DetectorConfig
 from .signatures import describe, same_model, signature_of
 
-__all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile"]
+__all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile", "one_model"]
 
 MIN_HEALTHY_RUNS = 10
 
@@ -53,21 +53,28 @@ def make_profile(
             f"{n} healthy runs: a profile needs {MIN_HEALTHY_RUNS} (with fewer, held-out "
             "healthy runs warned falsely; benchmarks.profile_size); --allow-few makes it anyway"
         )
-    signatures = [signature_of(run.start) for run in healthy]
-    first = signatures[0]
-    if first is None:
-        raise ProfileError(f"{_id(healthy[0])} has no architecture signature in its start")
-    other = next((i for i, s in enumerate(signatures) if not same_model(first, s)), None)
-    if other is not None:
-        raise ProfileError(
-            f"the runs are of different models: {_id(healthy[0])} is {describe(first)}, "
-            f"{_id(healthy[other])} is {describe(signatures[other])}"
-        )
+    first = one_model(healthy)
     config = calibrate_profile(healthy, base or DetectorConfig(BAND_RULES), replay)
     if n < MIN_HEALTHY_RUNS:
         note = f"only {n} healthy runs (at least {MIN_HEALTHY_RUNS} needed)"
         config = replace(config, calibration={**config.calibration, "too_few_runs": note})
     return config, [first]
+
+
+def one_model(runs: Sequence[Any]) -> dict[str, Any]:
+    """The architecture signature every run shares (``start`` records'); ``ProfileError``
+    when a run has none or two runs are of different models: a profile is of one model."""
+    signatures = [signature_of(run.start) for run in runs]
+    if not signatures or signatures[0] is None:
+        raise ProfileError(f"{_id(runs[0]) if runs else 'no run'} has no architecture signature")
+    first = signatures[0]
+    other = next((i for i, s in enumerate(signatures) if not same_model(first, s)), None)
+    if other is not None:
+        raise ProfileError(
+            f"the runs are of different models: {_id(runs[0])} is {describe(first)}, "
+            f"{_id(runs[other])} is {describe(signatures[other])}"
+        )
+    return first
 
 
 def _id(run: Any) -> str:

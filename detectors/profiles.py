@@ -11,6 +11,9 @@ architectures (:mod:`foreshock.detectors.zero_shot`). A run may name its profile
 ``profile``, or ``arch`` and ``dispatch``: ``<arch>`` with dropless dispatch and
 ``<arch>+<dispatch>`` otherwise); the name is honoured unless the run's signature says it is
 another model. Every choice says why (``ProfileChoice.reason``), and the detectors report it.
+A store whose ``foreshock tune`` published a live config judges by it every run that no
+profile published into the store fits (:func:`with_live`): the live config takes the
+zero-shot profile's place, named ``live``.
 
 >>> profile_of({"arch": "gpt-moe", "dispatch": "capacity-1"})
 'gpt-moe+capacity-1'
@@ -42,9 +45,11 @@ __all__ = [
     "profile_of",
     "save_profile",
     "shipped_profiles",
+    "with_live",
 ]
 
 ZERO_SHOT = "zero-shot"
+LIVE = "live"  # a store's tuned config, where ``foreshock tune`` published one
 LAB_PROFILE = "gpt-moe"  # the lab's own model
 SIGNATURES_FILE = "signatures.json"  # profile -> the signatures it was calibrated on
 
@@ -82,6 +87,7 @@ class ProfileConfigs:
 
     configs: dict[str, DetectorConfig]
     signatures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    fallback: str = ZERO_SHOT  # the profile of a run no signature fits
 
     def choose(self, start: dict[str, Any] | None) -> ProfileChoice:
         """The profile for a run with this ``start`` record (see the module docstring)."""
@@ -110,9 +116,11 @@ class ProfileConfigs:
         return self._zero_shot("; ".join(notes))
 
     def _zero_shot(self, why: str) -> ProfileChoice:
-        if ZERO_SHOT in self.configs:
-            return ProfileChoice(ZERO_SHOT, self.configs[ZERO_SHOT], f"{why}: zero-shot rules")
-        return ProfileChoice(ZERO_SHOT, DetectorConfig(), f"{why}; no zero-shot config: no rule")
+        name = self.fallback
+        if name in self.configs:
+            rules = "zero-shot rules" if name == ZERO_SHOT else f"the {name} config"
+            return ProfileChoice(name, self.configs[name], f"{why}: {rules}")
+        return ProfileChoice(name, DetectorConfig(), f"{why}; no {name} config: no rule")
 
     @property
     def version(self) -> str:
@@ -172,6 +180,17 @@ def save_profile(
     known = json.loads(index.read_text()) if index.exists() else {}
     index.write_text(json.dumps({**known, name: signatures}, indent=1) + "\n")
     return target / f"{name}.json"
+
+
+def with_live(live: DetectorConfig, published: ProfileConfigs) -> ProfileConfigs:
+    """A store's live config (``foreshock tune``) for every run, but those a profile published
+    into the store fits: a user's profile of one model is more specific than a fleet's tune.
+
+    >>> live = DetectorConfig(confirm=3)
+    >>> with_live(live, ProfileConfigs({})).choose({}).name
+    'live'
+    """
+    return ProfileConfigs({**published.configs, LIVE: live}, published.signatures, LIVE)
 
 
 def merged(*parts: ProfileConfigs) -> ProfileConfigs:

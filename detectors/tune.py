@@ -175,6 +175,20 @@ def parse_seed_range(text: str) -> range:
     return range(low, high + 1)
 
 
+def _selected(run: StoredRun, select: Mapping[str, str]) -> bool:
+    labels = run.start.get("labels") or {}
+    return all(str(labels.get(k)) == v for k, v in select.items())
+
+
+def _shared_signature(runs: Sequence[StoredRun]) -> dict[str, Any] | None:
+    from .make_profile import ProfileError, one_model
+
+    try:
+        return one_model(runs)
+    except ProfileError:
+        return None
+
+
 def _held(seed: int, held_out: range | None) -> bool:
     return seed % 3 == 0 if held_out is None else seed in held_out
 
@@ -354,6 +368,7 @@ def tune(
     base: DetectorConfig | None = None,
     progress: Progress | None = None,
     versions: dict[str, int] | None = None,
+    select: Mapping[str, str] | None = None,
 ) -> TuneResult:
     """Choose detector parameters on a store's runs (the rule: :data:`RULE`).
 
@@ -361,8 +376,10 @@ def tune(
     ``base``: the rules and other parameters the grid varies (default: the built-in ones);
     ``progress(done, total)`` is called after each run loaded and each replay; ``versions``:
     the store's table versions to read (the report's ``store_versions`` of an earlier tune
-    reproduces it exactly, while vacuum has kept them). TuneError when the store cannot
-    support a tune.
+    reproduces it exactly, while vacuum has kept them); ``select``: only the runs whose
+    labels have these values (one model's runs, to publish a named profile). The report's
+    ``signature`` is the model the calibration runs share (None: several, or none sent).
+    TuneError when the store cannot support a tune.
     """
     from foreshock.storage.store import store_exists
 
@@ -372,6 +389,7 @@ def tune(
     points = _points(grid)
     counter = _Counter(len(points), progress)
     runs, skipped, read = load_runs(root, counter.loaded, versions)
+    runs = [r for r in runs if _selected(r, select or {})]
     calibration, judged = _split(runs, held_out)
     counter.skip(sum(map(len, skipped.values())))
     results = [_judge_point(p, base, calibration, judged, counter.tick) for p in points]
@@ -392,5 +410,7 @@ def tune(
             for p, (c, m, f) in zip(points, results, strict=True)
         ],
         "chosen": {"index": best, "params": points[best], "version": results[best][0].version},
+        "select": dict(select or {}),
+        "signature": _shared_signature(calibration),
     }
     return TuneResult(results[best][0], report)

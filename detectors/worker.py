@@ -28,7 +28,9 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,10 @@ class WorkerConfig:
     worker's health at ``http://metrics_host:PORT/metrics``
     (:class:`~foreshock.telemetry.ServiceTelemetry`; 0 picks a free port; None: off).
     ``resend_window``: the warning events re-sent after a broker forgot its data.
+    ``reload``: called every ``reload_every`` seconds for the detectors' config as it is now
+    (``foreshock detect --store``: the store's live config and published profiles), so a
+    profile published while the worker runs judges the runs that start after it; runs
+    already followed keep the profile they started with.
     """
 
     detectors: DetectorConfig | ProfileConfigs
@@ -64,6 +70,8 @@ class WorkerConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     resend_window: int = 10_000
+    reload: Callable[[], DetectorConfig | ProfileConfigs] | None = None
+    reload_every: float = 30.0
 
 
 class DetectorWorker:
@@ -102,6 +110,8 @@ class DetectorWorker:
             )
         )
         self.runs: dict[str, RunStreams] = {}
+        self.detectors = config.detectors
+        self._reloaded = time.monotonic()
         self.checkpoint = Checkpoint(
             self.consumer, "detect", flush=lambda: self.producer.flush(30) == 0
         )
@@ -132,7 +142,7 @@ class DetectorWorker:
         for ready in self.orderer.push(message):
             run_id = ready["run_id"]
             detectors = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, RunStreams(run_id, self.config.detectors)
+                run_id, RunStreams(run_id, self.detectors)
             )
             events = detectors.update(ready)
             if detectors.ended:  # a fleet served for weeks must not keep every run it saw
@@ -167,11 +177,10 @@ class DetectorWorker:
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         """Consume until ``stop`` is set (or ``idle_exit`` seconds pass with nothing new)."""
-        import time
-
         idle_since, trimmer = time.monotonic(), MemoryTrimmer()
         while not stop.is_set():
             trimmer.maybe_trim()
+            self.refresh()
             t0 = time.perf_counter()
             batch = self.consumer.poll_batch(1000, timeout=0.5)
             t1 = time.perf_counter()
@@ -192,6 +201,22 @@ class DetectorWorker:
         self.consumer.close()
         if self.telemetry is not None:
             self.telemetry.close()
+
+    def refresh(self) -> None:
+        """Every ``reload_every`` seconds, the config ``reload`` gives now; a bad one is
+        logged and the current one kept (detection never stops for a broken file)."""
+        reload = self.config.reload
+        if reload is None or time.monotonic() - self._reloaded < self.config.reload_every:
+            return
+        self._reloaded = time.monotonic()
+        try:
+            fresh = reload()
+        except Exception as exc:  # a half-written or altered file: keep judging by the last
+            log.warning("foreshock detect: detector config not reloaded (%s)", exc)
+            return
+        if fresh.version != self.detectors.version:
+            log.info("foreshock detect: detector config %s (new runs)", fresh.version)
+            self.detectors = fresh
 
     def _report(self, final: bool = False) -> None:
         """Totals (and, every few seconds, the lag) to the telemetry, if served."""

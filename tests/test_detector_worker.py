@@ -189,3 +189,35 @@ def test_worker_forgets_a_run_once_every_rank_ended(kafka_settings, config):
         assert worker.runs == {}
     finally:
         worker.consumer.close()
+
+
+def test_a_profile_published_while_the_worker_runs_judges_the_runs_that_start_after(
+    kafka_settings,
+):
+    from foreshock.detectors.profiles import LIVE, ProfileConfigs, with_live
+
+    published = [ProfileConfigs({})]
+
+    def reload():
+        if isinstance(published[0], Exception):
+            raise published[0]
+        return published[0]
+
+    worker = DetectorWorker(kafka_settings, published[0], reload=reload, reload_every=0.0)
+    try:
+        offset = iter(range(100))
+
+        def start(run_id: str) -> str:
+            worker.refresh()
+            worker.process({"kind": "start", "run_id": run_id, "rank": 0, "seq": 0,
+                            "_partition": 0, "_offset": next(offset)})  # fmt: skip
+            return worker.runs[run_id].profile.name
+
+        assert start("before") == "zero-shot"
+        published[0] = with_live(DetectorConfig(), ProfileConfigs({}))
+        assert start("after") == LIVE
+        assert worker.runs["before"].profile.name == "zero-shot"  # a followed run keeps its own
+        published[0] = OSError("a half-written profile")
+        assert start("broken") == LIVE  # the last good config judges on
+    finally:
+        worker.consumer.close()

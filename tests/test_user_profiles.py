@@ -18,6 +18,7 @@ from foreshock.detectors.signatures import lab_signature
 from foreshock.lab.recorded import RECORDED_DIR, load_run
 
 MIXTRAL = RECORDED_DIR / "mixtral"
+FAULTS = ("fa-lowprec", "lr-high")
 
 
 def _healthy(seeds: range) -> list[Path]:
@@ -129,3 +130,27 @@ def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnin
     report = replay_run(run, default_config())
     assert report.profile == "zero-shot" and report.alerts
     assert {a.evidence["profile"] for a in report.alerts} == {"zero-shot"}
+
+
+def test_tune_publishes_a_named_profile_that_a_live_config_leaves_to_its_model(tmp_path, capsys):
+    store = tmp_path / "store"
+    mixtral = [*_healthy(range(6)), *(MIXTRAL / f"mixtral-{s}-s0.jsonl.gz" for s in FAULTS)]
+    lab = [RECORDED_DIR / name for name in ("healthy-s2.jsonl.gz", "lr-high-s0.jsonl.gz")]
+    for runs in (mixtral, lab):  # two models in one store
+        assert (
+            main(["store", "import", "--store", str(store), "--no-warnings", *map(str, runs)]) == 0
+        )
+    tune = ["tune", "--store", str(store), "--grid-k", "0.5", "--grid-confirm", "2"]
+    tune += ["--grid-trend-beta", "0.05", "--held-out-seeds", "0-1"]
+    assert main([*tune, "--name", "ours"]) == 2  # two models' runs make no one profile
+    assert "pick one model's runs with --select" in capsys.readouterr().err
+    assert main([*tune, "--select", "arch=mixtral", "--name", "ours"]) == 0
+    assert "published, profile ours" in capsys.readouterr().out
+    assert main(tune) == 0  # and a live config tuned on the whole store
+    assert "published, live" in capsys.readouterr().out
+    judged = {}
+    for name, path in (("mixtral", MIXTRAL / "mixtral-lr-high-s0.jsonl.gz"), ("lab", lab[1])):
+        run = _unlabelled(path, tmp_path / f"{name}.jsonl")
+        assert main(["detect", "--store", str(store), "--replay", str(run), "--json"]) == 0
+        judged[name] = json.loads(capsys.readouterr().out)["profile"]
+    assert judged == {"mixtral": "ours", "lab": "live"}
