@@ -51,8 +51,8 @@ from foreshock.lab.recorded import (
     HELD_OUT_HEALTHY,
     RECORDED_DIR,
     RecordedRun,
+    calibration_healthy,
     load_run,
-    seed_spans,
     shipped_runs,
 )
 from foreshock.producers.records import parse_series_key
@@ -82,11 +82,6 @@ ENVELOPE_HEADER = [
 ]
 
 
-def _seed(path: Path, run: RecordedRun) -> int:
-    seed = run.labels.get("seed")
-    return int(path.name.split("-s")[-1].split(".")[0]) if seed is None else int(seed)
-
-
 def _started(run: RecordedRun) -> float:
     """When the run started training (its ``start`` record's time; 0 if it has none)."""
     return float(run.start.get("time") or 0.0)
@@ -98,15 +93,11 @@ def _utc(text: str) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
-def _scenario(path: Path, run: RecordedRun) -> str:
-    return run.labels.get("scenario") or path.name.rsplit("-s", 1)[0]
-
-
 def _load(directory: Path) -> tuple[dict[Path, RecordedRun], dict[Path, str]]:
     """The runs in ``directory`` (``*.jsonl.gz`` directly in it, not in sub-folders), and
     each one's scenario."""
     loaded = {path: load_run(path) for path in shipped_runs(directory)}
-    return loaded, {path: _scenario(path, run) for path, run in loaded.items()}
+    return loaded, {path: run.scenario for path, run in loaded.items()}
 
 
 def _judge(report: RunReport, scenario: str) -> dict:
@@ -226,12 +217,8 @@ def split_profile(
         raise SystemExit(f"no recorded runs in {directory}")
     profile = profile_of(next(iter(loaded.values())).labels)
     held_out = held_out or HELD_OUT_HEALTHY.get(profile, "")
-    held_seeds = seed_spans(held_out) if held_out else set()
-    calib = [
-        p
-        for p, run in loaded.items()
-        if scenario_of[p] == HEALTHY and _seed(p, run) not in held_seeds
-    ]
+    calibrating = {id(r) for r in calibration_healthy(list(loaded.values()), held_out)}
+    calib = [p for p, run in loaded.items() if id(run) in calibrating]
     return loaded, scenario_of, profile, held_out, calib
 
 

@@ -35,7 +35,6 @@ from .zero_shot import (
     calibration_runs,
     load_group,
     right,
-    scenario_of,
     verdict,
 )
 
@@ -45,12 +44,12 @@ SCENARIOS = ("healthy", "fa-lowprec", "lr-high")
 def judged_runs(name: str, runs: list) -> list:
     """The group's runs no profile of it is made from: held-out healthy, and the faults."""
     calibration = {r.run_id for r in calibration_runs(name, runs)}
-    return [r for r in runs if scenario_of(r) in SCENARIOS and r.run_id not in calibration]
+    return [r for r in runs if r.scenario in SCENARIOS and r.run_id not in calibration]
 
 
 def figures(label: str, group: str, config: Any, runs: list) -> dict[str, Any]:
     """One profile's row: right of judged per scenario, and the fa-lowprec median lead."""
-    verdicts = [verdict(replay_run(r, config), scenario_of(r)) for r in runs]
+    verdicts = [verdict(replay_run(r, config), r.scenario) for r in runs]
     row: dict[str, Any] = {"group": group, "profile": label}
     for scenario in SCENARIOS:
         mine = [v for v in verdicts if v["scenario"] == scenario]

@@ -42,8 +42,8 @@ from foreshock.lab.recorded import (
     HELD_OUT_HEALTHY,
     RECORDED_DIR,
     RecordedRun,
+    calibration_healthy,
     load_run,
-    seed_spans,
     shipped_runs,
 )
 from foreshock.producers.records import parse_series_key
@@ -61,17 +61,12 @@ SCENARIOS = ("healthy", "fa-lowprec", "lr-high")
 PROFILE_FILE = Path(__file__).parents[1] / "detectors" / "calibrated" / "zero-shot.json"
 
 
-def scenario_of(run: RecordedRun) -> str:
-    return str(run.labels.get("scenario") or "")
-
-
 def load_group(folder: Path) -> list[RecordedRun]:
     return [load_run(p) for p in shipped_runs(folder)]
 
 
 def calibration_runs(name: str, runs: list[RecordedRun]) -> list[RecordedRun]:
-    held = seed_spans(HELD_OUT_HEALTHY.get(name, "0-0"))
-    return [r for r in runs if scenario_of(r) == "healthy" and r.labels.get("seed") not in held]
+    return calibration_healthy(runs, HELD_OUT_HEALTHY.get(name, "0-0"))
 
 
 def architecture(group: str) -> str:
@@ -172,9 +167,9 @@ def main() -> None:
         others = {g: calibration[g] for g in names if architecture(g) != architecture(held)}
         config = calibrate_zero_shot(by_architecture(others), replay_run)
         configs[held] = config.version
-        judged = [r for r in runs[held] if scenario_of(r) in SCENARIOS]  # none calibrated it
-        verdicts = [verdict(replay_run(r, config), scenario_of(r)) for r in judged]
-        by_scenario = {sc: [r for r in judged if scenario_of(r) == sc] for sc in SCENARIOS}
+        judged = [r for r in runs[held] if r.scenario in SCENARIOS]  # none calibrated it
+        verdicts = [verdict(replay_run(r, config), r.scenario) for r in judged]
+        by_scenario = {sc: [r for r in judged if r.scenario == sc] for sc in SCENARIOS}
         rows += summarise(held, verdicts, by_scenario)
     headers = list(rows[0]) if rows else []
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))

@@ -200,11 +200,19 @@ def _sustained_peak(
     if INFLATION_METRIC not in bands:
         return 0.0
     band = BandStandardizer(bands[INFLATION_METRIC], config.warmup_start)
-    level = SustainedLevel("up", math.inf, config.confirm)
+    return sustained_peak(run, band, config.confirm)
+
+
+def sustained_peak(run: Recorded, reference: Any, confirm: int) -> float:
+    """The largest excursion of the total weight norm above ``reference`` (a standardizer:
+    ``update(step, value)`` → x or None) held for ``confirm`` records: what the engine's
+    optimizer test reads (``RunDetector._track_inflation``), against a healthy band or the
+    run's own trend."""
+    level = SustainedLevel("up", math.inf, confirm)
     for record in run.records:
-        z = band.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
-        if z is not None:
-            level.update(z)
+        x = reference.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
+        if x is not None:
+            level.update(x)
     return level.peak
 
 

@@ -35,15 +35,13 @@ falls back to leaving one run out, which promises less.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from .bands import INFLATION_METRIC
+from .bands import sustained_peak
 from .calibrate import MARGINS, calibrate, uncalibrated
 from .config import DEFAULT_RULES, DetectorConfig
-from .level import SustainedLevel
 from .standardize import LogTrendStandardizer
 
 __all__ = [
@@ -88,12 +86,7 @@ def inflation_peak(run: Any, config: DetectorConfig) -> float:
     """A run's largest weight-norm lead over its own warm-up trend held for ``confirm``
     records (nats): what the optimizer test reads (``engine.RunDetector._track_inflation``)."""
     trend = LogTrendStandardizer(config.warmup_start, config.warmup_records)
-    level = SustainedLevel("up", math.inf, config.confirm)
-    for record in run.records:
-        x = trend.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
-        if x is not None:
-            level.update(x)
-    return level.peak
+    return sustained_peak(run, trend, config.confirm)
 
 
 def calibrate_zero_shot(

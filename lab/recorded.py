@@ -18,6 +18,7 @@ __all__ = [
     "HELD_OUT_HEALTHY",
     "RECORDED_DIR",
     "RecordedRun",
+    "calibration_healthy",
     "load_run",
     "seed_spans",
     "shipped_runs",
@@ -51,6 +52,17 @@ class RecordedRun:
     @property
     def labels(self) -> dict[str, Any]:
         return self.start.get("labels", {})
+
+    @property
+    def scenario(self) -> str:
+        """The ``scenario`` label, else the file name's stem before ``-s<seed>``."""
+        return self.labels.get("scenario") or self.path.name.rsplit("-s", 1)[0]
+
+    @property
+    def seed(self) -> int:
+        """The ``seed`` label, else the file name's ``-s<seed>``."""
+        seed = self.labels.get("seed")
+        return int(self.path.name.split("-s")[-1].split(".")[0]) if seed is None else int(seed)
 
     @property
     def divergence_step(self) -> int | None:
@@ -120,6 +132,13 @@ def shipped_runs(directory: str | Path | None = None) -> list[Path]:
     """Paths of the finished, gzipped runs in ``directory`` (default: those shipped)."""
     root = Path(directory) if directory is not None else RECORDED_DIR
     return sorted(root.glob("*.jsonl.gz"))
+
+
+def calibration_healthy(runs: list[RecordedRun], held_out: str) -> list[RecordedRun]:
+    """The healthy runs that calibrate: every one whose seed ``held_out`` (``seed_spans``;
+    empty: none) does not keep for judging."""
+    held = seed_spans(held_out) if held_out else set()
+    return [r for r in runs if r.scenario == "healthy" and r.seed not in held]
 
 
 def seed_spans(spans: str) -> set[int]:
