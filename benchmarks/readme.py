@@ -99,6 +99,23 @@ def _zero_shot(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _flapping(r: dict) -> list[tuple[str, str]]:
+    """Per profile's held-out fault runs: warnings opened and reopened, without and with."""
+    rows = [("release (records below h before a warning resolves)", str(r["release"]))]
+    for row in r["rows"]:
+        before = f"{row['opened (release 1)']} opened, {row['reopened (release 1)']} reopened"
+        chosen = f"release {r['release']}"
+        after = f"{row[f'opened ({chosen})']} opened, {row[f'reopened ({chosen})']} reopened"
+        same = "same" if row["first warnings unchanged"] else "CHANGED"
+        rows.append(
+            (
+                f"{row['profile']}: {row['held-out runs']} held-out fault runs",
+                f"release 1: {before}; {chosen}: {after}; first warnings {same}",
+            )
+        )
+    return rows
+
+
 def _profile_size(r: dict) -> list[tuple[str, str]]:
     """Per group and profile: quiet healthy, attention named, LR warned, fa-lowprec lead."""
     return [
@@ -528,6 +545,11 @@ BENCHMARKS: dict[str, tuple[list[str], Rows, str]] = {
         [],
         _zero_shot,
         "Zero-shot profile, each architecture held out of its calibration",
+    ),
+    "flapping": (
+        [],
+        _flapping,
+        "Warnings that don't flap: the release chosen on calibration runs, judged held out",
     ),
     "profile_size": (
         [],

@@ -118,6 +118,9 @@ class DetectorConfig:
     baseline: str = "trend"  # "trend": residual from the run's own EMA; "level": vs warm-up
     trend_beta: float = 0.2  # EMA weight per record of the trend baseline
     confirm: int = 2  # consecutive records in alarm before a warning opens
+    # consecutive records with every statistic below h before a warning resolves: hysteresis,
+    # so a warning does not flap (chosen on calibration runs: python -m benchmarks.flapping)
+    release: int = 8
     calm_ratio: float = 1.0  # the other mechanism family counts as calm below this × h
     inflation_h: float | None = None  # weights above their healthy band by this: optimizer
     thresholds: dict[str, float] = field(default_factory=dict)  # metric -> h; none = never fire

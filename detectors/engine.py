@@ -10,7 +10,8 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
   log ratio to the warm-up level (``level`` rules: a slide too far).
 * A family fires for a module when one of its series' statistics has stayed above that
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
-  per (run, family, module) until every one of its statistics is back below h, or until the
+  per (run, family, module) until every one of its statistics has stayed back below h for
+  ``release`` records in a row (hysteresis: a warning that flapped paged twice), or until the
   run ends (every rank that wrote to it sent its ``end``): then a ``cleared`` event (resolved,
   in what people read) whose ``evidence.resolved_by`` says which, ``"statistic"`` or ``"run
   ended"``. A run that ended leaves no warning open: nothing else would ever close it.
@@ -33,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from foreshock.catalogue import SERIES
@@ -106,19 +107,31 @@ class RunWarning:
 
 
 def alert_id(
-    run_id: str, family: str, module: str | None, step: int, version: str, rank: int | None = None
+    run_id: str,
+    family: str,
+    module: str | None,
+    step: int,
+    version: str,
+    rank: int | None = None,
+    attempt: int | None = None,
 ) -> str:
     """Deterministic: a restart or a replay re-derives the same id, never a duplicate. Two
     ranks' warnings at one step are two warnings; a run of one process keeps the ids it had
-    before ranks were named (``rank`` None).
+    before ranks were named (``rank`` None). A warning a resumed attempt raises is a new
+    warning (``attempt``: the attempt, once the run has resumed), even at a step where the
+    abandoned attempt raised one: that one was resolved as superseded, and a receiver told
+    of its end must hear of the new one.
 
-    >>> alert_id("r", "router", "h.0.mlp.gate", 50, "v1") != alert_id(
-    ...     "r", "router", "h.0.mlp.gate", 50, "v1", rank=1)
-    True
+    >>> ids = {alert_id("r", "router", "h.0.mlp.gate", 50, "v1", **extra)
+    ...        for extra in ({}, {"rank": 1}, {"attempt": 7})}
+    >>> len(ids)
+    3
     """
     text = f"{run_id}|{family}|{module}|{step}|{version}"
     if rank is not None:
         text += f"|rank {rank}"
+    if attempt is not None:
+        text += f"|attempt {attempt}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -136,16 +149,21 @@ class _Series:
 class RunDetector:
     """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``.
 
-    **A resumed run is the same run.** When a record of a new ``attempt`` (a producer restarted
-    under the same run id, see :mod:`foreshock.transport.wire`) goes back to a step already
-    seen — training resumed from a checkpoint — the state is rebuilt as it was just before
-    that step, by replaying the run's earlier records below it (``_resume``), and the new
-    attempt continues from there: what an uninterrupted run that had reached the checkpoint
-    would hold. Warnings of the abandoned steps stay in the history; those of the replay are
-    not sent again. A record of an attempt already superseded is not a resume but a second
-    job under the same run id (the sink reports the collision): it is ignored and counted.
-    The records kept for this are the last ``MAX_REPLAY`` (a resume further back starts from
-    the oldest kept).
+    **A resumed run is the same run.** Attempts are ordered (:mod:`foreshock.transport.attempts`:
+    the restart count the checkpoint carried, then the producer's start time), and the
+    detector follows the newest it has seen. When a record of a newer ``attempt`` arrives,
+    the older attempt is over (``_follow``): every warning it left open is resolved
+    (``resolved_by: superseded``, with the attempt and step that took over); if the record
+    goes back to a step already seen — training resumed from a checkpoint — the state is
+    rebuilt as it was just before that step by replaying the run's kept records below it;
+    and the warnings still open at that point are opened again for the new attempt, under
+    new ids (``alert_id``'s ``attempt``), as is every warning it raises later. What is
+    open is then what an uninterrupted run that had reached the checkpoint would hold, and
+    every receiver hears of it. A message of an *older* attempt — a crashed job's spool
+    flushed late, a second job under the run id — is never followed: it is counted
+    (``ignored``) and left to the store, which keeps it. The records kept for a rebuild are
+    the last ``MAX_REPLAY``; a resume to a step before the oldest kept finds none below it and
+    starts from nothing, as a new run would.
 
     **One detector follows one rank.** In per-rank mode (``MonitorConfig(emit_ranks="all")``)
     every rank writes its own stream under the run id, each from its own producer (its own
@@ -169,7 +187,7 @@ class RunDetector:
         self.config = self.profile.config
         self._inputs: deque[dict[str, Any]] = deque(maxlen=self.MAX_REPLAY)
         self._attempt: int | None = None
-        self._attempts: set[int] = set()
+        self._id_attempt: int | None = None  # in new warnings' ids once the run resumed
         self._replaying = False
         self.resumes: list[tuple[int, int]] = []  # (attempt, step it resumed at)
         self.ignored = 0  # records of a superseded attempt (two jobs under one run id)
@@ -182,6 +200,7 @@ class RunDetector:
         self._ignored: set[str] = set()  # series keys no rule reads
         self.unruled: dict[str, str] = {}  # module-level metric no rule reads -> why
         self._open: dict[tuple[str, str | None], RunWarning] = {}
+        self._calm: dict[tuple[str, str | None], int] = {}  # records every statistic was below h
         self.alerts: list[RunWarning] = []
         self.cause: str | None = None
         self.peaks: dict[str, float] = {}  # metric -> largest statistic (for calibration)
@@ -192,9 +211,16 @@ class RunDetector:
             None
         )
 
+    def superseded(self, message: dict[str, Any]) -> bool:
+        """Is ``message`` of an attempt older than the one followed (never followed)?"""
+        return self._attempt is not None and int(message.get("attempt") or 0) < self._attempt
+
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         kind = message.get("kind", "metrics")
         events: list[RunWarning] = []
+        if not self._replaying and self.superseded(message):
+            self.ignored += 1
+            return events
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
@@ -203,13 +229,8 @@ class RunDetector:
             step = int(message["step"])
             attempt = int(message.get("attempt") or 0)
             if attempt != self._attempt and self._attempt is not None and not self._replaying:
-                if attempt in self._attempts:  # an attempt superseded earlier: a collision
-                    self.ignored += 1
-                    return events
-                if step <= self.last_step:
-                    self._resume(attempt, step)
+                events += self._follow(attempt, step)
             self._attempt = attempt
-            self._attempts.add(attempt)
             self._inputs.append(message)
             self.last_step = max(self.last_step, step)
             values = message.get("values", {})
@@ -232,16 +253,40 @@ class RunDetector:
                 events += self._clear(self.last_step, ended=str(message.get("status") or "ended"))
         return events
 
-    def _resume(self, attempt: int, step: int) -> None:
-        """Rebuild the state from the kept records below ``step`` (see the class docstring)."""
+    def _follow(self, attempt: int, step: int) -> list[RunWarning]:
+        """A newer attempt takes over at ``step`` (see the class docstring): resolve what the
+        old one left open, rebuild the state below ``step`` if it goes back, and open again,
+        as this attempt's, what is still open there."""
+        why = {"resolved_by": "superseded", "superseded_by": attempt, "resumed_at": step}
+        events = self._resolve_open(step, why)
+        if step <= self.last_step:
+            self._resume(step)
+        self._id_attempt = attempt
+        self.resumes.append((attempt, step))
+        for key, alert in list(self._open.items()):
+            again = replace(alert, id=self._alert_id(alert.family, alert.module, alert.step))
+            again.cleared_step = None
+            self._open[key] = again
+            self.alerts[self.alerts.index(alert)] = again
+            events.append(RunWarning(**asdict(again)))
+        return events
+
+    def _resume(self, step: int) -> None:
+        """Rebuild the state from the kept records below ``step``; their warnings, sent when
+        the records first came, are not sent again."""
         kept = [m for m in self._inputs if int(m["step"]) < step]
         self._inputs.clear()
         self._reset()
         self._replaying = True
         for message in kept:
-            self.update(message)  # its events were sent when the record first came
+            self.update(message)
         self._replaying = False
-        self.resumes.append((attempt, step))
+
+    def _alert_id(self, family: str, module: str | None, step: int) -> str:
+        rank = self.rank if self._named else None
+        return alert_id(
+            self.run_id, family, module, step, self.config.version, rank, self._id_attempt
+        )
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[RunWarning]:
         """Update every series first, then open warnings: attribution sees the whole record."""
@@ -352,7 +397,7 @@ class RunDetector:
             role = "symptom"
         rank = self.rank if self._named else None
         alert = RunWarning(
-            id=alert_id(self.run_id, family, series.module, step, self.config.version, rank),
+            id=self._alert_id(family, series.module, step),
             run_id=self.run_id,
             family=family,
             module=series.module,
@@ -403,23 +448,39 @@ class RunDetector:
     def _clear(self, step: int, ended: str | None = None) -> list[RunWarning]:
         """Resolve the open warnings whose statistics are all back below h — or, once the run
         ``ended`` (its end status), every open warning."""
+        if ended is not None:
+            return self._resolve_open(step, {"resolved_by": "run ended", "run_status": ended})
         events = []
-        for (family, module), alert in list(self._open.items()):
+        for family, module in list(self._open):
             alarmed = any(
                 c.in_alarm
                 for s in self._series.values()
                 if s.family == family and s.module == module
                 for c in s.cusums.values()
             )
-            if not alarmed or ended is not None:
-                del self._open[(family, module)]
-                alert.cleared_step = step
-                event = RunWarning(**{**asdict(alert), "event": "cleared"})
-                event.evidence = {**event.evidence, "resolved_by": "statistic"}
-                if ended is not None:
-                    event.evidence.update(resolved_by="run ended", run_status=ended)
-                events.append(event)
+            calm = 0 if alarmed else self._calm.get((family, module), 0) + 1
+            self._calm[(family, module)] = calm
+            if calm >= self.config.release:
+                events += self._resolve(family, module, step, {"resolved_by": "statistic"})
         return events
+
+    def _resolve_open(self, step: int, why: dict[str, Any]) -> list[RunWarning]:
+        return [
+            e
+            for family, module in list(self._open)
+            for e in self._resolve(family, module, step, why)
+        ]
+
+    def _resolve(
+        self, family: str, module: str | None, step: int, why: dict[str, Any]
+    ) -> list[RunWarning]:
+        """Close one open warning: a ``cleared`` event whose evidence says why."""
+        alert = self._open.pop((family, module))
+        self._calm.pop((family, module), None)
+        alert.cleared_step = step
+        event = RunWarning(**{**asdict(alert), "event": "cleared"})
+        event.evidence = {**event.evidence, **why}
+        return [event]
 
     def _diverged(self, step: int, exact: bool = False) -> list[RunWarning]:
         """Set the divergence step; the producer's exact (every-step) one overrides ours."""

@@ -59,7 +59,9 @@ class RunStreams:
             detector = self.ranks[rank] = RunDetector(self.run_id, self._config, rank=rank)
             if kind != "start" and self._start is not None:
                 detector.update({**self._start, "rank": rank})
-        if kind == "end":
+        if detector.superseded(message):  # a late message of an older attempt: not its end
+            pass
+        elif kind == "end":
             self._live.discard(rank)
         else:
             self._live.add(rank)

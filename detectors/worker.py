@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +62,9 @@ class WorkerConfig:
     ``reload``: called every ``reload_every`` seconds for the detectors' config as it is now
     (``foreshock detect --store``: the store's live config and published profiles), so a
     profile published while the worker runs judges the runs that start after it; runs
-    already followed keep the profile they started with.
+    already followed keep the profile they started with. ``keep_ended``: how many ended
+    runs' detectors are kept (newest), so that a run preempted gracefully and resumed
+    carries on warm instead of starting cold.
     """
 
     detectors: DetectorConfig | ProfileConfigs
@@ -72,6 +74,7 @@ class WorkerConfig:
     resend_window: int = 10_000
     reload: Callable[[], DetectorConfig | ProfileConfigs] | None = None
     reload_every: float = 30.0
+    keep_ended: int = 64
 
 
 class DetectorWorker:
@@ -110,6 +113,7 @@ class DetectorWorker:
             )
         )
         self.runs: dict[str, RunStreams] = {}
+        self._ended: OrderedDict[str, RunStreams] = OrderedDict()  # oldest first
         self.detectors = config.detectors
         self._reloaded = time.monotonic()
         self.checkpoint = Checkpoint(
@@ -142,11 +146,13 @@ class DetectorWorker:
         for ready in self.orderer.push(message):
             run_id = ready["run_id"]
             detectors = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, RunStreams(run_id, self.detectors)
+                run_id, self._ended.pop(run_id, None) or RunStreams(run_id, self.detectors)
             )
             events = detectors.update(ready)
-            if detectors.ended:  # a fleet served for weeks must not keep every run it saw
-                del self.runs[run_id]
+            if detectors.ended:  # a fleet served for weeks must not keep every run it saw,
+                self._ended[run_id] = self.runs.pop(run_id)  # but a resume needs the last few
+                while len(self._ended) > self.config.keep_ended:
+                    self._ended.popitem(last=False)
             self.messages += 1
             self.values += len(ready.get("values", ()))
             if self.cursor.history(ready["_partition"], ready["_offset"]):

@@ -39,8 +39,9 @@ in-memory buffer (``memory_bytes``), loudly; beyond it messages are *dropped* an
 ``close`` goes to the spool if it can be written again, and is otherwise counted as dropped.
 
 Wire fields added here (see :mod:`foreshock.transport.wire`): ``kind``; ``attempt``, this
-producer's incarnation (its start time in µs unless given: a job restarted from a checkpoint
-under the same run id is a new attempt, and its seqs start again at 0 without colliding); a
+producer's incarnation (its restart count and start time, :mod:`foreshock.transport.attempts`,
+unless given: a job restarted from a checkpoint under the same run id is a new attempt, and
+its seqs start again at 0 without colliding); a
 gap-free ``seq`` per (run_id, rank, attempt); a ``start`` message (synthesised if the caller
 sent none) with the producer's version; an ``end`` message with ``last_seq`` (synthesised by
 ``close`` if none was sent).
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from foreshock import __version__
+from foreshock.transport.attempts import attempt_number, scheduler_restart
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings, load_settings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import MAX_MESSAGE_BYTES, WireError, encode, validate
@@ -142,11 +144,14 @@ class KafkaSink:
         confirm_timeout: float = 5.0,
         memory_bytes: int = 64 << 20,
         attempt: int | None = None,
+        restart: int | None = None,
     ) -> None:
         self.settings = settings or load_settings()
-        # which incarnation of its runs this producer is (foreshock.transport.wire): a run
+        # which incarnation of its runs this producer is (foreshock.transport.attempts): a run
         # resumed under the same run id by a new process gets a new, higher one
-        self.attempt = time.time_ns() // 1000 if attempt is None else int(attempt)
+        self._started_us = time.time_ns() // 1000
+        restart = scheduler_restart() if restart is None else restart
+        self.attempt = attempt_number(restart, self._started_us) if attempt is None else attempt
         self.confirm_group, self.confirm_timeout = confirm_group, confirm_timeout
         self.unconfirmed = 0  # messages spooled at close: not confirmed stored
         self._broker_restarted = False
@@ -208,6 +213,17 @@ class KafkaSink:
             return []
 
     # ---- the training thread ------------------------------------------------------------
+    def resume(self, restart: int) -> None:
+        """This producer's runs resumed from a checkpoint written after ``restart - 1``
+        restarts (``Monitor.load_state_dict`` calls it): its attempt number takes that
+        restart count, so it orders after every attempt before the checkpoint whatever the
+        clocks say (:mod:`foreshock.transport.attempts`). Only before the first message: a
+        stream keeps its attempt (logged and ignored after)."""
+        if self._seq:
+            log.warning("foreshock: resume(%s) after messages were sent: attempt kept", restart)
+            return
+        self.attempt = attempt_number(restart, self._started_us)
+
     def write(self, record: dict[str, Any]) -> None:
         """Number, encode and enqueue one record. Never blocks, never raises: a record that
         can't be sent is refused (counted, logged, kept in the rejects file)."""

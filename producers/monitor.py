@@ -36,6 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from foreshock.transport.attempts import restart_of
 from foreshock.transport.wire import check_run_id
 
 from .collective import Peers, fsdp1_roots, gathers_of, square_sum, whole_parameters
@@ -594,6 +595,28 @@ class Monitor:
         except Exception as exc:  # a model we cannot read: the zero-shot profile applies
             log.warning("foreshock: no architecture signature: %r", exc)
             return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the monitoring: the attempt that wrote it and its restart
+        count. Save it with the model's; ``load_state_dict`` on resume makes the new attempt
+        order after this one whatever the hosts' clocks (:mod:`foreshock.transport.attempts`).
+        The Hugging Face and Lightning callbacks do both with the trainer's checkpoints."""
+        attempt = getattr(self.sink, "attempt", None)
+        restart = restart_of(attempt) if isinstance(attempt, int) else 0
+        return {"run_id": self.run_id, "attempt": attempt, "restart": restart}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resuming from a checkpoint whose ``state_dict()`` this is: this attempt is one
+        restart later. Call it before training goes on (before the sink's first message).
+        A state that cannot be read is logged and ignored: monitoring never stops a resume."""
+        try:
+            restart = int(state.get("restart") or 0) + 1
+            resume = getattr(self.sink, "resume", None)
+            if resume is not None:
+                resume(restart)
+        except Exception as exc:
+            self.errors += 1
+            log.warning("foreshock monitor: checkpoint state not loaded: %r", exc)
 
     def close(self) -> None:
         """Remove the hooks and close the sink. Safe to call twice."""

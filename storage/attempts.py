@@ -10,12 +10,18 @@ attempt is its own stream), and the sink reports it once per pair — a log line
 letter with the reason — while ``queries.run_attempts`` flags the run (``overlaps``).
 
 Records a producer re-sends from its spool carry the times they were made, inside their own
-attempt's past, so a resume whose predecessor's spool arrives late is not a collision.
+attempt's past, so a resume whose predecessor's spool arrives late is not a collision. And
+attempts of different restart counts (:mod:`foreshock.transport.attempts`: the later one
+resumed from a checkpoint the earlier wrote) are a resume whatever their clocks say — a host
+60 s behind makes the resumed attempt's times overlap the crashed one's — so only attempts
+of one restart count are compared.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from foreshock.transport.attempts import restart_of
 
 __all__ = ["AttemptTracker"]
 
@@ -46,6 +52,8 @@ class AttemptTracker:
         span[0], span[1] = min(span[0], time), max(span[1], time)
         for other, (first, last) in spans.items():
             if other == attempt or not (first < span[1] and span[0] < last):
+                continue
+            if restart_of(other) != restart_of(attempt):  # one resumed the other's checkpoint
                 continue
             pair = (*key, *sorted((attempt, other)))
             if pair not in self._reported:

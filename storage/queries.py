@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from foreshock.producers.records import series_key
+from foreshock.transport.attempts import TIME_BITS
 
 from .reader import History
 
@@ -330,19 +331,20 @@ def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, 
     """Each attempt of each (run, rank) — a resumed run has several — with its first and last
     step and producer time, whether it ended, and ``overlaps``: another attempt of the same
     (run, rank) was sending at the same time (two jobs under one run id: a collision, never a
-    resume). Ordered by first time, so ``number`` counts restarts from 1."""
+    resume). Ordered as the attempts are (:mod:`foreshock.transport.attempts`: restart count,
+    then start time — never the records' clocks), so ``number`` counts restarts from 1; only
+    attempts of one restart count can overlap."""
     return history.sql(
         "WITH a AS (SELECT run_id, rank, attempt, min(step) AS first_step, "
         " max(step) AS last_step, min(time) AS first_time, max(time) AS last_time, "
         " count(*) AS records FROM steps WHERE ?::VARCHAR IS NULL OR run_id = ? GROUP BY ALL), "
         "e AS (SELECT DISTINCT run_id, rank, attempt FROM run_events WHERE kind = 'end') "
         "SELECT a.*, e.attempt IS NOT NULL AS ended, "
-        " row_number() OVER (PARTITION BY a.run_id, a.rank ORDER BY a.first_time, a.attempt) "
-        "  AS number, "
+        " row_number() OVER (PARTITION BY a.run_id, a.rank ORDER BY a.attempt) AS number, "
         " EXISTS (SELECT 1 FROM a b WHERE b.run_id = a.run_id AND b.rank = a.rank "
-        "  AND b.attempt <> a.attempt AND b.first_time < a.last_time "
-        "  AND a.first_time < b.last_time) AS overlaps "
-        "FROM a LEFT JOIN e USING (run_id, rank, attempt) ORDER BY run_id, rank, first_time",
+        f"  AND b.attempt <> a.attempt AND b.attempt >> {TIME_BITS} = a.attempt >> {TIME_BITS} "
+        "  AND b.first_time < a.last_time AND a.first_time < b.last_time) AS overlaps "
+        "FROM a LEFT JOIN e USING (run_id, rank, attempt) ORDER BY run_id, rank, attempt",
         [run_id, run_id],
     ).to_pylist()
 

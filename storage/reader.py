@@ -37,23 +37,35 @@ __all__ = ["History", "QueryError", "open_history"]
 _SQL_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
 QueryError = duckdb.Error  # what a query on a snapshot raises (pages catch it, name no engine)
 
+# A run is what its latest attempt (of each rank) says (foreshock.transport.attempts orders
+# them: never the records' clocks): its status, end and progress; what it started as is its
+# first attempt's.
+# A graceful end of an abandoned attempt is not the run's, and seqs restart at 0 per attempt,
+# so nothing compares them across attempts.
 _RUNS = """
 CREATE VIEW runs AS
-WITH starts AS (
-    SELECT run_id, arg_min(project, seq) AS project, arg_min(scenario, seq) AS scenario,
-           arg_min(fault, seq) AS fault, arg_min(onset, seq) AS onset,
-           min(time) AS started_at, arg_min(body, seq) AS start_body
+WITH latest AS (
+    SELECT run_id, rank, max(attempt) AS attempt
+    FROM (SELECT run_id, rank, attempt FROM run_events
+          UNION ALL SELECT run_id, rank, attempt FROM steps)
+    GROUP BY run_id, rank),
+starts AS (
+    SELECT run_id, arg_min(project, (attempt, seq)) AS project,
+           arg_min(scenario, (attempt, seq)) AS scenario, arg_min(fault, (attempt, seq)) AS fault,
+           arg_min(onset, (attempt, seq)) AS onset, arg_min(time, (attempt, seq)) AS started_at,
+           arg_min(body, (attempt, seq)) AS start_body
     FROM run_events WHERE kind = 'start' GROUP BY run_id),
 ends AS (
     SELECT run_id, arg_max(status, seq) AS end_status, max(time) AS ended_at,
            arg_max(divergence_step, seq) AS end_divergence, max(last_seq) AS last_seq,
            bool_or(json_exists(body, '$.divergence_step')) AS divergence_known
-    FROM run_events WHERE kind = 'end' GROUP BY run_id),
+    FROM run_events JOIN latest USING (run_id, rank, attempt) WHERE kind = 'end'
+    GROUP BY run_id),
 progress AS (
     SELECT run_id, max(step) AS last_step, max(time) AS last_time,
            max(received_at) AS last_received, count(*) AS records
-    FROM steps GROUP BY run_id),
-ids AS (SELECT run_id FROM starts UNION SELECT run_id FROM ends UNION SELECT run_id FROM progress)
+    FROM steps JOIN latest USING (run_id, rank, attempt) GROUP BY run_id),
+ids AS (SELECT DISTINCT run_id FROM latest)
 SELECT ids.run_id, s.project, s.scenario, s.fault, s.onset, s.started_at, e.ended_at,
        coalesce(e.end_status, 'running') AS status, e.end_divergence AS divergence_step,
        coalesce(e.divergence_known, false) AS divergence_known, e.last_seq, p.last_step,

@@ -110,3 +110,29 @@ def service_env(settings: KafkaSettings) -> dict[str, str]:
     from foreshock import harness
 
     return {**os.environ, **harness.service_env(settings)}
+
+
+def read_warnings(settings: KafkaSettings, idle: float = 3.0) -> list[dict[str, Any]]:
+    """Every event on the warnings topic, from the start, until ``idle`` s bring nothing."""
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": "read-warnings",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
+    )
+    out, last = [], time.monotonic()
+    while time.monotonic() - last < idle:
+        message = consumer.poll(0.2)
+        if message is not None and not message.error():
+            out.append(json.loads(message.value()))
+            last = time.monotonic()
+    consumer.close()
+    return out

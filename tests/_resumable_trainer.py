@@ -2,15 +2,23 @@
 tests/_resumable_trainer.py RUN_ID CHECKPOINT STEPS``. It trains the lab's smallest GPT-MoE
 with a Monitor on a KafkaSink (settings from the environment), saves model, optimizer and step
 to CHECKPOINT every 10 steps, and on start resumes from CHECKPOINT if there is one — under the
-same run id, as a real job restarted by its scheduler. After each step it waits until the
-broker has the step's record and prints ``delivered <step>``, so the test knows what a SIGKILL
-can no longer take away."""
+same run id, as a real job restarted by its scheduler; the checkpoint keeps the Monitor's
+state too, so the resumed attempt orders after the first whatever the clocks. After each step
+it waits until the broker has the step's record and prints ``delivered <step>``, so the test
+knows what a SIGKILL can no longer take away. ``CLOCK_OFFSET`` (seconds, in the environment)
+sets this process's wall clock off, as a host whose clock is behind."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
+
+if os.environ.get("CLOCK_OFFSET"):  # a host whose clock is off, before anything reads it
+    _offset, _time, _time_ns = float(os.environ["CLOCK_OFFSET"]), time.time, time.time_ns
+    time.time = lambda: _time() + _offset
+    time.time_ns = lambda: _time_ns() + int(_offset * 1e9)
 
 import torch
 
@@ -26,7 +34,7 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
     config = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, n_experts=4)
     model = GPT(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    first = 0
+    first, state = 0, None
     if checkpoint.exists():
         state = torch.load(checkpoint)
         model.load_state_dict(state["model"])
@@ -35,6 +43,8 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
     batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=first)
     sink = KafkaSink()
     monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=1))
+    if state is not None:
+        monitor.load_state_dict(state["foreshock"])
     sink.write(
         {
             "schema": "foreshock.run/1",
@@ -52,7 +62,12 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
         optimizer.zero_grad()
         if step % 10 == 9:
             torch.save(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "foreshock": monitor.state_dict(),
+                },
                 checkpoint,
             )
         sink.wait_delivered(10)

@@ -3,7 +3,6 @@ and identical warnings after a worker is killed mid-stream and restarted."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -12,8 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from _kafka import publish_recorded, service_env
-from confluent_kafka import Consumer, TopicPartition
+from _kafka import publish_recorded, read_warnings, service_env
 
 from foreshock.detectors.calibrate import calibrate, uncalibrated
 from foreshock.detectors.config import DetectorConfig
@@ -38,27 +36,6 @@ def _publish(settings, names: list[str]) -> None:
     publish_recorded(settings, names)
 
 
-def _read_warnings(settings, idle: float = 3.0) -> list[dict]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": "read",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign(
-        [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
-    )
-    out, last = [], time.monotonic()
-    while time.monotonic() - last < idle:
-        msg = consumer.poll(0.2)
-        if msg is not None and not msg.error():
-            out.append(json.loads(msg.value()))
-            last = time.monotonic()
-    consumer.close()
-    return out
-
-
 def _events(warnings: list[dict]) -> set[tuple]:
     return {(w["id"], w["event"], w["family"], w["step"], w["lead_time"]) for w in warnings}
 
@@ -68,7 +45,7 @@ def test_worker_emits_what_the_replay_finds(kafka_settings, config):
     _publish(kafka_settings, RUNS)
     worker = DetectorWorker(kafka_settings, calibrated, group_id="det-a")
     worker.run(threading.Event(), idle_exit=4)
-    live = _read_warnings(kafka_settings)
+    live = read_warnings(kafka_settings)
     offline = set()
     for name in RUNS:
         run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
@@ -110,14 +87,14 @@ def test_worker_killed_mid_stream_resumes_with_identical_warnings(kafka_settings
     )
     _publish(reference, RUNS)
     DetectorWorker(reference, calibrated, group_id="det-ref").run(threading.Event(), idle_exit=4)
-    expected = _events(_read_warnings(reference))
+    expected = _events(read_warnings(reference))
     assert expected
 
     ensure_topics(kafka_settings)
     _publish(kafka_settings, RUNS[:2])
     first = _worker(kafka_settings, path, idle_exit=120)
     deadline = time.monotonic() + 90
-    while not _read_warnings(kafka_settings, idle=0.5) and time.monotonic() < deadline:
+    while not read_warnings(kafka_settings, idle=0.5) and time.monotonic() < deadline:
         time.sleep(0.5)
     first.send_signal(signal.SIGKILL)  # mid-stream: two more runs are still to come
     first.wait(10)
@@ -126,7 +103,7 @@ def test_worker_killed_mid_stream_resumes_with_identical_warnings(kafka_settings
     # member must be evicted and its partitions reassigned before the idle exit
     _, err = second.communicate(timeout=180)
     assert second.returncode == 0, err
-    assert _events(_read_warnings(kafka_settings)) == expected
+    assert _events(read_warnings(kafka_settings)) == expected
 
 
 def test_two_workers_share_the_partitions_and_skip_bad_messages(kafka_settings, config):
@@ -155,7 +132,7 @@ def test_two_workers_share_the_partitions_and_skip_bad_messages(kafka_settings, 
         run = load_run(next(p for p in shipped_runs() if p.name.startswith(name + ".")))
         run.start["run_id"] = name
         offline |= _events([e.to_message() for e in replay_run(run, calibrated).events])
-    assert _events(_read_warnings(kafka_settings)) == offline
+    assert _events(read_warnings(kafka_settings)) == offline
 
 
 def test_worker_forgets_a_run_once_every_rank_ended(kafka_settings, config):

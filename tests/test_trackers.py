@@ -20,6 +20,7 @@ PLUMBING = DetectorConfig(
     warmup_start=0,
     warmup_records=2,
     confirm=1,
+    release=1,  # resolves on the first calm record
     thresholds={"max_logit": 0.1},
 )
 

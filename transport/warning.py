@@ -42,7 +42,7 @@ SCHEMA = "foreshock.warning/1"
 DETECTOR_EVENTS = ("opened", "updated", "cleared")
 ACTIONS = ("acknowledged", "silenced")
 EVENTS = DETECTOR_EVENTS + ACTIONS
-RESOLVED_BY = ("statistic", "run ended")
+RESOLVED_BY = ("statistic", "run ended", "superseded")
 
 _TEXT = ("id", "event", "run_id", "family")  # required strings
 _OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")

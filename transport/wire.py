@@ -9,9 +9,11 @@ ordered in one partition. The value is a UTF-8 JSON object: a monitoring record 
   producer's messages for one (run_id, rank, attempt), so a consumer sees a gap or a
   duplicate at once;
 * ``attempt`` (optional, 0 when absent): which incarnation of the run sent it. A run resumed
-  from a checkpoint keeps its ``run_id`` and gets a new attempt — by default the producer's
-  start time in microseconds, so later attempts number higher — and its seqs start again at
-  0 without colliding with the earlier attempt's. (An optional field with a default keeps
+  from a checkpoint keeps its ``run_id`` and gets a new attempt — by default its restart
+  count (from the checkpoint or the scheduler) in the high bits and the producer's start
+  time in microseconds below (:mod:`foreshock.transport.attempts`), so later attempts number
+  higher whatever the clocks — and its seqs start again at 0 without colliding with the
+  earlier attempt's. (An optional field with a default keeps
   every v1 message valid: no version bump was needed on the wire; the store's schema went
   to version 2.)
 

@@ -162,6 +162,16 @@ class MonitoredRun:
         self.divergence = DivergenceWatch(divergence)
         self.last_step: int | None = None
         self.state = "new"  # new → running → finished; or disabled
+        # the Monitor's state_dict() from the checkpoint this run resumed from, if any: the
+        # new attempt orders after the one that wrote it (foreshock.transport.attempts)
+        self.resumed_from: dict[str, Any] | None = None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What the trainer's checkpoint keeps of the monitoring (``Monitor.state_dict``); the
+        state it resumed from until the Monitor exists."""
+        if self.monitor is not None:
+            return self.monitor.state_dict()
+        return dict(self.resumed_from or {})
 
     @property
     def running(self) -> bool:
@@ -188,6 +198,8 @@ class MonitoredRun:
             sink = JsonlSink(spec) if isinstance(spec, str | os.PathLike) else spec
             self.run_id = self.run_id or trainer_run_id(*run_names)
             self.monitor = Monitor(model, sink, run_id=self.run_id, config=self.config)
+            if self.resumed_from is not None:
+                self.monitor.load_state_dict(self.resumed_from)
             self.run_id = self.monitor.run_id
             self.state = "running"
         except Exception:

@@ -74,6 +74,13 @@ try:
     from transformers import TrainerCallback
 except ImportError as exc:
     raise missing_extra(__name__, "transformers", "hf") from exc
+try:  # a checkpoint's callback states (transformers ≥ 4.41)
+    from transformers.trainer_callback import ExportableState
+except ImportError:  # older: the monitoring state is not kept; a resume orders by its clock
+
+    class ExportableState:  # type: ignore[no-redef]
+        pass
+
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +105,7 @@ _ARG_LABELS = (
 )
 
 
-class ForeshockCallback(RunAccess, TrainerCallback):
+class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
     """Attach foreshock's ``Monitor`` to a ``transformers.Trainer`` run.
 
     sink:    a Sink (``JsonlSink``, ``KafkaSink``, ...) or a path for a ``JsonlSink``; closed
@@ -117,7 +124,10 @@ class ForeshockCallback(RunAccess, TrainerCallback):
     divergence: the ``DivergenceRule`` applied to every step's loss for the ``end`` record's
              ``divergence_step`` (default: the project's, the lab's)
 
-    One callback per training run: after ``on_train_end`` its sink is closed.
+    One callback per training run: after ``on_train_end`` its sink is closed. Each checkpoint
+    keeps the monitoring's state (``ExportableState``: the attempt and its restart count), and
+    a run resumed from it continues as a later attempt whatever the hosts' clocks say. (Leave
+    ``restore_callback_states_from_checkpoint`` off: it rebuilds callbacks without their sink.)
     """
 
     def __init__(
@@ -146,6 +156,10 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         self._hook: Any = None
         self._optimizer_stepped_at: int | None = None
 
+    def state(self) -> dict[str, Any]:
+        """For the Trainer's checkpoints (``ExportableState``): the monitoring's state."""
+        return {"args": {}, "attributes": {"monitor_state": self.run.checkpoint_state()}}
+
     def attach(self, trainer: Any) -> None:
         """Name the Trainer whose ``report_to`` loggers get foreshock's scalars (found by
         itself when the Trainer calls the callback; needed only if that fails)."""
@@ -162,6 +176,7 @@ class ForeshockCallback(RunAccess, TrainerCallback):
         if model is None:
             log.warning("foreshock: on_train_begin without a model; monitoring disabled")
             return
+        self.run.resumed_from = _resumed_from(state, type(self).__name__)
         try:
             labels = _labels(args, model)
         except Exception:
@@ -314,3 +329,15 @@ def _labels(args: Any, model: Any) -> dict[str, Any]:
     if isinstance(model_type, str):
         labels["model_type"] = model_type
     return labels
+
+
+def _resumed_from(state: Any, name: str) -> dict[str, Any] | None:
+    """The monitoring state the checkpoint a Trainer resumed from kept (None: a fresh run).
+    A resume from a checkpoint written without it is still a restart (count 0 before it)."""
+    if not getattr(state, "global_step", 0):
+        return None
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get(name)
+    saved = saved[-1] if isinstance(saved, list) and saved else saved
+    attributes = saved.get("attributes", {}) if isinstance(saved, dict) else {}
+    kept = attributes.get("monitor_state")
+    return kept if isinstance(kept, dict) else {"restart": 0}

@@ -130,6 +130,16 @@ class _ForeshockHooks(RunAccess):
         self._step_before: int | None = None
         self._loss: torch.Tensor | float | None = None
 
+    # ---- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Kept in Lightning's checkpoints: the monitoring's state (its attempt and restart
+        count), so a run resumed from one continues as a later attempt whatever the clocks."""
+        return {"monitor_state": self.run.checkpoint_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        kept = state_dict.get("monitor_state") if isinstance(state_dict, dict) else None
+        self.run.resumed_from = kept if isinstance(kept, dict) else {"restart": 0}
+
     # ---- events -------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
