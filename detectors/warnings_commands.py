@@ -20,9 +20,18 @@ from datetime import UTC, datetime
 
 from foreshock.table import format_table
 
-__all__ = ["add_warnings_commands", "parse_duration", "parse_time"]
+__all__ = [
+    "MAX_SILENCE_DAYS",
+    "add_warnings_commands",
+    "parse_duration",
+    "parse_time",
+    "silence_until",
+]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# The longest silence: a warning muted longer is a warning nobody will see again, and an
+# unbounded one used to publish a time no receiver (Alertmanager included) can hold.
+MAX_SILENCE_DAYS = 90
 
 
 def parse_duration(text: str) -> float:
@@ -54,9 +63,36 @@ def parse_time(text: str) -> float:
 
 
 def _when(seconds: float | None) -> str:
+    """A stored time for people; one out of any calendar's range (an unbounded silence an
+    earlier version published) says so instead of crashing every listing."""
     if seconds is None:
         return "-"
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (OverflowError, OSError, ValueError):
+        return f"out of range ({seconds:.3g} s)"
+
+
+def silence_until(now: float, until: float | None, duration: float | None) -> float:
+    """The end of a silence asked as ``--until`` or ``--for``: in the future, and at most
+    ``MAX_SILENCE_DAYS`` ahead (ValueError otherwise, with the reason).
+
+    >>> silence_until(0.0, None, 7200.0)
+    7200.0
+    >>> silence_until(0.0, None, 99999999999 * 86400.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: a silence lasts at most 90 days; asked for 99999999999 days
+    """
+    end = until if until is not None else now + float(duration or 0.0)
+    if not end > now:
+        raise ValueError("a silence must end in the future")
+    if end - now > MAX_SILENCE_DAYS * 86400:
+        raise ValueError(
+            f"a silence lasts at most {MAX_SILENCE_DAYS} days; asked for "
+            f"{(end - now) / 86400:.0f} days"
+        )
+    return end
 
 
 def _login() -> str:
@@ -130,8 +166,12 @@ def _act(args: argparse.Namespace) -> int:
         print(f"foreshock warnings: no store at {location.uri}", file=sys.stderr)
         return 2
     until = None
-    if kind == "silenced":
-        until = args.until if args.until is not None else time.time() + args.duration
+    try:
+        if kind == "silenced":
+            until = silence_until(time.time(), args.until, args.duration)
+    except ValueError as exc:
+        print(f"foreshock warnings silence: {exc}", file=sys.stderr)
+        return 2
     try:
         with open_history(location) as history:
             warning = find_warning(history, args.id)

@@ -43,7 +43,7 @@ from typing import Any
 from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint
 from foreshock.transport.consumer import Deduplicator, MetricsConsumer
-from foreshock.transport.service import as_config
+from foreshock.transport.service import ServiceUnavailableError, as_config
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import check
@@ -136,8 +136,12 @@ class StorageSink:
     ) -> None:
         self.settings = settings
         self.config = config = as_config(SinkConfig, config, options)
+        self._stop = threading.Event()  # run()'s: a SIGTERM ends every wait for the store
         root = config.root
-        self.store = DeltaStore(str(root) if isinstance(root, Path) else root)
+        try:
+            self.store = DeltaStore(str(root) if isinstance(root, Path) else root)
+        except Exception as exc:  # away at start: ``serve`` waits for it, as we do mid-run
+            raise ServiceUnavailableError(f"the store {root} cannot be opened ({exc})") from exc
         self.location = self.store.location
         self.telemetry = None
         if config.metrics_port is not None:
@@ -177,7 +181,12 @@ class StorageSink:
             "read_back_retries": 0,
             "collisions": 0,
         }
-        self._read_back()
+        try:
+            self._read_back()
+        except Exception as exc:
+            self.consumer.close()
+            self.store.close()
+            raise ServiceUnavailableError(f"the store {root} cannot be read ({exc})") from exc
 
     def _read_back(self) -> None:
         """Rebuild the dedup state from the store (see "Exactly once" above)."""
@@ -211,8 +220,15 @@ class StorageSink:
                     exc,
                     delay,
                 )
-                time.sleep(delay)
+                self._backoff(delay)
                 delay = min(delay * 2, 30.0)
+
+    def _backoff(self, delay: float) -> None:
+        """Wait ``delay`` s before retrying the store, unless the sink is told to stop: then
+        give up (``_StoppedError``) — what is not written is not committed, and the broker keeps
+        it for the next sink. A SIGTERM used to wait for a store that might never come back."""
+        if self._stop.wait(delay):
+            raise _StoppedError
 
     def _revoked(self, consumer: Any, partitions: list[Any], lost: bool) -> None:
         """Hand over: write and commit what this member holds, unless it already lost it."""
@@ -365,7 +381,7 @@ class StorageSink:
             except Exception as exc:  # delta-rs raises its own errors for a failed commit
                 self.stats["write_retries"] += 1
                 log.error("foreshock sink: write failed (%s); retrying in %.1f s", exc, delay)
-                time.sleep(delay)
+                self._backoff(delay)
                 delay = min(delay * 2, 30.0)
 
     def maintain(self) -> None:
@@ -375,6 +391,7 @@ class StorageSink:
         self.store.maintain(self.config.retain_hours)
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
+        self._stop = stop
         stop_maintenance = threading.Event()
 
         def maintenance() -> None:
@@ -394,6 +411,9 @@ class StorageSink:
                     idle_since = time.monotonic()
                 elif idle_exit is not None and self._idle(idle_exit, idle_since, started):
                     break
+        except _StoppedError:  # told to stop while the store failed: leave it to the broker
+            log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
+            self.builder.take()
         finally:
             stop_maintenance.set()
             thread.join()
@@ -409,12 +429,19 @@ class StorageSink:
         return now - max(idle_since, self._assigned_at) > idle_exit
 
     def close(self) -> None:
-        self._flush()
+        try:
+            self._flush()
+        except _StoppedError:  # the store failed again on the way out: the broker keeps it
+            self.builder.take()
         self._report(final=True)
         self.consumer.close()
         self.store.close()
         if self.telemetry is not None:
             self.telemetry.close()
+
+
+class _StoppedError(Exception):
+    """The sink was told to stop while waiting for its store."""
 
 
 def _int(value: Any) -> int | None:

@@ -363,3 +363,27 @@ def test_the_store_keeps_every_persons_event_apart():
 def test_state_and_cli_examples(module) -> None:
     result = doctest.testmod(module)
     assert result.attempted > 1 and result.failed == 0
+
+
+def test_a_silence_is_bounded_and_an_unbounded_one_stored_earlier_lists(
+    kafka_settings, tmp_path, monkeypatch, capsys
+):
+    """`silence --for 99999999999d` is refused (it used to publish a time no receiver can
+    hold, then crash printing it); a store holding such a silence from an earlier version
+    still lists its warnings."""
+    for name, value in service_env(kafka_settings).items():
+        monkeypatch.setenv(name, value)
+    warning = _event("r-mute", "blocks.1.moe", 450)
+    legacy = alerts.action_event(warning, "silenced", "old", until=1e20)
+    store = tmp_path / "store"
+    builder = BatchBuilder()
+    for event in (warning, legacy):
+        builder.add_warning(event, time.time())
+    DeltaStore(store).write(builder.take(), 1)
+    mute = ["warnings", "silence", warning["id"], "--by", "bo", "--store", str(store)]
+    assert _cli([*mute, "--for", "99999999999d"]) == 2
+    assert "at most 90 days" in capsys.readouterr().err
+    assert _cli([*mute, "--until", "2001-01-01T00:00Z"]) == 2
+    assert "in the future" in capsys.readouterr().err
+    assert _cli(["warnings", "list", "--store", str(store), "--all"]) == 0
+    assert "out of range" in capsys.readouterr().out

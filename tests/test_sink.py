@@ -254,3 +254,69 @@ def test_a_store_unwritable_for_a_while_loses_and_repeats_nothing(kafka_settings
     thread.join(120)
     assert not thread.is_alive()
     _exactly_once(root, RUNS[:2])
+
+
+def test_store_check_on_a_seq_of_10_to_the_12_answers_at_once(kafka_settings, tmp_path):
+    """A producer bug (or a hostile message) says seq 10¹²: stored as sent, and `foreshock
+    store check` names the gap at once (it used to walk range(10¹²): days), exit 1."""
+    ensure_topics(kafka_settings)
+    raw = Producer({"bootstrap.servers": kafka_settings.bootstrap_servers})
+    for seq in (0, 10**12):
+        record = {"schema": "foreshock.metrics/1", "kind": "metrics", "run_id": "huge-seq"}
+        record.update(seq=seq, step=seq % 7, time=1.0, values={"loss": 2.0})
+        raw.produce(kafka_settings.metrics_topic, key=b"huge-seq", value=json.dumps(record))
+    raw.flush(10)
+    root = tmp_path / "store"
+    StorageSink(kafka_settings, root, group_id="sink-huge").run(threading.Event(), idle_exit=4)
+    check = subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=service_env(kafka_settings),
+    )
+    assert check.returncode in (0, 1), check.stderr[-2000:]
+    assert "huge-seq" in check.stdout and "999999999999" in check.stdout
+
+
+def test_a_sink_waits_for_a_store_away_at_start_and_stops_on_sigterm_while_it_fails(
+    kafka_settings, tmp_path
+):
+    """Started while its store cannot be opened, the sink waits (it used to exit at once)
+    and stores everything once it can. A SIGTERM while the store fails under it ends it
+    within seconds (it used to retry until SIGKILL); what it had not written, it had not
+    committed: the next sink stores it, once."""
+    ensure_topics(kafka_settings)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the store's parent folder should be")
+    root = blocker / "store"
+    _publish(kafka_settings, RUNS[:1])
+    waiting = _sink_process(kafka_settings, root, group="sink-away", idle=4)
+    _wait_for_line(waiting.stderr, "cannot be opened")
+    blocker.unlink()  # the store is reachable again
+    _, err = waiting.communicate(timeout=180)
+    assert waiting.returncode == 0, err[-3000:]
+    _exactly_once(root, RUNS[:1])
+
+    log_dir, away = root / "steps" / "_delta_log", root / "steps" / "_delta_log.away"
+    log_dir.rename(away)
+    log_dir.write_text("not a folder: every commit to steps fails")
+    failing = _sink_process(kafka_settings, root, group="sink-away", idle=60)
+    _publish(kafka_settings, RUNS[1:2])
+    _wait_for_line(failing.stderr, "failed (", "cannot be")  # at start, assigned or writing
+    failing.send_signal(signal.SIGTERM)
+    failing.communicate(timeout=20)  # within seconds, not at the next SIGKILL
+    log_dir.unlink()
+    away.rename(log_dir)
+    StorageSink(kafka_settings, root, group_id="sink-away").run(threading.Event(), idle_exit=4)
+    _exactly_once(root, RUNS[:2])
+
+
+def _wait_for_line(stream, *texts: str, timeout: float = 120) -> None:
+    """Read ``stream`` (a service's stderr) until a line holds one of ``texts``."""
+    deadline = time.monotonic() + timeout
+    for line in stream:
+        if any(text in line for text in texts):
+            return
+        assert time.monotonic() < deadline, f"none of {texts} within {timeout} s"
+    raise AssertionError(f"the service ended without saying any of {texts}")

@@ -60,6 +60,11 @@ def as_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
     return config
 
 
+class ServiceUnavailableError(RuntimeError):
+    """A service cannot start *yet* (its store is away): ``serve`` waits and tries again,
+    as the service itself waits for the store mid-run, until it starts or is stopped."""
+
+
 def serve(
     name: str,
     service: Callable[[Any, Any], Any],
@@ -76,12 +81,20 @@ def serve(
 
     from .settings import load_settings
 
-    try:
-        service = service(load_settings(args.config), config)
-    except MetricsPortError as exc:
-        print(f"foreshock {name}: {exc}", file=sys.stderr)
-        return 2
-    stop = stop_on_signals()
+    stop, delay = stop_on_signals(), 1.0
+    while True:
+        try:
+            service = service(load_settings(args.config), config)
+            break
+        except MetricsPortError as exc:
+            print(f"foreshock {name}: {exc}", file=sys.stderr)
+            return 2
+        except ServiceUnavailableError as exc:  # e.g. the store is away: wait, as mid-run
+            print(f"foreshock {name}: {exc}; retrying in {delay:.0f} s", file=sys.stderr)
+            if stop.wait(delay):
+                print(f"foreshock {name}: stopped before it could start", flush=True)
+                return 0
+            delay = min(delay * 2, 30.0)
     print(f"foreshock {name}: {started(service)}", flush=True)
     telemetry = getattr(service, "telemetry", None)
     if telemetry is not None:
