@@ -39,10 +39,47 @@ def _sunk(sink) -> str:
     return json.dumps(sink.stats)
 
 
+def _damaged(args: argparse.Namespace, command: str) -> bool:
+    """Say which commits are damaged (a sentence each, and the way out); True if any. A
+    torn commit used to end every store command in a Python and Rust backtrace."""
+    from .repair import damaged_commits
+
+    location = _location(args)
+    if not location.is_local:
+        return False
+    damage = damaged_commits(location)
+    for d in damage:
+        print(f"foreshock store {command}: {d.sentence()}", file=sys.stderr)
+    if damage:
+        print(
+            f"foreshock store {command}: `foreshock store repair --store {args.store or '…'}` "
+            "rewrites the log to the last good version",
+            file=sys.stderr,
+        )
+    return bool(damage)
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Rewrite damaged tables' logs to their last good version (see storage.repair)."""
+    from .repair import repair
+
+    try:
+        done = repair(_location(args))
+    except ValueError as exc:
+        print(f"foreshock store repair: {exc}", file=sys.stderr)
+        return 2
+    for line in done:
+        print(line)
+    print("nothing damaged" if not done else f"repaired {len(done)} table(s)")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from . import queries
     from .reader import open_history
 
+    if _damaged(args, "info"):
+        return 2
     with open_history(_location(args)) as history:
         rows = [
             [
@@ -65,6 +102,8 @@ def _check(args: argparse.Namespace) -> int:
     from .reader import open_history
     from .reconcile import check_streams
 
+    if _damaged(args, "check"):
+        return 2
     with open_history(_location(args)) as history:
         checks = check_streams(history)
         doubled = queries.duplicate_records(history)
@@ -303,6 +342,12 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
         "$FORESHOCK_STORE, else ./foreshock-history)",
     )
     sink.add_argument("--group", default="foreshock-sink", help="consumer group")
+    sink.add_argument(
+        "--take-over",
+        action="store_true",
+        help="start although another sink group wrote this store in the last 10 min "
+        "(only once that group is stopped: two groups store every record twice)",
+    )
     sink.add_argument("--retention-days", type=float, help="prune runs idle this long")
     sink.add_argument(
         "--retain-hours",
@@ -318,6 +363,7 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
     commands = [
         ("info", _info, "tables, versions, files and rows"),
         ("migrate", _migrate, "segment store -> Delta tables; schema up to date"),
+        ("repair", _repair, "a damaged commit: the log rewritten to the last good version"),
     ]
     for name, func, text in commands:
         cmd = store_sub.add_parser(name, help=text)

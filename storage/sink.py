@@ -43,7 +43,7 @@ from typing import Any
 from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint
 from foreshock.transport.consumer import Deduplicator, MetricsConsumer
-from foreshock.transport.service import ServiceUnavailableError, as_config
+from foreshock.transport.service import ServiceRefusedError, ServiceUnavailableError, as_config
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import check
@@ -58,7 +58,7 @@ from .retention import prune
 from .rows import BatchBuilder, RecordError
 from .store import DeltaStore
 
-__all__ = ["SinkConfig", "StorageSink"]
+__all__ = ["SecondWriterError", "SinkConfig", "StorageSink"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class SinkConfig:
 
     root: str | Path | StoreLocation | None
     group_id: str = "foreshock-sink"
+    writer_window: float = 600.0  # s: another group's commit this recent refuses the start
+    take_over: bool = False  # start although another group wrote within the window
     batch_values: int = 500_000
     max_wait: float = 1.0
     compact_every: float = 30.0
@@ -139,10 +141,13 @@ class StorageSink:
         self._stop = threading.Event()  # run()'s: a SIGTERM ends every wait for the store
         root = config.root
         try:
-            self.store = DeltaStore(str(root) if isinstance(root, Path) else root)
+            self.store = DeltaStore(
+                str(root) if isinstance(root, Path) else root, writer=config.group_id
+            )
         except Exception as exc:  # away at start: ``serve`` waits for it, as we do mid-run
             raise ServiceUnavailableError(f"the store {root} cannot be opened ({exc})") from exc
         self.location = self.store.location
+        self._refuse_a_second_writer()
         self.telemetry = None
         if config.metrics_port is not None:
             from foreshock.telemetry import ServiceTelemetry
@@ -187,6 +192,31 @@ class StorageSink:
             self.consumer.close()
             self.store.close()
             raise ServiceUnavailableError(f"the store {root} cannot be read ({exc})") from exc
+
+    def _refuse_a_second_writer(self) -> None:
+        """One writer group per store. Two groups each read every message, and each sink
+        dedups against what *it* has seen: both write every record (58 seqs gave 116 step
+        rows) — a renamed group at a redeploy, two compose stacks on one bucket. So a sink
+        whose store another group committed to in the last ``writer_window`` seconds
+        refuses to start (``SecondWriterError``), unless told to ``take_over``."""
+        window = self.config.writer_window
+        others = {
+            group: ago
+            for group, ago in self.store.recent_writers(window).items()
+            if group != self.config.group_id
+        }
+        if not others or self.config.take_over:
+            if others:
+                log.warning("foreshock sink: taking the store over from %s", sorted(others))
+            return
+        group, ago = min(others.items(), key=lambda item: item[1])
+        self.store.close()
+        raise SecondWriterError(
+            f"the store {self.location.uri} is written by sink group {group!r} (its last commit "
+            f"{ago:.0f} s ago); a second group would store every record twice. Stop it and "
+            f"use --group {group}, or, once it is stopped, --take-over (or wait "
+            f"{window / 60:.0f} min)"
+        )
 
     def _read_back(self) -> None:
         """Rebuild the dedup state from the store (see "Exactly once" above)."""
@@ -438,6 +468,10 @@ class StorageSink:
         self.store.close()
         if self.telemetry is not None:
             self.telemetry.close()
+
+
+class SecondWriterError(ServiceRefusedError):
+    """Another sink group writes this store (see ``StorageSink._refuse_a_second_writer``)."""
 
 
 class _StoppedError(Exception):

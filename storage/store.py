@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 import uuid
 from typing import Any
 
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 
 WRITE_ORDER = ("metric_values", "steps", "run_events", "warnings", "dead_letters")
 READ_ORDER = tuple(reversed(WRITE_ORDER))
+WRITER_KEY = "foreshock.writer"  # commit metadata: the sink group that wrote the commit
 VERSION_PREFIX = "foreshock schema version "  # each table's Delta description: "… 1"
 # Rows of a batch are sorted by run (then series and step) and row groups kept small, so each
 # row group spans few runs and its min/max statistics let a run page skip the rest — also
@@ -149,10 +151,14 @@ class DeltaStore:
     """
 
     def __init__(
-        self, location: StoreLocation | str | None = None, app_id: str | None = None
+        self,
+        location: StoreLocation | str | None = None,
+        app_id: str | None = None,
+        writer: str | None = None,
     ) -> None:
         self.location = load_location(location)
         self.app_id = app_id or f"foreshock-{uuid.uuid4().hex[:16]}"
+        self.writer = writer  # the sink group whose commits these are (``recent_writers``)
         self.batches = 0
         if self.location.is_local:
             from pathlib import Path
@@ -235,11 +241,27 @@ class DeltaStore:
                 mode="append",
                 writer_properties=_WRITER,
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, number)]
+                    app_transactions=[Transaction(self.app_id, number)],
+                    custom_metadata={WRITER_KEY: self.writer} if self.writer else None,
                 ),
             )
             written[name] = table.version()
         return written
+
+    def recent_writers(self, within: float, now: float | None = None) -> dict[str, float]:
+        """The sink groups that committed to ``steps`` in the last ``within`` seconds, with
+        how long ago each last did (s). Read from the commits' metadata (the last 100)."""
+        now = time.time() if now is None else now
+        table = self.tables["steps"]
+        table.update_incremental()
+        ago: dict[str, float] = {}
+        for commit in table.history(100):
+            writer, at = commit.get(WRITER_KEY), commit.get("timestamp")
+            if isinstance(writer, str) and isinstance(at, int | float):
+                age = max(0.0, now - at / 1000)
+                if age <= within:
+                    ago[writer] = min(ago.get(writer, age), age)
+        return ago
 
     def versions(self) -> dict[str, int]:
         out = {}

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import pytest
 from _kafka import publish_recorded, service_env
 from confluent_kafka import Producer
 
@@ -23,7 +24,7 @@ from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.storage import queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
-from foreshock.storage.sink import StorageSink
+from foreshock.storage.sink import SecondWriterError, StorageSink
 from foreshock.storage.store import DeltaStore, store_exists
 from foreshock.transport.topics import ensure_topics
 
@@ -77,8 +78,12 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
     root = tmp_path / "store"
     StorageSink(kafka_settings, root, group_id="sink-a").run(threading.Event(), idle_exit=4)
     assert _stored_steps(root) == _expected_steps(RUNS)
-    # a second group reads every topic again from offset 0: nothing may be stored twice
-    again = StorageSink(kafka_settings, root, group_id="sink-b")
+    # a second group would store every record again: refused while the first one writes
+    with pytest.raises(SecondWriterError, match="written by sink group 'sink-a'"):
+        StorageSink(kafka_settings, root, group_id="sink-b")
+    # taken over (the first group stopped), it reads every topic again from offset 0 and
+    # stores nothing twice
+    again = StorageSink(kafka_settings, root, group_id="sink-b", take_over=True)
     again.run(threading.Event(), idle_exit=4)
     assert again.stats["messages"] == 0 and _stored_steps(root) == _expected_steps(RUNS)
     with open_history(root) as history:
@@ -320,3 +325,46 @@ def _wait_for_line(stream, *texts: str, timeout: float = 120) -> None:
             return
         assert time.monotonic() < deadline, f"none of {texts} within {timeout} s"
     raise AssertionError(f"the service ended without saying any of {texts}")
+
+
+def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
+    kafka_settings, tmp_path
+):
+    """A writer died mid-commit on a filesystem without atomic renames: the newest commit of
+    ``steps`` is cut in half. `store check` names the file (it used to end in a Python and
+    Rust backtrace); `store repair` rewrites the log to the last good version; the sink then
+    stores what that commit held from the broker (its offsets were never committed). Counted
+    independently, with deltalake and DuckDB: every record once."""
+    import duckdb
+    from deltalake import DeltaTable
+
+    ensure_topics(kafka_settings)
+    root = tmp_path / "store"
+    _publish(kafka_settings, RUNS[:1])
+    StorageSink(kafka_settings, root, group_id="sink-torn").run(threading.Event(), idle_exit=4)
+    torn = BatchBuilder()  # the dying writer's batch: run 2's step rows, in the broker too
+    for seq, record in enumerate(_run(RUNS[1]).records, start=1):
+        torn.add_metrics({**record, "run_id": RUNS[1], "seq": seq}, time.time())
+    DeltaStore(root).write({"steps": torn.take()["steps"]})
+    newest = max((root / "steps" / "_delta_log").glob("*.json"))
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    _publish(kafka_settings, RUNS[1:2])
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "foreshock.cli", "store", *argv, "--store", str(root)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    check = cli("check")
+    assert check.returncode == 2 and newest.name in check.stderr and "store repair" in check.stderr
+    assert "Traceback" not in check.stderr
+    repaired = cli("repair")
+    assert repaired.returncode == 0 and newest.name in repaired.stdout, repaired.stderr
+    StorageSink(kafka_settings, root, group_id="sink-torn").run(threading.Event(), idle_exit=4)
+    _exactly_once(root, RUNS[:2])
+    steps = DeltaTable(str(root / "steps")).to_pyarrow_table(columns=["run_id", "rank", "seq"])
+    con = duckdb.connect()
+    con.register("steps", steps)
+    query = "SELECT count(*), count(DISTINCT (run_id, rank, seq)) FROM steps"
+    total, distinct = con.execute(query).fetchone()
+    assert total == distinct == sum(_expected_steps(RUNS[:2]).values())
+    assert cli("check").returncode == 0

@@ -60,6 +60,10 @@ def as_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
     return config
 
 
+class ServiceRefusedError(RuntimeError):
+    """A service refuses to start, for a reason its text gives (``serve``: exit 2)."""
+
+
 class ServiceUnavailableError(RuntimeError):
     """A service cannot start *yet* (its store is away): ``serve`` waits and tries again,
     as the service itself waits for the store mid-run, until it starts or is stopped."""
@@ -86,7 +90,7 @@ def serve(
         try:
             service = service(load_settings(args.config), config)
             break
-        except MetricsPortError as exc:
+        except (MetricsPortError, ServiceRefusedError) as exc:
             print(f"foreshock {name}: {exc}", file=sys.stderr)
             return 2
         except ServiceUnavailableError as exc:  # e.g. the store is away: wait, as mid-run
