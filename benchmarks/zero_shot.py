@@ -3,10 +3,11 @@
 The zero-shot profile (:mod:`foreshock.detectors.zero_shot`) pools healthy runs of several
 architectures. To see what it promises on a model it never saw, each architecture group of
 the recorded lab runs (a folder of ``lab/runs``: the lab's GPT-MoE, its capacity-limited
-dispatch, Mixtral, …) is held out in turn: the profile is calibrated on the *other* groups'
-calibration healthy runs (``HELD_OUT_HEALTHY`` seeds excluded), then every run of the held-out
-group is replayed under it; so are the groups of its architecture (``gpt-moe+capacity-1`` is
-the lab's GPT-MoE). Per held-out group and scenario:
+dispatch, Mixtral, Mixtral at hidden 192, …) is held out in turn: the profile is calibrated on
+the *other architectures'* calibration healthy runs (``HELD_OUT_HEALTHY`` seeds excluded), then
+every run of the held-out group is replayed under it; the groups of its architecture are left
+out of that calibration too (``gpt-moe+capacity-1`` is the lab's GPT-MoE, ``mixtral+h192`` a
+Mixtral). Per held-out group and scenario:
 
 * healthy: runs with any mechanism warning (false warnings);
 * fa-lowprec (diverged runs): attention-numerics named the cause, before divergence;
@@ -54,6 +55,7 @@ GROUPS = {
     "gpt-moe": RECORDED_DIR,
     "gpt-moe+capacity-1": RECORDED_DIR / "gpt-moe+capacity-1",
     "mixtral": RECORDED_DIR / "mixtral",
+    "mixtral+h192": RECORDED_DIR / "mixtral+h192",  # another size: held out with every Mixtral
     "llama": RECORDED_DIR / "llama",
     "deepseek-v3": RECORDED_DIR / "deepseek-v3",
 }

@@ -33,6 +33,7 @@ HELD_OUT_HEALTHY = {
     "gpt-moe+capacity-1": "12-19",
     "llama": "5-9",
     "deepseek-v3": "5-9",
+    "mixtral+h192": "5-9",
 }
 
 

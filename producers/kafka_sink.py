@@ -99,6 +99,26 @@ _DOWN = {"_ALL_BROKERS_DOWN", "_TRANSPORT", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_
 # delivery errors about the message itself: sending it again fails again
 _REFUSED = {"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD"}
 _REJECTS_MAX_BYTES = 256 << 20  # past this a rejects file keeps the reason, not the record
+REJECTS_KEEP_DAYS = 30  # a rejects file untouched this long is removed by the next producer
+
+
+def expire_rejects(spool_dir: str | os.PathLike[str], keep_days: float = REJECTS_KEEP_DAYS) -> int:
+    """Remove the rejects files in ``spool_dir`` untouched for ``keep_days`` (each is named in
+    the log, and its run's ``end`` record said where it was): a fleet's producers used to leave
+    them forever. Returns how many. Never raises: a folder that can't be read is left alone."""
+    removed, cutoff = 0, time.time() - keep_days * 86400
+    try:
+        for path in Path(spool_dir).glob("*.rejects"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+                    log.info("foreshock: removed %s (older than %s days)", path, keep_days)
+    except OSError:
+        pass
+    return removed
+
+
 _STAND_IN_FLAG = "producer_rejected"
 _STAND_IN_FIELD_BYTES = 4096  # a stand-in keeps every field of the refused message up to this
 
@@ -174,6 +194,7 @@ class KafkaSink:
         self._memory = MemorySpool(memory_bytes)
         self._spool = self._open_spool(name)
         self._others = self._adopt_orphans()  # earlier runs' leftovers
+        self.expired_rejects = expire_rejects(self.settings.spool_dir)
         self._online = self._lost_brokers = False
         self._recent = _RecentWindow(replay_bytes)
         self._replay: list[SpooledMessage] = []

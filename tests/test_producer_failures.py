@@ -489,3 +489,25 @@ def _full_tmpfs_child() -> None:
 
 if __name__ == "__main__":
     _full_tmpfs_child()
+
+
+def test_rejects_files_expire_after_their_keep_time(kafka_settings, tmp_path):
+    """A rejects file (refused records, kept for a person to read) untouched for 30 days is
+    removed by the next producer on that machine; a recent one stays. They used to pile up."""
+    import dataclasses
+    import os
+    import time
+
+    from foreshock.producers.kafka_sink import REJECTS_KEEP_DAYS
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    old, recent = spool / "old-host-1.rejects", spool / "new-host-2.rejects"
+    for path in (old, recent):
+        path.write_text('{"reason": "too big"}\n')
+    stale = time.time() - (REJECTS_KEEP_DAYS + 10) * 86400
+    os.utime(old, (stale, stale))
+    settings = dataclasses.replace(kafka_settings, spool_dir=str(spool))
+    sink = KafkaSink(settings, name="expiring", confirm_group=None)
+    sink.close()
+    assert sink.expired_rejects == 1 and not old.exists() and recent.exists()
