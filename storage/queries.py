@@ -327,6 +327,10 @@ def stream_seqs(history: History, run_id: str, rank: int, attempt: int = 0) -> l
     )
 
 
+# two attempts of one restart count (foreshock.transport.attempts: its high bits)
+_SAME_RESTART = f"b.attempt >> {TIME_BITS} = a.attempt >> {TIME_BITS}"
+
+
 def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, Any]]:
     """Each attempt of each (run, rank) — a resumed run has several — with its first and last
     step and producer time, whether it ended, and ``overlaps``: another attempt of the same
@@ -342,7 +346,7 @@ def run_attempts(history: History, run_id: str | None = None) -> list[dict[str, 
         "SELECT a.*, e.attempt IS NOT NULL AS ended, "
         " row_number() OVER (PARTITION BY a.run_id, a.rank ORDER BY a.attempt) AS number, "
         " EXISTS (SELECT 1 FROM a b WHERE b.run_id = a.run_id AND b.rank = a.rank "
-        f"  AND b.attempt <> a.attempt AND b.attempt >> {TIME_BITS} = a.attempt >> {TIME_BITS} "
+        "  AND b.attempt <> a.attempt AND " + _SAME_RESTART + " "
         "  AND b.first_time < a.last_time AND a.first_time < b.last_time) AS overlaps "
         "FROM a LEFT JOIN e USING (run_id, rank, attempt) ORDER BY run_id, rank, attempt",
         [run_id, run_id],
