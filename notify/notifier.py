@@ -54,9 +54,10 @@ open in this member's partitions are re-posted, in one list per target (at most 
 queued per target); Alertmanager deduplicates them (no new notification). Not while a
 partition's history is still being replayed: a warning resolved later in that history would
 fire again. An acknowledgement's silence lasts ``ack_horizon`` seconds and is renewed by the
-re-posts while the warning stays open, so it lapses by itself if nobody renews it (a notifier
-that restarted and lost the silence's id makes a new one); a resolved warning's silences are
-expired at once when this notifier made them.
+re-posts while the warning stays open, so it lapses by itself if nobody renews it; a resolved
+warning's silences are expired at once. A restarted notifier reads the ids of the silences it
+made back from Alertmanager (:mod:`~foreshock.notify.known_silences`), so it extends and
+expires them as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from .delivery import (
     slack_payload,
     webhook_payload,
 )
+from .known_silences import read_silences
 
 __all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "NotifyConfig", "decode_warning"]
 
@@ -269,6 +271,15 @@ class Notifier:
         }
         # step 1 is the couriers': an offset is committed once they settled its message
         self.checkpoint = Checkpoint(self.consumer, "notify")
+        self._recover_silences()
+
+    def _recover_silences(self) -> None:
+        """The silences an earlier notifier made, read back from each Alertmanager, so that
+        they are extended (not duplicated) and expired when their warnings resolve."""
+        for target in self.targets:
+            if target.kind == "alertmanager":
+                for (wid, kind), known in read_silences(target, self.config.timeout).items():
+                    self._silences[(target, wid, kind)] = known
 
     @property
     def stats(self) -> dict[str, int]:

@@ -292,6 +292,41 @@ def test_people_acknowledge_and_silence_and_every_receiver_hears_it(
     assert "resolved already" in capsys.readouterr().err
 
 
+def test_a_restarted_notifier_extends_and_expires_the_silences_it_made_before(kafka_settings):
+    """A person silences B for 2 h; the notifier restarts; B resolves. The silence is expired
+    (it used to stay, muting B's module for later runs, as the new notifier had lost its id),
+    and a renewal of an acknowledgement updates the silence it made instead of adding one."""
+    ensure_topics(kafka_settings)
+    b, c = _event("r-restart", "blocks.2.moe", 500), _event("r-restart", "blocks.3.moe", 520)
+    receiver = Receiver()
+    target = Target("alertmanager", receiver.url("/am"))
+
+    def notifier(refresh: float) -> tuple[Notifier, threading.Event, threading.Thread]:
+        config = NotifyConfig([target], DASH, group_id="restart-notify", refresh=refresh)
+        service, stop = Notifier(kafka_settings, config), threading.Event()
+        return service, stop, _in_thread(service, stop)
+
+    _first, stop, thread = notifier(refresh=0)
+    try:
+        quiet = alerts.action_event(b, "silenced", "bo", until=time.time() + 7200)
+        _produce(kafka_settings, [b, c, quiet, alerts.action_event(c, "acknowledged", "ana")])
+        assert _wait(lambda: len(receiver.silences) == 2, 30)
+        stop.set()
+        thread.join(30)
+        made = {s["createdBy"]: s["id"] for s in receiver.silences.values()}
+        _second, stop, thread = notifier(refresh=0.3)  # its re-posts renew C's acknowledgement
+        _produce(kafka_settings, [{**b, "event": "cleared", "cleared_step": 600}])
+        assert _wait(lambda: receiver.silences[made["bo"]]["status"]["state"] == "expired", 30)
+    finally:
+        stop.set()
+        thread.join(30)
+        receiver.close()
+    renewals = [s for s in receiver.bodies("/am/api/v2/silences") if s["createdBy"] == "ana"]
+    assert all(s["id"] == made["ana"] for s in renewals[1:])  # updated, never a second one
+    live = [s for s in receiver.silences.values() if s["status"]["state"] == "active"]
+    assert [s["createdBy"] for s in live] == ["ana"]  # C is still open and acknowledged
+
+
 def test_receivers_from_the_settings_file_carry_auth_and_no_secret_reaches_a_log(
     kafka_settings, tmp_path, caplog
 ):

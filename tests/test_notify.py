@@ -52,6 +52,7 @@ class Receiver:
         self.hanging, self.hang = set(hanging or ()), hang
         self.requests: list[tuple[str, int, object]] = []
         self.details: list[dict] = []
+        self.silences: dict[str, dict] = {}  # Alertmanager's, by id
         self.lock = threading.Lock()
         receiver = self
 
@@ -77,10 +78,7 @@ class Receiver:
                             "time": time.monotonic(),
                         }
                     )
-                    answer = b"ok"
-                    if self.path.endswith("/api/v2/silences") and status == 200:
-                        number = sum(p.endswith("/silences") for p, _, _ in receiver.requests)
-                        answer = json.dumps({"silenceID": f"s-{number}"}).encode()
+                    answer = receiver._silences_api(self.command, self.path, status, body)
                 if hangs:
                     time.sleep(receiver.hang)
                 try:
@@ -99,12 +97,36 @@ class Receiver:
             def do_DELETE(self) -> None:
                 self._answer()
 
+            def do_GET(self) -> None:
+                self._answer()
+
             def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _silences_api(self, method: str, path: str, status: int, body: object) -> bytes:
+        """Alertmanager's silences, as it keeps them: a POST makes one (or replaces the one
+        whose id it names, which expires), a DELETE expires one, a GET lists them all."""
+        if status != 200 or "/api/v2/silence" not in path:
+            return b"ok"
+        if method == "GET":
+            return json.dumps(list(self.silences.values())).encode()
+        if method == "DELETE":
+            silence = self.silences.get(path.rsplit("/", 1)[-1])
+            if silence is not None:
+                silence["status"] = {"state": "expired"}
+            return b"ok"
+        number = sum(
+            d["path"].endswith("/silences") and d["method"] == "POST" for d in self.details
+        )
+        made = f"s-{number}"
+        if isinstance(body, dict) and body.get("id") in self.silences:
+            self.silences[body["id"]]["status"] = {"state": "expired"}
+        self.silences[made] = {**(body or {}), "id": made, "status": {"state": "active"}}
+        return json.dumps({"silenceID": made}).encode()
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
@@ -116,7 +138,12 @@ class Receiver:
     def bodies(self, path: str) -> list:
         """Bodies of the POSTs to ``path`` that were answered 200 (delivered)."""
         with self.lock:
-            return [b for p, s, b in self.requests if p == path and s == 200]
+            posts = [d["method"] == "POST" for d in self.details]
+            return [
+                b
+                for (p, s, b), post in zip(self.requests, posts, strict=True)
+                if post and p == path and s == 200
+            ]
 
     def close(self) -> None:
         self.server.shutdown()
