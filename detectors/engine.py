@@ -32,6 +32,7 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
@@ -47,6 +48,7 @@ from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
 from .level import SustainedLevel
 from .profiles import ProfileConfigs, choose_profile
+from .rewind import Rewind, restore
 from .standardize import (
     LogRatioStandardizer,
     LogTrendStandardizer,
@@ -55,6 +57,8 @@ from .standardize import (
 )
 
 __all__ = ["RunDetector", "RunWarning"]
+
+log = logging.getLogger(__name__)
 
 # What a user should check, by the cause a warning names (or the family of a symptom).
 CHECK = {
@@ -155,15 +159,17 @@ class RunDetector:
     the older attempt is over (``_follow``): every warning it left open is resolved
     (``resolved_by: superseded``, with the attempt and step that took over); if the record
     goes back to a step already seen — training resumed from a checkpoint — the state is
-    rebuilt as it was just before that step by replaying the run's kept records below it;
+    rebuilt as it was just before that step (:mod:`~foreshock.detectors.rewind`: the newest
+    state snapshot at or before it, then the kept records after the snapshot);
     and the warnings still open at that point are opened again for the new attempt, under
     new ids (``alert_id``'s ``attempt``), as is every warning it raises later. What is
     open is then what an uninterrupted run that had reached the checkpoint would hold, and
     every receiver hears of it. A message of an *older* attempt — a crashed job's spool
     flushed late, a second job under the run id — is never followed: it is counted
     (``ignored``) and left to the store, which keeps it. The records kept for a rebuild are
-    the last ``MAX_REPLAY``; a resume to a step before the oldest kept finds none below it and
-    starts from nothing, as a new run would.
+    the last ``MAX_REPLAY``, with a snapshot every ``SNAPSHOT_EVERY``: a resume anywhere in
+    that window is rebuilt exactly; one further back starts from nothing, as a new run would,
+    and says so in the log.
 
     **One detector follows one rank.** In per-rank mode (``MonitorConfig(emit_ranks="all")``)
     every rank writes its own stream under the run id, each from its own producer (its own
@@ -177,6 +183,7 @@ class RunDetector:
     """
 
     MAX_REPLAY = 5_000
+    SNAPSHOT_EVERY = 250
 
     def __init__(
         self, run_id: str, config: DetectorConfig | ProfileConfigs, rank: int | None = None
@@ -185,14 +192,16 @@ class RunDetector:
         self._named = rank is not None and rank != 0  # the warnings name the rank
         self.profile = choose_profile(config, None)  # until the run's start record says
         self.config = self.profile.config
-        self._inputs: deque[dict[str, Any]] = deque(maxlen=self.MAX_REPLAY)
+        self._rewind = Rewind(self.MAX_REPLAY, self.SNAPSHOT_EVERY)
         self._attempt: int | None = None
         self._id_attempt: int | None = None  # in new warnings' ids once the run resumed
         self._replaying = False
         self.resumes: list[tuple[int, int]] = []  # (attempt, step it resumed at)
         self.ignored = 0  # records of a superseded attempt (two jobs under one run id)
         self._ranks: set[int] = set()  # ranks that wrote and have not ended
+        before = set(vars(self))
         self._reset()
+        self._state = tuple(sorted(set(vars(self)) - before))  # what a snapshot holds
 
     def _reset(self) -> None:
         """Every piece of state a run's records build (not its config or kept records)."""
@@ -231,7 +240,7 @@ class RunDetector:
             if attempt != self._attempt and self._attempt is not None and not self._replaying:
                 events += self._follow(attempt, step)
             self._attempt = attempt
-            self._inputs.append(message)
+            self._rewind.keep(message, self._snapshot)
             self.last_step = max(self.last_step, step)
             values = message.get("values", {})
             events += self._metrics(step, values)
@@ -271,14 +280,25 @@ class RunDetector:
             events.append(RunWarning(**asdict(again)))
         return events
 
+    def _snapshot(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._state}
+
     def _resume(self, step: int) -> None:
-        """Rebuild the state from the kept records below ``step``; their warnings, sent when
-        the records first came, are not sent again."""
-        kept = [m for m in self._inputs if int(m["step"]) < step]
-        self._inputs.clear()
+        """Rebuild the state just before ``step`` from a snapshot and the kept records after
+        it; their warnings, sent when the records first came, are not sent again."""
+        snapshot, replay, exact = self._rewind.back_to(step)
         self._reset()
+        vars(self).update(restore(snapshot))
+        if not exact:
+            log.warning(
+                "foreshock detect: run %s resumed at step %d, before the %d records kept to "
+                "rebuild from: its detectors start from nothing there",
+                self.run_id,
+                step,
+                self.MAX_REPLAY,
+            )
         self._replaying = True
-        for message in kept:
+        for message in replay:
             self.update(message)
         self._replaying = False
 

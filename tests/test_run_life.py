@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from _kafka import read_warnings
 
 from foreshock.detectors.commands import default_config
@@ -99,3 +100,43 @@ def test_a_graceful_preemption_then_a_resume_carries_on_warm(kafka_settings):
     warnings = _live_warnings(kafka_settings, "det-preempt")
     assert _opened(warnings, run_id) == _straight(run, run_id) != set()
     assert not _left_open(warnings, run_id)
+
+
+def _resumed(run, monkeypatch, window: int, back_to: int) -> tuple[RunDetector, set[tuple]]:
+    """A run that resumed from record ``back_to`` once it was two thirds in, its detectors
+    keeping ``window`` records (a snapshot every fifth)."""
+    monkeypatch.setattr(RunDetector, "MAX_REPLAY", window)
+    monkeypatch.setattr(RunDetector, "SNAPSHOT_EVERY", 5)
+    records, cut = run.records, 2 * len(run.records) // 3
+    detector = RunDetector("r", default_config())
+    for message in [{**run.start, "kind": "start"}, *records[:cut]]:
+        detector.update(message)
+    for record in records[back_to:]:
+        detector.update({**record, "attempt": 1})
+    return detector, {(a.family, a.module, a.step) for a in detector.alerts}
+
+
+def test_a_resume_anywhere_in_the_kept_window_of_a_long_run_is_rebuilt_exactly(monkeypatch, caplog):
+    """With 20 records kept of a longer run, a resume 12 records back holds what the
+    uninterrupted run held (warm-ups, CUSUMs, warnings): the snapshot before it, then the kept
+    records. It used to replay the 20 kept records from an empty state (the warm-up learned
+    again mid-run). A resume further back than the window says so and starts from nothing."""
+    run, _ = _run()
+    straight = _straight(run, "r")
+    cut = 2 * len(run.records) // 3
+    assert cut > 20
+    detector, opened = _resumed(run, monkeypatch, window=20, back_to=cut - 12)
+    assert opened == straight
+    peaks = _straight_peaks(run)
+    assert detector.peaks == pytest.approx(peaks, rel=1e-9)
+    assert "start from nothing" not in caplog.text
+    # back before the window: from nothing (its warm-up is the resumed records), said aloud
+    _resumed(run, monkeypatch, window=20, back_to=cut - 30)
+    assert "before the 20 records kept to rebuild from" in caplog.text
+
+
+def _straight_peaks(run) -> dict[str, float]:
+    detector = RunDetector("r", default_config())
+    for message in [{**run.start, "kind": "start"}, *run.records]:
+        detector.update(message)
+    return detector.peaks

@@ -71,7 +71,7 @@ def test_feed_opens_counts_and_clears_a_warning() -> None:
     assert calm.scalars["foreshock/warnings_open/attention-numerics"] == 0
     assert "foreshock/warning/attention-numerics" not in calm.scalars
     assert "cleared at step 30" in (calm.text() or "")
-    assert feed.detector is not None and not feed.detector._inputs  # no records kept
+    assert feed.detector is not None and not feed.detector._rewind.records  # no records kept
 
 
 def test_feed_gives_the_lead_once_the_loss_diverges() -> None:
