@@ -70,6 +70,7 @@ from foreshock.transport.wire import MAX_MESSAGE_BYTES, WireError, encode, valid
 
 from .records import METRICS_SCHEMA, RUN_SCHEMA
 from .spool import MemorySpool, Spool, SpooledMessage, is_lifecycle, orphaned_spools, write_all
+from .stranded import expire_kept, strand
 
 __all__ = ["PRODUCER_DEFAULTS", "RECORD_OVERHEAD", "KafkaSink"]
 
@@ -99,26 +100,6 @@ _DOWN = {"_ALL_BROKERS_DOWN", "_TRANSPORT", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_
 # delivery errors about the message itself: sending it again fails again
 _REFUSED = {"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD"}
 _REJECTS_MAX_BYTES = 256 << 20  # past this a rejects file keeps the reason, not the record
-REJECTS_KEEP_DAYS = 30  # a rejects file untouched this long is removed by the next producer
-
-
-def expire_rejects(spool_dir: str | os.PathLike[str], keep_days: float = REJECTS_KEEP_DAYS) -> int:
-    """Remove the rejects files in ``spool_dir`` untouched for ``keep_days`` (each is named in
-    the log, and its run's ``end`` record said where it was): a fleet's producers used to leave
-    them forever. Returns how many. Never raises: a folder that can't be read is left alone."""
-    removed, cutoff = 0, time.time() - keep_days * 86400
-    try:
-        for path in Path(spool_dir).glob("*.rejects"):
-            with contextlib.suppress(OSError):
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    removed += 1
-                    log.info("foreshock: removed %s (older than %s days)", path, keep_days)
-    except OSError:
-        pass
-    return removed
-
-
 _STAND_IN_FLAG = "producer_rejected"
 _STAND_IN_FIELD_BYTES = 4096  # a stand-in keeps every field of the refused message up to this
 
@@ -144,7 +125,9 @@ class _RecentWindow:
 class KafkaSink:
     """Send monitoring records to Kafka; see the module docstring for the guarantees.
 
-    Counters: ``delivered``, ``spooled``, ``replayed``; ``rejected`` (records refused, see
+    Counters: ``delivered``, ``spooled``, ``replayed``, ``stranded`` (spooled messages for a
+    topic the broker does not have, set aside: :mod:`~foreshock.producers.stranded`);
+    ``rejected`` (records refused, see
     ``rejects_path``), ``dropped`` (valid messages no spool could hold), ``reasons`` (both, by
     reason), ``errors`` (unexpected exceptions caught); ``spool_error`` (why the spool file is
     not being written, or None).
@@ -194,7 +177,9 @@ class KafkaSink:
         self._memory = MemorySpool(memory_bytes)
         self._spool = self._open_spool(name)
         self._others = self._adopt_orphans()  # earlier runs' leftovers
-        self.expired_rejects = expire_rejects(self.settings.spool_dir)
+        self.expired_rejects = expire_kept(self.settings.spool_dir)
+        self.stranded = 0  # spooled messages for a topic the broker does not have
+        self._topics: set[str] = set()  # topics the broker was seen to have
         self._online = self._lost_brokers = False
         self._recent = _RecentWindow(replay_bytes)
         self._replay: list[SpooledMessage] = []
@@ -772,7 +757,8 @@ class KafkaSink:
                     batch, end = spool.read_batch(500)
                 if not batch:
                     break
-                if not self._send_batch(batch):
+                batch = self._set_aside_stranded(spool, batch)
+                if batch and not self._send_batch(batch):
                     self._online = False
                     return
                 with self._spool_lock:
@@ -781,6 +767,32 @@ class KafkaSink:
         for spool in [s for s in self._others if s.pending_bytes() == 0]:
             spool.close()
             self._others.remove(spool)
+
+    def _set_aside_stranded(
+        self, spool: Spool | MemorySpool, batch: list[SpooledMessage]
+    ) -> list[SpooledMessage]:
+        """``batch`` less the messages for topics the broker does not have, which go to the
+        stranded file (:mod:`~foreshock.producers.stranded`): sent, they would time out as if
+        the broker were down, and hold up every spool behind them for good."""
+        unknown = {m.topic for m in batch} - self._topics
+        if not unknown:
+            return batch
+        try:
+            self._topics |= set(self._producer.list_topics(timeout=5.0).topics)
+        except Exception:  # the broker is away: nothing is stranded by a failed lookup
+            return batch
+        missing = unknown - self._topics
+        if not missing:
+            return batch
+        where = getattr(spool, "path", None) or Path(self.settings.spool_dir) / "memory.spool"
+        stranded = [m for m in batch if m.topic in missing]
+        try:
+            strand(where, stranded, missing)
+        except OSError as exc:
+            self._count_error(f"stranded file ({exc})", exc)
+            return batch
+        self.stranded += len(stranded)
+        return [m for m in batch if m.topic not in missing]
 
     def _send_batch(self, batch: list[SpooledMessage]) -> bool:
         """Send and wait for the broker to acknowledge all of ``batch``. A message the client

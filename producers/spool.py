@@ -27,7 +27,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-__all__ = ["MemorySpool", "Spool", "SpooledMessage", "is_lifecycle", "orphaned_spools", "write_all"]
+__all__ = [
+    "MemorySpool",
+    "Spool",
+    "SpooledMessage",
+    "is_lifecycle",
+    "orphaned_spools",
+    "spool_line",
+    "write_all",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +124,7 @@ class Spool:
 
     def append_many(self, messages: Iterable[SpooledMessage]) -> None:
         """Append in one write; on failure the file is cut back to where it was, and it raises."""
-        data = b"".join(_line(m) for m in messages)
+        data = b"".join(spool_line(m) for m in messages)
         fd = self._file.fileno()
         size = os.fstat(fd).st_size
         try:
@@ -249,7 +257,8 @@ class MemorySpool:
         pass
 
 
-def _line(message: SpooledMessage) -> bytes:
+def spool_line(message: SpooledMessage) -> bytes:
+    """One message as a spool file holds it (a JSON line)."""
     line = {
         "t": message.topic,
         "k": message.key.decode("utf-8", "replace"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -136,3 +138,14 @@ def read_warnings(settings: KafkaSettings, idle: float = 3.0) -> list[dict[str, 
             last = time.monotonic()
     consumer.close()
     return out
+
+
+def spool_flush(settings: KafkaSettings, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``foreshock spool flush`` in its own process, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", str(timeout)],
+        env=service_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

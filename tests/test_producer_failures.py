@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _kafka import Collector, has_end, service_env
+from _kafka import Collector, has_end, spool_flush
 from confluent_kafka import KafkaException, Producer
 
 from foreshock.producers import spool as spool_module
@@ -267,13 +267,7 @@ def test_a_spool_holding_a_record_the_broker_refuses_is_quarantined_and_flush_cl
         [SpooledMessage(kafka_settings.metrics_topic, run.encode(), _wire(m)) for m in messages]
     )
     old.close(delete_if_empty=False)
-    flush = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", "30"],
-        env=service_env(kafka_settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    flush = spool_flush(kafka_settings, 30)
     assert flush.returncode == 0, flush.stderr
     assert "0 bytes still spooled" in flush.stdout and "Traceback" not in flush.stderr
     assert not list(spool_dir.glob("*.spool"))
@@ -282,6 +276,44 @@ def test_a_spool_holding_a_record_the_broker_refuses_is_quarantined_and_flush_cl
     assert (line["seq"], line["reason"], line["bytes"]) == (1, "too large", 1_200_000)
     got = _delivered(kafka_settings, run)
     assert sorted(got) == [0, 1, 2, 3] and got[1]["flags"] == ["producer_rejected"]
+
+
+def test_a_spool_for_a_topic_the_broker_does_not_have_is_set_aside_not_waited_on(
+    kafka_settings,
+):
+    """An earlier run's spool holds three messages for a topic the broker no longer has (a
+    renamed prefix), then a whole run for the live topic. They used to time out as if the
+    broker were down, forever, and hold up everything behind them; now they are set aside
+    (``.stranded``, in the spool's format, named in the log) and the rest is delivered."""
+    spool_dir = Path(kafka_settings.spool_dir)
+    run, gone = "run-renamed", "foreshock.metrics.renamed-away"
+    old_topic = [SpooledMessage(gone, b"old", _wire(_record("old", s))) for s in range(3)]
+    messages = [
+        {"kind": "start", "schema": "foreshock.run/1", "run_id": run, "rank": 0, "seq": 0},
+        {**_record(run, 1), "kind": "metrics", "rank": 0, "seq": 1},
+        {
+            "kind": "end",
+            "schema": "foreshock.run/1",
+            "run_id": run,
+            "rank": 0,
+            "seq": 2,
+            "last_seq": 2,
+            "status": "finished",
+        },
+    ]
+    live = [SpooledMessage(kafka_settings.metrics_topic, run.encode(), _wire(m)) for m in messages]
+    old = Spool(spool_dir, "renamed-run")
+    old.append_many([*old_topic, *live])
+    old.close(delete_if_empty=False)
+    flush = spool_flush(kafka_settings, 30)
+    assert flush.returncode == 0, flush.stderr
+    assert "3 messages delivered, 0 bytes still spooled, 3 set aside" in flush.stdout
+    assert f"the broker has no topic '{gone}': 3 spooled messages" in flush.stderr
+    assert not list(spool_dir.glob("*.spool"))
+    [stranded] = spool_dir.glob("*.stranded")
+    kept = [json.loads(line) for line in stranded.read_text().splitlines()]
+    assert [(k["t"], json.loads(k["v"])["step"]) for k in kept] == [(gone, 0), (gone, 1), (gone, 2)]
+    assert sorted(_delivered(kafka_settings, run)) == [0, 1, 2]
 
 
 def test_an_unwritable_spool_folder_keeps_messages_in_memory_until_the_broker_is_back(
@@ -498,16 +530,19 @@ def test_rejects_files_expire_after_their_keep_time(kafka_settings, tmp_path):
     import os
     import time
 
-    from foreshock.producers.kafka_sink import REJECTS_KEEP_DAYS
+    from foreshock.producers.stranded import KEEP_DAYS as REJECTS_KEEP_DAYS
 
     spool = tmp_path / "spool"
     spool.mkdir()
     old, recent = spool / "old-host-1.rejects", spool / "new-host-2.rejects"
-    for path in (old, recent):
+    old_stranded = spool / "old-host-3.stranded"
+    for path in (old, recent, old_stranded):
         path.write_text('{"reason": "too big"}\n')
     stale = time.time() - (REJECTS_KEEP_DAYS + 10) * 86400
     os.utime(old, (stale, stale))
+    os.utime(old_stranded, (stale, stale))
     settings = dataclasses.replace(kafka_settings, spool_dir=str(spool))
     sink = KafkaSink(settings, name="expiring", confirm_group=None)
     sink.close()
-    assert sink.expired_rejects == 1 and not old.exists() and recent.exists()
+    assert sink.expired_rejects == 2 and not old.exists() and recent.exists()
+    assert not old_stranded.exists()

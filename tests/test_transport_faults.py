@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import replace
 
-from _kafka import Collector, has_end, tiny_training
+from _kafka import Collector, has_end, spool_flush, tiny_training
 
 from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.producers.spool import orphaned_spools
@@ -79,7 +79,7 @@ def test_no_broker_for_a_whole_run_spools_everything_then_flush_delivers(tmp_pat
     broker = EmbeddedBroker(port=port, log_path=tmp_path / "tansu.log").start()
     collector = Collector(settings)
     try:
-        flush = _spool_flush(settings)
+        flush = spool_flush(settings)
         assert flush.returncode == 0, flush.stderr
         assert "42 messages delivered" in flush.stdout
         assert collector.wait_for(has_end("run-offline"), 60)
@@ -106,18 +106,6 @@ def _sink_service(settings: KafkaSettings, store, group: str) -> subprocess.Pope
         env=service_env(settings),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
-
-
-def _spool_flush(settings: KafkaSettings) -> subprocess.CompletedProcess:
-    from _kafka import service_env
-
-    return subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", "60"],
-        env=service_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 
@@ -166,7 +154,7 @@ def test_producer_gone_before_the_broker_restarts_keeps_what_storage_had_not_con
         broker.kill()  # forgets all 22 messages and the group's offsets
         broker.start()
         sink_service = _sink_service(settings, store, group)
-        flush = _spool_flush(settings)
+        flush = spool_flush(settings)
         assert flush.returncode == 0, flush.stderr
         assert _wait(lambda: _stored_seqs(store) == list(range(22)), 60), _stored_seqs(store)
     finally:

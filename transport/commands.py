@@ -72,6 +72,11 @@ def _spool_flush(args: argparse.Namespace) -> int:
     print(
         f"spool {settings.spool_dir}: {sink.delivered} messages delivered, "
         f"{left} bytes still spooled"
+        + (
+            f", {sink.stranded} set aside (their topic is gone: *.stranded)"
+            if sink.stranded
+            else ""
+        )
     )
     return 0 if done else 1
 
