@@ -106,7 +106,29 @@ def _when(seconds: Any) -> str:
     return datetime.fromtimestamp(float(seconds), UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-_WHY = {"statistic": "back under its threshold", "run ended": "the run ended"}
+_WHY = {
+    "statistic": "back under its threshold",
+    "run ended": "the run ended",
+    "superseded": "the run resumed from an earlier step",
+}
+
+
+def _why(event: dict[str, Any]) -> str:
+    """Why a ``cleared`` event resolved its warning, for a person.
+
+    >>> _why({"event": "cleared", "evidence": {"resolved_by": "superseded", "resumed_at": 500}})
+    'the run resumed from an earlier step (500)'
+    >>> _why({"event": "cleared", "evidence": {"resolved_by": "run ended"}})
+    'the run ended'
+    >>> from foreshock.transport.warning import RESOLVED_BY
+    >>> sorted(_WHY) == sorted(RESOLVED_BY)  # every reason the wire allows has its words
+    True
+    """
+    why, evidence = resolved_by(event) or "statistic", event.get("evidence")
+    resumed_at = evidence.get("resumed_at") if isinstance(evidence, dict) else None
+    if why == "superseded" and resumed_at is not None:
+        return f"{_WHY[why]} ({resumed_at})"
+    return _WHY[why]
 
 
 def summary(event: dict[str, Any]) -> str:
@@ -127,7 +149,7 @@ def summary(event: dict[str, Any]) -> str:
         where += f" rank {event['rank']}"
     kind, family = event["event"], event["family"]
     if kind == "cleared":
-        why = _WHY[resolved_by(event) or "statistic"]
+        why = _why(event)
         text = (
             f"{family} warning resolved on {where} at step {event.get('cleared_step')} "
             f"({why}), opened at step {event['step']}"
@@ -217,7 +239,7 @@ def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
     role = _mrkdwn(event.get("role", "?"))
     action = _evidence(event)
     if kind == "cleared":
-        why = _WHY[resolved_by(event) or "statistic"]
+        why = _why(event)
         head += (
             f" · opened at step {event['step']} ({role}), resolved at step "
             f"{event.get('cleared_step')}: {why}"
@@ -301,7 +323,7 @@ def alertmanager_alert(
     if event.get("cleared_step") is not None:
         description += f", resolved at step {event['cleared_step']}"
         if event["event"] == "cleared":
-            description += f" ({_WHY[resolved_by(event) or 'statistic']})"
+            description += f" ({_why(event)})"
     if event.get("lead_time") is not None:
         description += f"; the loss diverged {event['lead_time']} steps after it opened"
     alert = {

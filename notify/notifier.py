@@ -335,8 +335,13 @@ class Notifier:
         for target in self.targets:
             try:
                 jobs += self._jobs(target, event, started, at, muted)
-            except ValueError as exc:  # a payload that is not JSON: a bug, not the receiver's
-                log.error("foreshock notify: %s: %s", target.where, exc)
+            except Exception:  # a payload we cannot build is our bug: log it, never stop
+                log.exception(
+                    "foreshock notify: %s: cannot build the %s event of warning %s",
+                    target.where,
+                    event.get("event"),
+                    event.get("id"),
+                )
                 self._count("failed")
         self._dispatch(jobs, partition, offset)
 

@@ -320,3 +320,27 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
         w["id"] for w in live if w["event"] == "cleared"
     }
     assert not still_open  # the run ended: nothing left open
+    # Alertmanager hears each superseded warning end (endsAt), with the reason
+    ended = _alertmanager_ends(kafka_settings, "notify-restart")
+    assert superseded <= set(ended)
+    assert all("the run resumed from an earlier step" in ended[i] for i in superseded)
+
+
+def _alertmanager_ends(settings, group: str) -> dict[str, str]:
+    """Warning id -> description of each alert a notifier posted to Alertmanager with an
+    ``endsAt`` (resolved), reading the warnings topic from the start."""
+    from test_notify import DASH, Receiver
+
+    from foreshock.notify.notifier import Notifier, NotifyConfig
+    from foreshock.notify.targets import Target
+
+    receiver = Receiver()
+    try:
+        target = Target("alertmanager", receiver.url("/am"))
+        config = NotifyConfig([target], DASH, group_id=group, refresh=0)
+        Notifier(settings, config).run(threading.Event(), idle_exit=3)
+        posted = [a for body in receiver.bodies("/am/api/v2/alerts") for a in body]
+    finally:
+        receiver.close()
+    ended = [a["annotations"]["description"] for a in posted if "endsAt" in a]
+    return {text.split()[3]: text for text in ended}  # "foreshock FAMILY warning ID (role)…"
