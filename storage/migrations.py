@@ -57,7 +57,7 @@ def migrate_segments(folder: str | Path, target: StoreLocation | str | None = No
     counts = {}
     for table, entries in manifest["tables"].items():
         expected = sum(e["rows"] for e in entries)
-        delta = store.tables[table]
+        delta = store.table(table)
         if entries and (delta.transaction_version(_APP_ID) or 0) < 1:
             parts = [
                 pq.read_table(folder / e["file"]).replace_schema_metadata(None) for e in entries

@@ -13,11 +13,12 @@ loop:
    and step go together, so this is idempotence on (run, step) — and the event key for
    warnings and dead letters. A message that decodes but cannot be stored becomes a
    ``dead_letters`` row with the reason; the others of the batch are kept.
-3. **Write** the batch (:meth:`DeltaStore.write`: one Delta commit per table). A failed write
-   is retried with backoff under the same batch number, so a commit that landed is never
-   repeated; nothing more is polled and nothing is committed until it succeeds.
-4. **Commit** the consumed offsets — only now, so a crash before this point means the batch is
-   delivered again and step 2 drops what was already written.
+3. **Write** the batch (one Delta commit per table, :mod:`~foreshock.storage.held`). A table
+   that fails keeps its rows held, under the same batch number (so a commit that landed is
+   never repeated), and is retried at the next flush while the other tables are written; past
+   ``hold_values`` held values the sink stops polling and retries with backoff.
+4. **Commit** the consumed offsets — only once nothing is held, so a crash before this point
+   means the batch is delivered again and step 2 drops what was already written.
 5. Every ``compact_every`` seconds, in a background thread: compact, prune runs older than
    ``retention_days``, vacuum files older than ``retain_hours``.
 
@@ -34,6 +35,7 @@ replay from offset 0 (a restarted Tansu forgets offsets) stores nothing twice.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -52,13 +54,16 @@ from foreshock.transport.wire import WireError
 from . import queries
 from .acks import event_key
 from .attempts import AttemptTracker
+from .held import HeldBatches
 from .location import RETAIN_HOURS, StoreLocation
 from .reader import open_history
 from .retention import prune
 from .rows import BatchBuilder, RecordError
-from .store import DeltaStore
+from .store import DeltaStore, first_line
 
-__all__ = ["SecondWriterError", "SinkConfig", "StorageSink"]
+__all__ = ["MAX_HELD", "SecondWriterError", "SinkConfig", "StorageSink"]
+
+MAX_HELD = 1_000  # batches held for a table that fails (warnings-only ones hold no values)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +120,7 @@ class SinkConfig:
     writer_window: float = 600.0  # s: another group's commit this recent refuses the start
     take_over: bool = False  # start although another group wrote within the window
     batch_values: int = 500_000
+    hold_values: int = 5_000_000  # values held for a table that fails, before reading stops
     max_wait: float = 1.0
     compact_every: float = 30.0
     retention_days: float | None = None
@@ -146,6 +152,12 @@ class StorageSink:
             )
         except Exception as exc:  # away at start: ``serve`` waits for it, as we do mid-run
             raise ServiceUnavailableError(f"the store {root} cannot be opened ({exc})") from exc
+        if self.store.damaged:  # the read-back needs every table (`foreshock store check`)
+            name, exc = next(iter(self.store.damaged.items()))
+            raise ServiceUnavailableError(
+                f"the store {root} cannot be opened: table {name} does not open "
+                f"({first_line(exc)}; `foreshock store check` names a damaged commit)"
+            )
         self.location = self.store.location
         self._refuse_a_second_writer()
         self.telemetry = None
@@ -174,6 +186,9 @@ class StorageSink:
         self.attempts = AttemptTracker()
         self._assigned_at: float | None = None
         self.builder = BatchBuilder()
+        self.held = HeldBatches()  # batches some table of the store has not taken yet
+        self._held_since: float | None = None
+        self._held_said = -math.inf
         self.first_message_at: float | None = None  # perf_counter of the first message polled
         self.stats = {
             "messages": 0,
@@ -261,11 +276,13 @@ class StorageSink:
             raise _StoppedError
 
     def _revoked(self, consumer: Any, partitions: list[Any], lost: bool) -> None:
-        """Hand over: write and commit what this member holds, unless it already lost it."""
-        if lost:
-            self.builder.take()
-            return
-        self._flush()
+        """Hand over: write and commit what this member holds, unless it already lost it.
+        What the store would not take stays uncommitted: the next owner reads it again."""
+        if not lost:
+            self._flush()
+        self.builder.take()
+        if self.held.drop():
+            log.warning("foreshock sink: partitions handed over with tables held; uncommitted")
 
     def add(self, message: dict[str, Any], now: float) -> None:
         """Step 2 for one message."""
@@ -373,16 +390,48 @@ class StorageSink:
 
     def _flush(self) -> None:
         """Steps 3–4 for what the builder holds (:class:`Checkpoint`: write, then commit)."""
-        if len(self.builder):
+        if len(self.builder) or len(self.held):
             self.checkpoint.commit()
 
     def _write_batch(self) -> bool:
-        """Step 3: the builder's batch into the store (retried until it is written)."""
-        values = self.builder.values
-        self._write(self.builder.take())
-        self.stats["values"] += values
-        self.stats["batches"] += 1
+        """Step 3: the builder's batch into the store; True once nothing is held (step 4 then
+        commits). A table that fails is held (:mod:`~foreshock.storage.held`) while the others
+        are written; past ``hold_values`` (or :data:`MAX_HELD` batches) held, the sink stops
+        reading and waits for the store, with backoff."""
+        if len(self.builder):
+            values = self.builder.values
+            self.held.add(self.store.next_batch(), self.builder.take(), values)
+            self.stats["values"] += values
+            self.stats["batches"] += 1
+        delay = 0.5
+        while failed := self.held.write(self.store):
+            self._say_held(failed)
+            if self.held.values <= self.config.hold_values and len(self.held) <= MAX_HELD:
+                return False
+            self._backoff(delay)
+            delay = min(delay * 2, 30.0)
+        if self._held_since is not None:
+            log.warning("foreshock sink: every held table is written again")
+            self._held_since = None
         return True
+
+    def _say_held(self, failed: dict[str, BaseException]) -> None:
+        """Count a failed write; say which tables wait and why (at most every 30 s)."""
+        self.stats["write_retries"] += 1
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_said < 30.0:
+            return
+        self._held_said = now
+        for name, exc in failed.items():
+            log.error(
+                "foreshock sink: table %s not written (%s); %d batches held, the other tables "
+                "written meanwhile (`foreshock store check` names a damaged commit)",
+                name,
+                first_line(exc),
+                len(self.held),
+            )
 
     def _report(self, final: bool = False) -> None:
         """The stats (and, every few seconds, the lag) to the telemetry, if served."""
@@ -401,18 +450,6 @@ class StorageSink:
             duplicates=self.consumer.dedup.duplicates + s["duplicates"],
             write_retries=s["write_retries"],
         )
-
-    def _write(self, tables: dict) -> None:
-        delay, number = 0.5, self.store.next_batch()
-        while True:
-            try:
-                self.store.write(tables, number)
-                return
-            except Exception as exc:  # delta-rs raises its own errors for a failed commit
-                self.stats["write_retries"] += 1
-                log.error("foreshock sink: write failed (%s); retrying in %.1f s", exc, delay)
-                self._backoff(delay)
-                delay = min(delay * 2, 30.0)
 
     def maintain(self) -> None:
         """Step 5: retention, compaction, vacuum."""
@@ -444,6 +481,7 @@ class StorageSink:
         except _StoppedError:  # told to stop while the store failed: leave it to the broker
             log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
             self.builder.take()
+            self.held.drop()
         finally:
             stop_maintenance.set()
             thread.join()

@@ -72,6 +72,10 @@ SORT_KEYS = {
 _WRITER = WriterProperties(compression="ZSTD", max_row_group_size=65_536)
 
 
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
 class SchemaVersionError(RuntimeError):
     """A table's schema version is not the one this foreshock reads."""
 
@@ -164,8 +168,37 @@ class DeltaStore:
             from pathlib import Path
 
             Path(self.location.table_uri("")).mkdir(parents=True, exist_ok=True)
+        self.tables: dict[str, DeltaTable] = {}
+        self.damaged: dict[str, Exception] = {}  # tables that would not open (a torn commit)
         with self._creating():
-            self.tables = {name: self._ensure(name) for name in TABLES}
+            for name in TABLES:
+                try:
+                    self.table(name)
+                except SchemaVersionError:
+                    raise
+                except Exception:  # kept in self.damaged, tried again at its next write
+                    continue
+        if len(self.damaged) == len(TABLES):  # not one table: the store is away, not damaged
+            raise next(iter(self.damaged.values()))
+
+    def table(self, name: str) -> DeltaTable:
+        """Table ``name``, opened (or created) now if it would not open before. One that fails
+        is kept in :attr:`damaged` and tried again at its next write, so a torn commit of one
+        table stops only that table's writes (``foreshock store repair`` mends it)."""
+        if name in self.tables:
+            return self.tables[name]
+        try:
+            self.tables[name] = self._ensure(name)
+        except SchemaVersionError:
+            raise
+        except Exception as exc:  # delta-rs raises its own errors for an unreadable log
+            if name not in self.damaged:
+                log.error("foreshock store: table %s does not open (%s)", name, first_line(exc))
+            self.damaged[name] = exc
+            raise
+        if self.damaged.pop(name, None) is not None:
+            log.warning("foreshock store: table %s opens again", name)
+        return self.tables[name]
 
     @contextlib.contextmanager
     def _creating(self):
@@ -226,33 +259,40 @@ class DeltaStore:
         written = {}
         for name in WRITE_ORDER:
             rows = batch.get(name)
-            if rows is None or not rows.num_rows:
-                continue
-            table = self.tables[name]
-            table.update_incremental()
-            if (table.transaction_version(self.app_id) or 0) >= number:
-                continue  # landed on an earlier try
-            rows = rows.select(TABLES[name].names).cast(TABLES[name])
-            if name in SORT_KEYS:
-                rows = rows.sort_by([(key, "ascending") for key in SORT_KEYS[name]])
-            write_deltalake(
-                table,
-                rows,
-                mode="append",
-                writer_properties=_WRITER,
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, number)],
-                    custom_metadata={WRITER_KEY: self.writer} if self.writer else None,
-                ),
-            )
-            written[name] = table.version()
+            version = None if rows is None else self.write_table(name, rows, number)
+            if version is not None:
+                written[name] = version
         return written
+
+    def write_table(self, name: str, rows: pa.Table, number: int) -> int | None:
+        """Append ``rows`` to table ``name`` as batch ``number``; the version written (None:
+        no rows, or the batch landed on an earlier try)."""
+        if not rows.num_rows:
+            return None
+        table = self.table(name)
+        table.update_incremental()
+        if (table.transaction_version(self.app_id) or 0) >= number:
+            return None  # landed on an earlier try
+        rows = rows.select(TABLES[name].names).cast(TABLES[name])
+        if name in SORT_KEYS:
+            rows = rows.sort_by([(key, "ascending") for key in SORT_KEYS[name]])
+        write_deltalake(
+            table,
+            rows,
+            mode="append",
+            writer_properties=_WRITER,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self.app_id, number)],
+                custom_metadata={WRITER_KEY: self.writer} if self.writer else None,
+            ),
+        )
+        return table.version()
 
     def recent_writers(self, within: float, now: float | None = None) -> dict[str, float]:
         """The sink groups that committed to ``steps`` in the last ``within`` seconds, with
         how long ago each last did (s). Read from the commits' metadata (the last 100)."""
         now = time.time() if now is None else now
-        table = self.tables["steps"]
+        table = next(self.tables[n] for n in ("steps", *WRITE_ORDER) if n in self.tables)
         table.update_incremental()
         ago: dict[str, float] = {}
         for commit in table.history(100):
@@ -272,7 +312,7 @@ class DeltaStore:
 
     def delete(self, name: str, predicate: str) -> int:
         """Delete ``name``'s rows matching a SQL ``predicate``; returns how many."""
-        table = self.tables[name]
+        table = self.table(name)
         table.update_incremental()
         return int(table.delete(predicate).get("num_deleted_rows", 0))
 

@@ -331,17 +331,21 @@ def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
     kafka_settings, tmp_path
 ):
     """A writer died mid-commit on a filesystem without atomic renames: the newest commit of
-    ``steps`` is cut in half. `store check` names the file (it used to end in a Python and
-    Rust backtrace); `store repair` rewrites the log to the last good version; the sink then
-    stores what that commit held from the broker (its offsets were never committed). Counted
-    independently, with deltalake and DuckDB: every record once."""
+    ``steps`` is cut in half under a live sink. The sink goes on storing warnings and dead
+    letters (it used to stop for every table); `store check` names the file (it used to end in
+    a Python and Rust backtrace); `store repair` rewrites the log to the last good version; a
+    sink then stores what it held from the broker (its offsets were never committed). Counted
+    independently, with deltalake and DuckDB: every record and every warning once."""
     import duckdb
     from deltalake import DeltaTable
 
     ensure_topics(kafka_settings)
     root = tmp_path / "store"
+    stop, sink = threading.Event(), StorageSink(kafka_settings, root, group_id="sink-torn")
+    live = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    live.start()
     _publish(kafka_settings, RUNS[:1])
-    StorageSink(kafka_settings, root, group_id="sink-torn").run(threading.Event(), idle_exit=4)
+    _wait_for(lambda: _stored_steps_or_none(root) == _expected_steps(RUNS[:1]))
     torn = BatchBuilder()  # the dying writer's batch: run 2's step rows, in the broker too
     for seq, record in enumerate(_run(RUNS[1]).records, start=1):
         torn.add_metrics({**record, "run_id": RUNS[1], "seq": seq}, time.time())
@@ -349,6 +353,11 @@ def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
     newest = max((root / "steps" / "_delta_log").glob("*.json"))
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
     _publish(kafka_settings, RUNS[1:2])
+    events = _publish_warnings(kafka_settings, RUNS[1])
+    _wait_for(lambda: (_rows(root / "warnings"), _rows(root / "dead_letters")) == (len(events), 1))
+    stop.set()
+    live.join(60)
+    assert not live.is_alive() and sink.stats["write_retries"] > 0
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "foreshock.cli", "store", *argv, "--store", str(root)]
@@ -367,4 +376,32 @@ def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
     query = "SELECT count(*), count(DISTINCT (run_id, rank, seq)) FROM steps"
     total, distinct = con.execute(query).fetchone()
     assert total == distinct == sum(_expected_steps(RUNS[:2]).values())
+    assert (_rows(root / "warnings"), _rows(root / "dead_letters")) == (len(events), 1)
     assert cli("check").returncode == 0
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.5)
+
+
+def _publish_warnings(settings, name: str) -> list[dict]:
+    """``name``'s replayed warning events and one message that is not JSON, to the broker."""
+    raw = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    events = [e.to_message() for e in replay_run(_run(name), default_config()).events]
+    for event in events:
+        raw.produce(settings.warnings_topic, key=name.encode(), value=json.dumps(event).encode())
+    raw.produce(settings.warnings_topic, value=b"not json at all")
+    raw.flush(10)
+    return events
+
+
+def _rows(table) -> int:
+    """Rows of one Delta table, read with deltalake alone (0 before it exists)."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(table)):
+        return 0
+    return DeltaTable(str(table)).to_pyarrow_table(columns=[]).num_rows
