@@ -368,6 +368,17 @@ def _storage(r: dict) -> list[tuple[str, str]]:
         ),
         ("run page queries", f"{q['run page']:.2f} s"),
     ]
+    remote = r.get("layouts", {}).get(r.get("history_layout"), {}).get("query_seconds", {})
+    if "remote_cached" in remote:
+        cached, off = remote["remote_cached"], remote["pyarrow_dataset"]
+        cold = cached["run page, cold cache"]
+        rows.append(
+            (
+                "run page queries, a remote store's read path (local files read as remote)",
+                f"{cached['run page']:.2f} s with the read cache ({cold:.2f} s cold); "
+                f"{off['run page']:.2f} s with it off",
+            )
+        )
     before = r.get("segment_store_before")
     if before and "history_bytes" in r:
         rows.append(

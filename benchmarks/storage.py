@@ -40,9 +40,11 @@ per batch, as the segment store's benchmark wrote them). Then a copy of the stor
   tables compacted, then vacuum.
 
 Each query opens a fresh snapshot (as a page render does) and is repeated; median wall time,
-through both read paths: DuckDB ``read_parquet`` over the version's ``file_uris()`` (what
-``open_history`` does for a local store) and DuckDB over ``DeltaTable.to_pyarrow_dataset()``
-(what it does for a remote one):
+through each read path: DuckDB ``read_parquet`` over the version's ``file_uris()`` (what
+``open_history`` does for a local store), DuckDB over ``DeltaTable.to_pyarrow_dataset()`` (a
+remote store with the read cache off or too small) and ``read_parquet`` over the read cache's
+local copies (a remote store: ``remote_cached``; its first page, with every file still to
+copy down, is ``run page, cold cache``):
 
 * fleet — every run's status, last step, active warnings, lead (the fleet page);
 * run page — summary, loss, Δ2 and ΔW entropies per layer, router entropy and ε per router,
@@ -80,17 +82,18 @@ from deltalake import WriterProperties
 
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage import queries
+from foreshock.storage.file_cache import FileCache
 from foreshock.storage.reader import History, open_history
 from foreshock.storage.rows import BatchBuilder, split_key
-from foreshock.storage.schema import TABLES, empty
-from foreshock.storage.store import DeltaStore, open_table
+from foreshock.storage.schema import TABLES
+from foreshock.storage.store import DeltaStore
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, median
 
 TEMPLATE = "fa-lowprec-s1"
 LAYOUTS = ("uncompacted", "compact", "z-order")
-READ_PATHS = ("read_parquet", "pyarrow_dataset")
+READ_PATHS = ("read_parquet", "pyarrow_dataset", "remote_cached")
 ZORDER_COLUMNS = ["run_id", "metric"]
 
 # benchmarks/results/storage.json before the switch to Delta Lake: the hand-made segment store
@@ -175,7 +178,7 @@ def _sink_process(
 ) -> None:
     """One sink (a spawned process): built, then all start polling together at ``ready``;
     ``shared[4 * index:]`` = first message, values stored, when last stored, batches. Reports
-    its CPU seconds (all its threads) and the seconds spent in ``DeltaStore.write`` and in the
+    its CPU seconds (all its threads) and the seconds spent in ``DeltaStore.write_table`` and in the
     offset commit, up to its last stored batch."""
     from foreshock.storage.sink import StorageSink
 
@@ -197,7 +200,7 @@ def _sink_process(
 
         return call
 
-    sink.store.write = timed(sink.store.write, "write_seconds")
+    sink.store.write_table = timed(sink.store.write_table, "write_seconds")
     sink.consumer.commit = timed(sink.consumer.commit, "commit_seconds")
     sink.consumer.poll_batch = timed(sink.consumer.poll_batch, "poll_seconds")
     ready.wait()
@@ -543,25 +546,21 @@ def lay_out(root: Path, layout: str, retain_hours: float = 0.0) -> dict[str, Any
 # ---------------------------------------------------------------------------------- queries
 
 
-class DatasetHistory(History):
-    """:class:`History` with every table read through ``DeltaTable.to_pyarrow_dataset()`` (the
-    path ``open_history`` takes for a remote store), to compare with ``read_parquet``."""
+class RemoteHistory(History):
+    """A local store read the way :class:`History` reads a remote one (:mod:`..file_cache`):
+    with ``cache=None``, through ``DeltaTable.to_pyarrow_dataset()``; with a cache, DuckDB's
+    ``read_parquet`` over local copies of the files."""
 
-    def _pin(self, name: str, version: int | None):
-        table = None if version == -1 else open_table(self.location, name, version)
-        if table is None:
-            self.versions[name], self.files[name] = -1, 0
-            return self.connection.from_arrow(empty(name))
-        self.versions[name] = table.version()
-        self.files[name] = len(table.file_uris())
-        dataset = table.to_pyarrow_dataset()
-        self._relations.append(dataset)
-        return self.connection.from_arrow(dataset)
+    @property
+    def remote(self) -> bool:
+        return True
 
 
+_CACHE = Path(tempfile.gettempdir()) / f"foreshock-read-cache-{os.getpid()}"  # (removed at end)
 OPENERS: dict[str, Callable[[Path], History]] = {
     "read_parquet": open_history,
-    "pyarrow_dataset": DatasetHistory,
+    "pyarrow_dataset": lambda root: RemoteHistory(root, cache=None),
+    "remote_cached": lambda root: RemoteHistory(root, cache=FileCache(_CACHE, 2**40)),
 }
 
 
@@ -600,6 +599,12 @@ def time_queries(
     if read_back:
         jobs["sink read-back"] = _read_back
     out = {}
+    if path == "remote_cached":  # the first page after a start: every file copied down
+        shutil.rmtree(_CACHE, ignore_errors=True)
+        t0 = time.perf_counter()
+        with opener(root) as h:
+            jobs["run page"](h)
+        out["run page, cold cache"] = time.perf_counter() - t0
     for name, job in jobs.items():
         times = []
         for _ in range(repeats if name != "sink read-back" else max(1, min(repeats, 3))):
@@ -668,6 +673,7 @@ def history_figures(args: argparse.Namespace) -> dict[str, Any]:
         return {"values": values, "build_seconds": build_s, "layouts": layouts}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------- main
@@ -677,7 +683,7 @@ def _faster(q: dict[str, dict[str, float]]) -> dict[str, str]:
     """Per query: which read path had the smaller median, and by how much."""
     out = {}
     for name, a in q["read_parquet"].items():
-        b = q["pyarrow_dataset"].get(name)
+        b = q["pyarrow_dataset"].get(name)  # (a remote store without the read cache)
         if b is not None:
             fast, slow = ("read_parquet", b / a) if a <= b else ("pyarrow_dataset", a / b)
             out[name] = f"{fast} ({slow:.2f}×)"

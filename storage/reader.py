@@ -15,19 +15,25 @@ views every query uses:
   cleared); people's acknowledgements and silences are folded in by :mod:`.acks`.
 
 A local table is read with DuckDB's own ``read_parquet`` over the version's file list (faster
-than through Arrow: ``benchmarks.storage``); a remote one through delta-rs's Arrow dataset,
-which carries the storage options DuckDB would need an extension for. The snapshot never
+than through Arrow: ``benchmarks.storage``); a remote one the same way over local copies of its
+files (:mod:`.file_cache`: Delta data files never change), or, where the cache is off or too
+small, through delta-rs's Arrow dataset, which carries the storage options DuckDB would need an
+extension for. (Filters the scan could apply itself — metrics as an ``IN`` list of constants,
+the rank found first — were tried: no remote page got faster and local pages got slower, DuckDB's
+semi-join beating its pushed-down string filter.) The snapshot never
 changes under a query; ``History.versions`` names it (``foreshock tune`` records it and can
 re-open it: ``open_history(store, versions=…)``). No reader takes a lock or blocks a writer.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
+from .file_cache import FileCache, default_cache
 from .location import StoreLocation, load_location
 from .schema import TABLES, empty
 from .store import READ_ORDER, _check_version, open_table
@@ -35,6 +41,7 @@ from .store import READ_ORDER, _check_version, open_table
 __all__ = ["History", "QueryError", "open_history"]
 
 _SQL_TYPES = {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
+log = logging.getLogger(__name__)
 QueryError = duckdb.Error  # what a query on a snapshot raises (pages catch it, name no engine)
 
 # A run is what its latest attempt (of each rank) says (foreshock.transport.attempts orders
@@ -92,8 +99,11 @@ class History:
         self,
         store: str | Path | StoreLocation | None = None,
         versions: dict[str, int] | None = None,
+        cache: FileCache | bool | None = True,
     ) -> None:
         self.location = load_location(str(store) if isinstance(store, Path) else store)
+        # a remote store's files are read from local copies (True: the environment's cache)
+        self.cache = default_cache() if cache is True else cache or None
         self.connection = duckdb.connect(":memory:")
         self.versions: dict[str, int] = {}
         self.files: dict[str, int] = {}
@@ -118,12 +128,32 @@ class History:
         self.files[name] = len(uris)
         if not uris:
             return self.connection.from_arrow(empty(name))
-        if self.location.is_local and not (table.protocol().reader_features or []):
+        plain = not (table.protocol().reader_features or [])  # files alone say it all
+        if plain and self.remote:
+            uris = self._cached(name, table) or []
+        if plain and uris:
             # a relation, not SQL text: no path is ever spliced into a statement
             return self._complete(name, self.connection.read_parquet(uris, union_by_name=True))
         dataset = table.to_pyarrow_dataset()
         self._relations.append(dataset)
         return self._complete(name, self.connection.from_arrow(dataset))
+
+    @property
+    def remote(self) -> bool:
+        """Read as a remote store (``benchmarks.storage`` reads a local one so, to compare)."""
+        return not self.location.is_local
+
+    def _cached(self, name: str, table) -> list[str] | None:
+        """Local copies of a remote table's files (:mod:`.file_cache`); None: read it remotely
+        (no cache, or it does not fit, or a download failed — said once per table)."""
+        if self.cache is None:
+            return None
+        try:
+            uri = self.location.table_uri(name)
+            return self.cache.local_paths(table, uri, self.location.options)
+        except OSError as exc:
+            log.info("foreshock history: %s read remotely (%s)", name, exc)
+            return None
 
     def _complete(self, name: str, relation):
         """``relation`` with the columns its files predate (added later, nullable: see
@@ -156,6 +186,8 @@ class History:
 
 
 def open_history(
-    store: str | Path | StoreLocation | None = None, versions: dict[str, int] | None = None
+    store: str | Path | StoreLocation | None = None,
+    versions: dict[str, int] | None = None,
+    cache: FileCache | bool | None = True,
 ) -> History:
-    return History(store, versions)
+    return History(store, versions, cache)

@@ -16,6 +16,14 @@ from foreshock.transport.broker import EmbeddedBroker
 from foreshock.transport.settings import KafkaSettings
 
 
+@pytest.fixture(scope="session", autouse=True)
+def read_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A remote store's read cache of the session's own, not the user's ``~/.cache``."""
+    folder = tmp_path_factory.mktemp("read-cache")
+    os.environ["FORESHOCK_READ_CACHE"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory):
     """One Tansu for the session (tests isolate themselves by topic names)."""
