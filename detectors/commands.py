@@ -8,12 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+from foreshock.storage.store_files import StoreFiles
 from foreshock.table import format_table
 
 from .config import DetectorConfig
 from .make_profile import MIN_HEALTHY_RUNS
 from .profiles import ProfileConfigs, load_profiles, merged, shipped_profiles, with_live
-from .registry import PROFILES, REGISTRY
+from .registry import profiles_folder
 from .signatures import describe
 
 __all__ = ["add_detector_commands", "default_config"]
@@ -39,7 +40,7 @@ def _detect_config(
     from .registry import live_config
 
     config = live_config(args.store)
-    published = load_profiles(Path(args.store) / REGISTRY / PROFILES)
+    published = load_profiles(profiles_folder(args.store))
     if config is None:  # the shipped profiles, and those published into this store
         if not quiet:
             print(
@@ -187,14 +188,14 @@ def _healthy_runs(args: argparse.Namespace) -> list:
     ]
 
 
-def _profiles_folder(args: argparse.Namespace) -> Path:
+def _profiles_folder(args: argparse.Namespace) -> Path | StoreFiles:
     """Where ``--name`` publishes: ``--profiles``, else the store's registry."""
     if args.profiles:
         return Path(args.profiles)
     root = args.store or getattr(args, "from_store", None)
     if root is None:
         raise ValueError("--name needs --profiles DIR or --store ROOT to publish into")
-    return Path(root) / REGISTRY / PROFILES
+    return profiles_folder(root)
 
 
 def _progress(done: int, total: int) -> None:
@@ -318,7 +319,7 @@ def _selection(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
-def _publish_profile(args: argparse.Namespace, config: DetectorConfig, report: dict) -> Path:
+def _publish_profile(args: argparse.Namespace, config: DetectorConfig, report: dict) -> str:
     """``tune --name``: the tuned config as a named profile of the one model it was tuned
     on, beside the shipped ones (``--select`` picks that model's runs from a mixed store)."""
     from .profiles import save_profile

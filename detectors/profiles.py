@@ -150,36 +150,54 @@ def shipped_profiles() -> ProfileConfigs:
 def load_profiles(folder: Any) -> ProfileConfigs:
     """The profiles in a folder: ``<name>.json`` (a :class:`DetectorConfig`) each, and
     ``signatures.json`` ({name: [signature, ...]}). The shipped profiles and the ones a user
-    makes (``save_profile``) share this layout. ``folder``: a path or an importlib resource."""
-    folder = Path(folder) if isinstance(folder, str) else folder
-    if not folder.is_dir():
-        return ProfileConfigs({})
+    makes (``save_profile``) share this layout. ``folder``: a path, an importlib resource, or
+    a store's :class:`~foreshock.storage.store_files.StoreFiles` (local or object storage)."""
+    names, read = _reader(Path(folder) if isinstance(folder, str) else folder)
+    texts = {name: read(name) for name in names if name.endswith(".json")}
     configs = {
-        entry.name.removesuffix(".json"): DetectorConfig.load(str(entry))
-        for entry in folder.iterdir()
-        if entry.name.endswith(".json") and entry.name != SIGNATURES_FILE
+        name.removesuffix(".json"): DetectorConfig.from_dict(_without_version(text))
+        for name, text in texts.items()
+        if name != SIGNATURES_FILE
     }
-    signatures_file = folder.joinpath(SIGNATURES_FILE)
-    signatures = json.loads(signatures_file.read_text()) if signatures_file.is_file() else {}
+    signatures = json.loads(texts[SIGNATURES_FILE]) if SIGNATURES_FILE in texts else {}
     return ProfileConfigs(configs, signatures)
 
 
+def _reader(folder: Any) -> tuple[list[str], Any]:
+    """(file names, name → text) of a path, an importlib resource or store files."""
+    if hasattr(folder, "read_text") and hasattr(folder, "names"):  # StoreFiles
+        return folder.names(), folder.read_text
+    if not folder.is_dir():
+        return [], None
+    names = [entry.name for entry in folder.iterdir() if entry.is_file()]
+    return names, lambda name: folder.joinpath(name).read_text()
+
+
+def _without_version(text: str) -> dict[str, Any]:
+    data = json.loads(text)
+    data.pop("version", None)
+    return data
+
+
 def save_profile(
-    folder: str | Path, name: str, config: DetectorConfig, signatures: list[dict[str, Any]]
-) -> Path:
-    """Write a named profile into ``folder`` (``load_profiles``' layout); returns its file.
+    folder: str | Path | Any, name: str, config: DetectorConfig, signatures: list[dict[str, Any]]
+) -> str:
+    """Write a named profile into ``folder`` (``load_profiles``' layout: a path or a store's
+    :class:`~foreshock.storage.store_files.StoreFiles`); returns where its file is.
     A name the shipped profiles use is refused: a user's profile sits beside them."""
     if not name or "/" in name or name.startswith(".") or name == SIGNATURES_FILE[:-5]:
         raise ValueError(f"not a profile name: {name!r}")
     if name in shipped_profiles().configs:
         raise ValueError(f"{name!r} is a shipped profile; choose another name")
-    target = Path(folder)
-    target.mkdir(parents=True, exist_ok=True)
-    config.save(target / f"{name}.json")
-    index = target / SIGNATURES_FILE
-    known = json.loads(index.read_text()) if index.exists() else {}
-    index.write_text(json.dumps({**known, name: signatures}, indent=1) + "\n")
-    return target / f"{name}.json"
+    from foreshock.storage.store_files import StoreFiles
+
+    files = folder if isinstance(folder, StoreFiles) else StoreFiles(Path(folder).absolute(), "")
+    data = {**config.to_dict(), "version": config.version}
+    with files.lock():
+        files.write_text(f"{name}.json", json.dumps(data, indent=1))
+        known = json.loads(files.read_text(SIGNATURES_FILE) or "{}")
+        files.write_text(SIGNATURES_FILE, json.dumps({**known, name: signatures}, indent=1) + "\n")
+    return f"{files}/{name}.json"
 
 
 def with_live(live: DetectorConfig, published: ProfileConfigs) -> ProfileConfigs:

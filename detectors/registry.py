@@ -1,7 +1,8 @@
 """The detector configs a store has run with: every one kept, one live, each change logged.
 
-``foreshock tune`` publishes into the store folder it tuned on, so a config lives beside the
-history it was chosen from::
+``foreshock tune`` publishes into the store it tuned on — a local folder or object storage
+(:mod:`foreshock.storage.store_files`) — so a config lives beside the history it was chosen
+from::
 
     <store>/detector-configs/<version>.json       every config ever published (never removed)
     <store>/detector-configs/<version>.tune.json  the tune report that chose it
@@ -11,8 +12,9 @@ history it was chosen from::
                                                   detectors started with ``--store`` judge a
                                                   run by one when its signature fits
 
-``live.json`` is replaced atomically (temporary file, fsync, ``os.replace``), so a detector
-starting during a publish reads the old version or the new one, never half a file. A warning
+``live.json`` is replaced atomically (locally: temporary file, fsync, ``os.replace``; on
+object storage: one PUT), so a detector starting during a publish reads the old version or
+the new one, never half a file. A warning
 carries its config's version, and the version names a file here: any warning can be traced
 to its thresholds, and any change undone.
 
@@ -23,14 +25,15 @@ explicit ``rollback(root, version)`` makes that version live and pushes it.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from foreshock.storage.location import StoreLocation
+from foreshock.storage.store_files import StoreFiles
 
 from .config import DetectorConfig
 
@@ -41,13 +44,16 @@ __all__ = [
     "history",
     "live_config",
     "live_version",
+    "profiles_folder",
     "publish",
     "rollback",
 ]
 
 REGISTRY = "detector-configs"
 PROFILES = "profiles"  # the named profiles' folder in the registry (``profiles.load_profiles``)
-_LIVE, _HISTORY, _LOCK = "live.json", "history.jsonl", ".lock"
+_LIVE, _HISTORY = "live.json", "history.jsonl"
+
+Store = str | Path | StoreLocation
 
 
 class RegistryError(RuntimeError):
@@ -55,45 +61,50 @@ class RegistryError(RuntimeError):
 
 
 def publish(
-    root: str | Path,
+    root: Store,
     config: DetectorConfig,
     tune_report: dict[str, Any] | None = None,
     note: str = "",
 ) -> str:
     """Save ``config`` (and the report that chose it), make it live; returns its version."""
-    folder = _folder(root, create=True)
+    files = _folder(root)
     version = config.version
-    with _locked(folder):
-        _write_atomic(folder / f"{version}.json", {**config.to_dict(), "version": version})
+    with files.lock():
+        _write_json(files, f"{version}.json", {**config.to_dict(), "version": version})
         if tune_report is not None:
-            _write_atomic(folder / f"{version}.tune.json", tune_report)
-        _make_live(folder, version, "tune", note, undo=False)
+            _write_json(files, f"{version}.tune.json", tune_report)
+        _make_live(files, version, "tune", note, undo=False)
     return version
 
 
-def live_version(root: str | Path) -> str | None:
+def live_version(root: Store) -> str | None:
     """The version detectors load from this store, or None when none was published."""
-    path = _folder(root) / _LIVE
-    return json.loads(path.read_text())["version"] if path.exists() else None
+    text = _folder(root).read_text(_LIVE)
+    return json.loads(text)["version"] if text is not None else None
 
 
-def live_config(root: str | Path) -> DetectorConfig | None:
+def live_config(root: Store) -> DetectorConfig | None:
     """The live config, or None. RegistryError when its file is missing or was altered (its
     content no longer hashes to its version)."""
     version = live_version(root)
     return None if version is None else _load(_folder(root), version)
 
 
-def rollback(root: str | Path, version: str | None = None, note: str = "") -> str:
+def profiles_folder(root: Store) -> StoreFiles:
+    """Where the store's named profiles are (``foreshock calibrate --name … --store``)."""
+    return _folder(root).child(PROFILES)
+
+
+def rollback(root: Store, version: str | None = None, note: str = "") -> str:
     """Make the config live before the current one (or ``version``); returns the version."""
-    folder = _folder(root)
-    with _locked(folder):
+    files = _folder(root)
+    with _locked(files):
         current = live_version(root)
         if version is None:
             stack = _stack(history(root), current)
             if len(stack) < 2:
                 raise RegistryError(
-                    f"nothing to roll back to in {folder}: "
+                    f"nothing to roll back to in {files}: "
                     + (
                         "no config was ever published"
                         if not stack
@@ -105,17 +116,15 @@ def rollback(root: str | Path, version: str | None = None, note: str = "") -> st
             target, undo = version, False
             if target == current:
                 raise RegistryError(f"{target} is already live")
-        _load(folder, target)  # refuse a version that is not here, or was altered
-        _make_live(folder, target, "rollback", note or f"from {current}", undo=undo)
+        _load(files, target)  # refuse a version that is not here, or was altered
+        _make_live(files, target, "rollback", note or f"from {current}", undo=undo)
     return target
 
 
-def history(root: str | Path) -> list[dict[str, Any]]:
+def history(root: Store) -> list[dict[str, Any]]:
     """Every change of the live config, oldest first."""
-    path = _folder(root) / _HISTORY
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = _folder(root).read_text(_HISTORY) or ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _stack(entries: list[dict[str, Any]], current: str | None) -> list[str]:
@@ -136,8 +145,8 @@ def _stack(entries: list[dict[str, Any]], current: str | None) -> list[str]:
     return stack
 
 
-def _make_live(folder: Path, version: str, action: str, note: str, undo: bool) -> None:
-    _write_atomic(folder / _LIVE, {"version": version})
+def _make_live(files: StoreFiles, version: str, action: str, note: str, undo: bool) -> None:
+    _write_json(files, _LIVE, {"version": version})
     entry = {
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "version": version,
@@ -145,54 +154,40 @@ def _make_live(folder: Path, version: str, action: str, note: str, undo: bool) -
         "note": note,
         "undo": undo,
     }
-    with (folder / _HISTORY).open("a") as file:
-        file.write(json.dumps(entry) + "\n")
+    files.append_line(_HISTORY, json.dumps(entry))
 
 
-def _load(folder: Path, version: str) -> DetectorConfig:
-    path = folder / f"{version}.json"
-    if not path.exists():
+def _load(files: StoreFiles, version: str) -> DetectorConfig:
+    text = files.read_text(f"{version}.json")
+    if text is None:
         known = sorted(
-            p.stem
-            for p in folder.glob("*.json")
-            if p.name != _LIVE and not p.name.endswith(".tune.json")
+            n.removesuffix(".json")
+            for n in files.names()
+            if n.endswith(".json") and n != _LIVE and not n.endswith(".tune.json")
         )
-        raise RegistryError(f"no config {version} in {folder} (known: {', '.join(known) or '-'})")
-    config = DetectorConfig.load(path)
+        raise RegistryError(f"no config {version} in {files} (known: {', '.join(known) or '-'})")
+    data = json.loads(text)
+    data.pop("version", None)
+    config = DetectorConfig.from_dict(data)
     if config.version != version:
-        raise RegistryError(f"{path} hashes to {config.version}, not {version}: it was altered")
+        raise RegistryError(
+            f"{files}/{version}.json hashes to {config.version}, not {version}: it was altered"
+        )
     return config
 
 
-def _folder(root: str | Path, create: bool = False) -> Path:
-    folder = Path(root) / REGISTRY
-    if create:
-        folder.mkdir(parents=True, exist_ok=True)
-    return folder
+def _folder(root: Store) -> StoreFiles:
+    return StoreFiles(root, REGISTRY)
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(files: StoreFiles) -> Iterator[None]:
     """One publish or rollback at a time (a read-modify-write of live.json and the history)."""
-    if not folder.exists():
-        raise RegistryError(f"no detector configs in {folder.parent}: run `foreshock tune` first")
-    with (folder / _LOCK).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    if not files.exists():
+        raise RegistryError(f"no detector configs in {files}: run `foreshock tune` first")
+    with files.lock():
+        yield
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as file:
-        json.dump(data, file, indent=1)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+def _write_json(files: StoreFiles, name: str, data: dict[str, Any]) -> None:
+    files.write_text(name, json.dumps(data, indent=1))

@@ -199,7 +199,7 @@ class DetectorWorker:
                 self.seconds["consume+decode"] += t1 - t0
                 self.seconds["detect"] += t2 - t1
                 self.seconds["produce+commit"] += time.perf_counter() - t2
-            elif idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+            elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
                 break
             self._report()
         self.checkpoint.commit(final=True)

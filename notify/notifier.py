@@ -249,7 +249,6 @@ class Notifier:
         self._lock = threading.Lock()  # couriers settle jobs from their own threads
         self.cursor = ReplayCursor()
         self._assigned: set[int] = set()
-        self._assigned_at: float | None = None
         self._committed: dict[int, int] = {}  # partition -> offset committed (or found)
         self._handled: dict[int, int] = {}  # partition -> 1 + the last offset handled
         self._pending: dict[int, dict[int, int]] = {}  # partition -> offset -> jobs unsettled
@@ -290,7 +289,6 @@ class Notifier:
         """Remember where delivery resumes; read each partition from its beginning."""
         committed = self.cursor.replay_from_start(consumer, partitions)
         with self._lock:
-            self._assigned_at = time.monotonic()
             self._assigned = {tp.partition for tp in committed}
             for tp in committed:
                 self._committed[tp.partition] = max(tp.offset, 0)
@@ -519,7 +517,7 @@ class Notifier:
         On the way out each courier gets ``drain`` s to try what it holds once; what is left
         stays uncommitted, for the next notifier.
         """
-        started = idle_since = time.monotonic()
+        idle_since = time.monotonic()
         try:
             while not stop.is_set():
                 batch = self.consumer.poll_batch(self.config.batch, timeout=0.5)
@@ -528,20 +526,12 @@ class Notifier:
                 self.commit()
                 if batch:
                     idle_since = time.monotonic()
-                elif idle_exit is not None and self._idle(idle_exit, idle_since, started):
+                elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
                     break
                 if self.refresh and time.monotonic() - self._refreshed >= self.refresh:
                     self.refresh_open()
         finally:
             self.close()
-
-    def _idle(self, idle_exit: float, idle_since: float, started: float) -> bool:
-        """Idle for ``idle_exit`` s since the last message *and* since partitions were assigned
-        (a group join can take seconds on a loaded machine); never assigned: 60 s more."""
-        now = time.monotonic()
-        if self._assigned_at is None:
-            return now - started > idle_exit + 60
-        return now - max(idle_since, self._assigned_at) > idle_exit
 
     def close(self) -> None:
         """Stop the couriers (``drain`` s, one try each), commit what they settled, leave."""

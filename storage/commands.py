@@ -44,10 +44,7 @@ def _damaged(args: argparse.Namespace, command: str) -> bool:
     torn commit used to end every store command in a Python and Rust backtrace."""
     from .repair import damaged_commits
 
-    location = _location(args)
-    if not location.is_local:
-        return False
-    damage = damaged_commits(location)
+    damage = damaged_commits(_location(args))
     for d in damage:
         print(f"foreshock store {command}: {d.sentence()}", file=sys.stderr)
     if damage:

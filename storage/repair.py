@@ -14,31 +14,33 @@ the last good version: the damaged commit and every later one are moved out of t
 past them. What those commits added is then not in the table. Their records were not
 acknowledged to the broker — the sink commits its offsets only after every table of a batch is
 written, and a commit the writer died in was not — so the next sink reads them again and
-stores them once. Local stores only: on object storage, copy the log down, repair, copy back.
+stores them once. The same on object storage (through :mod:`.store_files`: a move is a copy,
+then a delete): there a PUT is atomic, so a dying writer tears nothing, but a copy or a sync
+tool can.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from .location import StoreLocation, load_location
 from .schema import TABLES
+from .store_files import StoreFiles
 
 __all__ = ["Damage", "damaged_commits", "repair"]
 
 COMMIT = re.compile(r"^(\d{20})\.json$")
+_POINTER = "_last_checkpoint"
 
 
 @dataclass(frozen=True)
 class Damage:
     table: str
     version: int
-    path: Path
+    path: str  # the commit file's path or URI
     reason: str
 
     def sentence(self) -> str:
@@ -47,32 +49,29 @@ class Damage:
 
 def damaged_commits(location: StoreLocation | str | None) -> list[Damage]:
     """Every table's first damaged commit (or version gap) after its last checkpoint."""
-    root = _local_root(load_location(location))
+    location = load_location(location)
     found = []
     for table in TABLES:
-        log = root / table / "_delta_log"
-        if log.is_dir():
-            damage = _first_damage(table, log)
-            if damage is not None:
-                found.append(damage)
+        damage = _first_damage(table, _log(location, table))
+        if damage is not None:
+            found.append(damage)
     return found
 
 
 def repair(location: StoreLocation | str | None) -> list[str]:
     """Rewrite each damaged table's log to its last good version (see the module docstring);
     returns what was done, a sentence each."""
-    root = _local_root(load_location(location))
+    location = load_location(location)
     done = []
     for damage in damaged_commits(location):
-        log = damage.path.parent
-        kept = root / "_repair" / damage.table / time.strftime("%Y%m%dT%H%M%S")
-        kept.mkdir(parents=True, exist_ok=True)
-        moved = [p for p in sorted(log.iterdir()) if _version(p) >= damage.version]
-        for path in moved:
-            shutil.move(str(path), kept / path.name)
-        pointer = log / "_last_checkpoint"
-        if pointer.exists() and _checkpoint_version(pointer) >= damage.version:
-            shutil.move(str(pointer), kept / pointer.name)
+        log = _log(location, damage.table)
+        kept = StoreFiles(location, f"_repair/{damage.table}/{time.strftime('%Y%m%dT%H%M%S')}")
+        moved = [name for name in log.names() if _version(name) >= damage.version]
+        for name in moved:
+            log.move(name, kept)
+        pointer = log.read_text(_POINTER)
+        if pointer is not None and _checkpoint_version(pointer) >= damage.version:
+            log.move(_POINTER, kept)
         done.append(
             f"{damage.sentence()}; moved it and {len(moved) - 1} later file(s) to {kept}: "
             f"{damage.table} is at version {damage.version - 1}"
@@ -80,26 +79,30 @@ def repair(location: StoreLocation | str | None) -> list[str]:
     return done
 
 
-def _first_damage(table: str, log: Path) -> Damage | None:
-    pointer = log / "_last_checkpoint"
-    start = _checkpoint_version(pointer) + 1 if pointer.exists() else 0
+def _log(location: StoreLocation, table: str) -> StoreFiles:
+    return StoreFiles(location, f"{table}/_delta_log")
+
+
+def _first_damage(table: str, log: StoreFiles) -> Damage | None:
+    names = log.names()
+    pointer = log.read_text(_POINTER) if _POINTER in names else None
+    start = _checkpoint_version(pointer) + 1 if pointer is not None else 0
     commits = sorted(
-        (int(m[1]), p) for p in log.iterdir() if (m := COMMIT.match(p.name)) and int(m[1]) >= start
+        (int(m[1]), name) for name in names if (m := COMMIT.match(name)) and int(m[1]) >= start
     )
     expected = start if start else (commits[0][0] if commits else 0)
-    for version, path in commits:
+    for version, name in commits:
         if version != expected:
-            return Damage(table, expected, log / f"{expected:020d}.json", "missing (a gap)")
-        reason = _unreadable(path)
+            return Damage(table, expected, f"{log}/{expected:020d}.json", "missing (a gap)")
+        reason = _unreadable(log.read_bytes(name) or b"")
         if reason is not None:
-            return Damage(table, version, path, reason)
+            return Damage(table, version, f"{log}/{name}", reason)
         expected += 1
     return None
 
 
-def _unreadable(path: Path) -> str | None:
+def _unreadable(text: bytes) -> str | None:
     """Why a commit file does not parse as JSON lines of actions (None: it does)."""
-    text = path.read_bytes()
     if not text.strip():
         return "empty"
     for number, line in enumerate(text.splitlines(), start=1):
@@ -112,22 +115,13 @@ def _unreadable(path: Path) -> str | None:
     return None
 
 
-def _version(path: Path) -> int:
-    m = re.match(r"^(\d{20})\.", path.name)
+def _version(name: str) -> int:
+    m = re.match(r"^(\d{20})\.", name)
     return int(m[1]) if m else -1
 
 
-def _checkpoint_version(pointer: Path) -> int:
+def _checkpoint_version(pointer: str) -> int:
     try:
-        return int(json.loads(pointer.read_text())["version"])
-    except (ValueError, KeyError, TypeError, OSError):
+        return int(json.loads(pointer)["version"])
+    except (ValueError, KeyError, TypeError):
         return -1
-
-
-def _local_root(location: StoreLocation) -> Path:
-    if not location.is_local:
-        raise ValueError(
-            f"repair reads the log on a local store; {location.uri} is not one (copy its "
-            "tables' _delta_log folders down, repair, copy them back)"
-        )
-    return Path(location.table_uri("")).resolve()

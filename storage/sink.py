@@ -184,7 +184,6 @@ class StorageSink:
         self._seen_events: set[tuple] = set()
         self._values_stored: set[tuple[str, int, int, int]] = set()
         self.attempts = AttemptTracker()
-        self._assigned_at: float | None = None
         self.builder = BatchBuilder()
         self.held = HeldBatches()  # batches some table of the store has not taken yet
         self._held_since: float | None = None
@@ -252,7 +251,6 @@ class StorageSink:
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         """Read the store back before anything of the new partitions is polled; while the
         store cannot be read, wait (with backoff) rather than admit with a stale state."""
-        self._assigned_at = time.monotonic()
         delay = 0.5
         while True:
             try:
@@ -470,13 +468,13 @@ class StorageSink:
 
         thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
         thread.start()
-        started, idle_since, trimmer = time.monotonic(), time.monotonic(), MemoryTrimmer()
+        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
         try:
             while not stop.is_set():
                 trimmer.maybe_trim()
                 if self.step():
                     idle_since = time.monotonic()
-                elif idle_exit is not None and self._idle(idle_exit, idle_since, started):
+                elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
                     break
         except _StoppedError:  # told to stop while the store failed: leave it to the broker
             log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
@@ -486,15 +484,6 @@ class StorageSink:
             stop_maintenance.set()
             thread.join()
             self.close()
-
-    def _idle(self, idle_exit: float, idle_since: float, started: float) -> bool:
-        """Idle for ``idle_exit`` s since the last message *and* since partitions were
-        assigned: a group join can take seconds on a loaded machine, and a sink that exits
-        before its first assignment stores nothing. Never assigned: give up after 60 s more."""
-        now = time.monotonic()
-        if self._assigned_at is None:
-            return now - started > idle_exit + 60
-        return now - max(idle_since, self._assigned_at) > idle_exit
 
     def close(self) -> None:
         try:

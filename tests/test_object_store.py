@@ -397,3 +397,103 @@ def test_a_retried_batch_is_stored_once_on_s3(location, monkeypatch):
     assert calls == [20, 10]
     restarted.write(_records("r", range(10, 12)), number + 1)  # the next batch is new
     assert (_count(location), _count(location, "metric_values")) == (12, 24)
+
+
+def test_a_remote_history_reads_local_copies_of_its_files_fetched_once(location, tmp_path):
+    """Pages over a remote store read local copies of its (immutable) Parquet files: the
+    same answers as the Arrow-dataset path, each file fetched once, then only new files."""
+    from foreshock.storage.file_cache import FileCache
+
+    store = DeltaStore(location)
+    for i in range(2):
+        store.write(_records("r", range(i * 10 + 1, i * 10 + 11)))
+    cache = FileCache(tmp_path / "cache", max_bytes=2**30)
+    query = "SELECT metric, count(*) AS n, sum(value) AS total FROM metric_values GROUP BY ALL"
+
+    def answer(cache) -> list:
+        with open_history(location, cache=cache) as history:
+            return sorted(tuple(row.values()) for row in history.sql(query).to_pylist())
+
+    remote = answer(None)
+    assert answer(cache) == remote and cache.downloads == 4  # 2 files each of 2 tables
+    assert answer(cache) == remote and cache.downloads == 4  # nothing fetched again
+    store.write(_records("r", range(21, 31)))
+    assert answer(cache) != remote and cache.downloads == 6  # only the new batch's two
+    assert answer(cache) == answer(None)
+    small = FileCache(tmp_path / "small", max_bytes=10)  # too small: read remotely
+    assert answer(small) == answer(None) and small.downloads == 0
+
+
+def test_tune_publishes_into_a_store_on_s3_and_detectors_load_it_from_there(location):
+    """The detector-config registry lives on the store's own URI: `foreshock tune --store
+    s3://…` publishes there (it used to take the URI for a local folder), `detect --store
+    s3://…` loads the live config from there, a rollback walks back, and a named profile
+    published there is read back."""
+    from foreshock.detectors import registry
+    from foreshock.detectors.config import DetectorConfig
+    from foreshock.detectors.profiles import load_profiles, save_profile
+    from foreshock.lab.recorded import shipped_runs
+    from foreshock.storage.recorded import store_recorded_runs
+
+    names = [f"healthy-s{s}" for s in range(6)] + ["fa-lowprec-s1", "lr-high-s1"]
+    paths = [p for p in shipped_runs() if p.name.split(".")[0] in names]
+    with DeltaStore(location) as store:
+        store_recorded_runs(store, paths, config=None)
+    env = {
+        **os.environ,
+        **{f"FORESHOCK_STORE_OPTION_{k.upper()}": v for k, v in location.options.items()},
+    }
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "foreshock.cli", *argv, "--store", location.uri]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    grid = ["--grid-k", "0.5", "--grid-confirm", "1", "--grid-trend-beta", "0.2"]
+    tuned = cli("tune", *grid, "--note", "on s3", "--json")
+    assert tuned.returncode == 0, tuned.stderr
+    version = json.loads(tuned.stdout)["published"]
+    assert registry.live_version(location) == version
+    assert [(e["version"], e["note"]) for e in registry.history(location)] == [(version, "on s3")]
+    detected = cli("detect", "--replay", str(paths[-1]), "--json")
+    assert detected.returncode == 0 and "no live config" not in detected.stderr, detected.stderr
+    assert json.loads(detected.stdout)["config_version"] == version
+
+    other = registry.publish(location, DetectorConfig(k=0.25))
+    assert registry.live_config(location) == DetectorConfig(k=0.25)
+    assert registry.rollback(location) == version and other != version
+    save_profile(registry.profiles_folder(location), "mine", DetectorConfig(k=0.75), [{"a": 1}])
+    published = load_profiles(registry.profiles_folder(location))
+    assert published.configs == {"mine": DetectorConfig(k=0.75)}
+    assert published.signatures == {"mine": [{"a": 1}]}
+
+
+def test_a_torn_commit_on_s3_is_named_and_repaired(s3, location):
+    """A commit object cut in half (a copy or sync tool, not a writer: a PUT is whole) is
+    named by `store check` and moved aside by `store repair`, as on a local store; the table
+    is then readable at its last good version."""
+    from deltalake import DeltaTable
+
+    from foreshock.storage.repair import damaged_commits, repair
+
+    client = s3[1]
+    store = DeltaStore(location)
+    for i in range(2):
+        store.write(_records("r", range(i * 10 + 1, i * 10 + 11)))
+    [newest] = [k for k in _objects(client, location, "steps", ".json") if k.endswith("2.json")]
+    body = client.get_object(Bucket=BUCKET, Key=newest)["Body"].read()
+    client.put_object(Bucket=BUCKET, Key=newest, Body=body[: len(body) // 2])
+    env = {
+        **os.environ,
+        **{f"FORESHOCK_STORE_OPTION_{k.upper()}": v for k, v in location.options.items()},
+    }
+    command = [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", location.uri]
+    check = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 2 and newest.rsplit("/", 1)[-1] in check.stderr, check.stderr
+    assert "Traceback" not in check.stderr
+    [damage] = damaged_commits(location)
+    assert (damage.table, damage.version) == ("steps", 2)
+    [done] = repair(location)
+    assert "steps is at version 1" in done and damaged_commits(location) == []
+    table = DeltaTable(location.table_uri("steps"), storage_options=location.options)
+    assert table.version() == 1 and table.to_pyarrow_table().num_rows == 10
+    assert any("/steps/" in k for k in _objects(client, location, "_repair", "2.json"))

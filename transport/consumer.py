@@ -158,6 +158,8 @@ class MetricsConsumer:
             settings.librdkafka({"allow.auto.create.topics": False}, logger=RDKAFKA_LOG)
         )
         self._on_assign, self._on_revoke = on_assign, on_revoke
+        self.started_at = time.monotonic()
+        self.assigned_at: float | None = None  # monotonic time of the last assignment
         self._consumer.subscribe(
             self.topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
@@ -166,6 +168,17 @@ class MetricsConsumer:
         self._forget_offsets()
         if self._on_assign is not None:
             self._on_assign(consumer, partitions)
+        self.assigned_at = time.monotonic()
+
+    def idle(self, idle_exit: float, idle_since: float) -> bool:
+        """Has a service been idle ``idle_exit`` s — since its last message (``idle_since``,
+        monotonic) *and* since its partitions were assigned? A group join can take seconds on
+        a loaded machine, and a service that exits before its first assignment has done
+        nothing. Never assigned: it gives up ``idle_exit`` + 60 s after it subscribed."""
+        now = time.monotonic()
+        if self.assigned_at is None:
+            return now - self.started_at > idle_exit + 60
+        return now - max(idle_since, self.assigned_at) > idle_exit
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
         if self._on_revoke is not None:
