@@ -12,15 +12,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from foreshock.catalogue import FAMILIES
+from foreshock.catalogue import FAMILY_COLOURS
 
 from .text import plot_text
 
 __all__ = ["FAMILY_COLOURS", "compare_figure", "loss_figure", "monitor_figure", "tradeoff_figure"]
 
-FAMILY_COLOURS = dict(
-    zip(FAMILIES, ("#d62728", "#9467bd", "#7f7f7f"), strict=True)
-)  # catalogue order
 _LAYOUT = {
     "height": 320,
     "margin": {"l": 50, "r": 20, "t": 40, "b": 40},

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_COLOURS",
     "MECHANISMS",
     "SCENARIOS",
     "SERIES",
@@ -44,6 +45,8 @@ __all__ = [
 
 FAMILIES = ("attention-numerics", "router", "symptom")
 MECHANISMS = ("attention-numerics", "router")  # the families that name a cause
+# how a family is drawn wherever it is drawn (dashboard charts, legends): one colour each
+FAMILY_COLOURS = {"attention-numerics": "#d62728", "router": "#9467bd", "symptom": "#7f7f7f"}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the calibration that fits the run, and what was built (``arch_config``, ``parame
 
 The run is written through the file sink as JSON Lines: a ``start`` record (labels: scenario,
 seed, onset, magnitude, model dimensions and optimizer config, versions), the Monitor's metric
-records, and an ``end`` record (status, divergence step by :mod:`foreshock.lab.divergence`,
+records, and an ``end`` record (status, divergence step by :mod:`foreshock.detectors.divergence`,
 CPU time).
 """
 

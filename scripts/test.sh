@@ -15,4 +15,9 @@ bash scripts/system-deps.sh
   grep -v "^WARNING: Location\|requires\|dependency resolver" || true
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+# Two workers, a test file each at a time (a file's module fixtures stay in one process; each
+# worker starts its own broker): most system tests wait on brokers and processes, so two
+# workers halve the wall time on two cores. FORESHOCK_TEST_WORKERS=0 runs in one process.
+workers="${FORESHOCK_TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then exec .venv/bin/python -m pytest "$@"; fi
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"

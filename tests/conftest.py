@@ -15,6 +15,36 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from foreshock.transport.broker import EmbeddedBroker
 from foreshock.transport.settings import KafkaSettings
 
+# The fast lane (`pytest -m "not slow"`, docs/operating.md) leaves out what starts real
+# services, processes or browsers: a test that takes one of these fixtures is slow by nature.
+# So are the modules of system tests (they start their own brokers, trainers, torchrun jobs).
+SLOW_FIXTURES = {"broker", "kafka_settings", "s3", "location", "browser", "page"}
+SLOW_MODULES = {
+    "test_compose",
+    "test_dashboard_browser",
+    "test_demo",
+    "test_distributed",
+    "test_fuzz_decoders",
+    "test_megatron",
+    "test_megatron_parallel",
+    "test_olmo_core",
+    "test_per_rank",
+    "test_reliability",
+    "test_resume_order",
+    "test_run_identity",
+    "test_run_life",
+    "test_sharded",
+    "test_sharded_integrations",
+    "test_transport_faults",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        slow_module = item.module is not None and item.module.__name__ in SLOW_MODULES
+        if slow_module or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def read_cache(tmp_path_factory: pytest.TempPathFactory):

@@ -100,6 +100,7 @@ def test_smoke_without_torch_says_how_to_install() -> None:
     assert "pip install" in done.stderr
 
 
+@pytest.mark.slow
 def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
     out = tmp_path / "smoke.jsonl"
     done = subprocess.run(

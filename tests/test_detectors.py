@@ -44,6 +44,7 @@ def calibrated() -> DetectorConfig:
     return calibrate_profile(runs, DetectorConfig(BAND_RULES), replay_run)
 
 
+@pytest.mark.slow
 def test_shipped_config_is_this_calibration(calibrated):
     from foreshock.detectors.commands import default_config
 
@@ -95,6 +96,7 @@ def test_numerics_fault_warns_attention_first_and_names_it_the_cause(calibrated)
     assert diverged >= 19
 
 
+@pytest.mark.slow
 def test_learning_rate_fault_names_the_optimizer_because_the_weights_moved_first(calibrated):
     """A learning-rate ramp inflates every weight (its weight norm leaves the healthy band
     first), then both mechanism families: the cause named is the optimizer, never numerics."""

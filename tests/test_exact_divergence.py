@@ -169,6 +169,7 @@ def hf_run(tmp_path: Path, learning_rate: float, warmup: int) -> tuple[list[floa
 @pytest.mark.parametrize(
     ("learning_rate", "warmup", "diverges"), [(1e-3, 0, False), (0.5, 300, True)]
 )
+@pytest.mark.slow
 def test_huggingface_end_has_the_rules_divergence_step(
     tmp_path: Path, learning_rate: float, warmup: int, diverges: bool
 ) -> None:

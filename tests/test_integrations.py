@@ -192,6 +192,7 @@ def test_huggingface_callback(tmp_path: Path) -> None:
     assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
 
 
+@pytest.mark.slow
 def test_huggingface_callback_on_mixtral_routers_and_max_logit(tmp_path: Path) -> None:
     """A transformers MoE through the callback: router and max-logit series at every
     monitoring step, and training bit-identical with and without it."""
@@ -338,6 +339,7 @@ def check_trackers(
     assert f"attention-numerics warning at {layer} (step {WARNED}" in tag
 
 
+@pytest.mark.slow
 def test_huggingface_callback_writes_tensorboard_and_mlflow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -316,6 +316,7 @@ def test_a_spool_for_a_topic_the_broker_does_not_have_is_set_aside_not_waited_on
     assert sorted(_delivered(kafka_settings, run)) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_an_unwritable_spool_folder_keeps_messages_in_memory_until_the_broker_is_back(
     tmp_path, caplog
 ):
@@ -411,6 +412,7 @@ def _mount_namespace() -> list[str] | None:
     return prefix if probe.returncode == 0 else None
 
 
+@pytest.mark.slow
 def test_a_spool_on_a_full_tmpfs_never_reaches_the_training_loop(tmp_path):
     """A real full filesystem: a 64 kB tmpfs as the spool folder, the broker away. A training
     loop of 200 records (~2 kB each) fills it, goes on in a 200 kB memory buffer, and drops

@@ -44,6 +44,7 @@ def test_every_shipped_run_is_judged_by_its_folders_profile(profile):
 
 
 @pytest.mark.parametrize("profile", sorted(FOLDERS))
+@pytest.mark.slow
 def test_shipped_config_of_each_profile_is_its_calibration(profile):
     calibrated = calibrate_profile(
         _calibration_runs(profile), DetectorConfig(BAND_RULES), replay_run
@@ -154,6 +155,7 @@ def test_on_mixtral_numerics_name_attention_and_a_learning_rate_ramp_never_does(
         assert first.role == "optimizer", run.run_id
 
 
+@pytest.mark.slow
 def test_the_shipped_zero_shot_profile_is_its_calibration():
     """Calibrated on every group's calibration runs, margins leaving one group out."""
     from benchmarks.zero_shot import shipped_zero_shot

@@ -75,6 +75,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_cli_never_prints_the_sasl_password(tmp_path):
     """`foreshock spool flush` builds a Kafka client from the environment's settings (SASL on,
     librdkafka's security debugging on, every log line at DEBUG shown) against a broker that

@@ -335,6 +335,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
     root = tmp_path / "live"
     DeltaStore(root).close()

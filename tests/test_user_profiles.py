@@ -87,6 +87,7 @@ def test_a_published_profile_judges_its_models_runs_from_the_store(tmp_path, cap
     assert json.loads(capsys.readouterr().out)["profile"] == "gpt-moe"  # not ours: the lab's
 
 
+@pytest.mark.slow
 def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnings(
     tmp_path, capsys
 ):

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import streamlit as st
 
+from foreshock.catalogue import series
 from foreshock.dashboard import charts, data
 from foreshock.dashboard.text import block, html_text, md_code, md_text
 from foreshock.storage.reader import QueryError
 
-DEFAULT_MONITORS = [
-    "Δ2 spectral entropy (QK increment)",
-    "ΔW_q spectral entropy",
-    "router token entropy (normalised)",
-    "router ε (row conditioning)",
+DEFAULT_MONITORS = [  # labels from the catalogue: a renamed label keeps the default
+    series(m).label
+    for m in (
+        "attn.d2.entropy_mean",
+        "attn.dwq.entropy",
+        "router.token_entropy_norm",
+        "router.epsilon",
+    )
 ]
 
 
