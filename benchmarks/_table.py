@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from foreshock.table import format_table
+from foreshock.table import format_table, median
 
 __all__ = ["best_of", "emit_json", "format_table", "median", "quantile", "single_thread"]
 
@@ -46,10 +45,6 @@ def best_of(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
         if i == 0:
             first = out
     return best, first  # type: ignore[return-value]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
 
 
 def quantile(values: Sequence[float], q: float) -> float:

@@ -35,7 +35,6 @@ judged by :mod:`foreshock.detectors.judge`, the judge ``foreshock tune`` uses to
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -55,7 +54,8 @@ from foreshock.lab.recorded import (
     load_run,
     shipped_runs,
 )
-from foreshock.producers.records import parse_series_key
+from foreshock.table import median
+from foreshock.transport.records import parse_series_key
 
 from ._table import emit_json, format_table
 
@@ -127,10 +127,6 @@ def _without(config: DetectorConfig, metrics: list[str]) -> DetectorConfig:
     return replace(config, rules=tuple(r for r in config.rules if r.metric not in metrics))
 
 
-def _median(values: list[int]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def _family_by_rules(config: DetectorConfig) -> Callable[[str], str | None]:
     """Series key -> the family of the rule reading its metric (None: no rule reads it)."""
 
@@ -149,7 +145,7 @@ def _envelope_figures(
     for family, entry in figures.items():
         leads = [v["family_leads"][family] for v in verdicts]
         leads = [lead for lead in leads if lead is not None]
-        entry.update(detector_lead_median=_median(leads), detector_lead_runs=len(leads))
+        entry.update(detector_lead_median=median(leads), detector_lead_runs=len(leads))
     return figures
 
 
@@ -190,8 +186,8 @@ def _scenario_row(scenario: str, runs: list[dict]) -> tuple[list, dict]:
         count["correct"],
         count["wrong"],
         count["ambiguous"],
-        _median(mech),
-        _median(sym),
+        median(mech),
+        median(sym),
         f"{earlier}/{diverged or n}" if own_families(scenario) else "-",
     ]
     figures = {
@@ -200,8 +196,8 @@ def _scenario_row(scenario: str, runs: list[dict]) -> tuple[list, dict]:
         "attribution": count,
         "diverged": diverged,
         "own_family_before_symptom": earlier,
-        "mechanism_lead_median": _median(mech),
-        "symptom_lead_median": _median(sym),
+        "mechanism_lead_median": median(mech),
+        "symptom_lead_median": median(sym),
         "verdicts": runs,
     }
     return row, figures

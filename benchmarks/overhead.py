@@ -6,7 +6,7 @@ JsonlSink to a temp file) at every = δ ∈ {10, 100}, against no monitor; byte-
 * ``lab`` (default): the small GPT-MoE from ``foreshock.lab`` (4 layers, 4 heads, width 128,
   8 experts top-2 at the lab's default expert width, context 64, batch 8: 512 tokens per step,
   ~2.4 M parameters; AdamW), with max-logit observers on every attention layer as in
-  ``producers.smoke``. Target: ≤ 1 % at δ = 10. A small model is the hard case: the monitor's
+  ``lab.smoke``. Target: ≤ 1 % at δ = 10. A small model is the hard case: the monitor's
   cost is per layer, not per token, so a bigger batch or context only dilutes it
   (``--block-size`` sets the context).
 * ``gpt2-124m``: ``transformers.GPT2LMHeadModel(GPT2Config())``, built offline with random

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from foreshock.detectors.profiles import profile_of
 from foreshock.lab.recorded import RECORDED_DIR, RecordedRun, load_run, shipped_runs
+from foreshock.table import median
 
 from ._table import emit_json, format_table
 
@@ -43,8 +44,9 @@ def _last(run: RecordedRun, metric: str) -> list[float]:
     return [v for k, v in values.items() if k.startswith(metric + "@") and v is not None]
 
 
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
+def _rounded_median(values: list[float]) -> float | None:
+    found = median(values)
+    return None if found is None else round(found, 4)
 
 
 def _summary(runs: list[RecordedRun]) -> dict:
@@ -54,9 +56,9 @@ def _summary(runs: list[RecordedRun]) -> dict:
     return {
         "runs": len(runs),
         "diverged": sum(r.divergence_step is not None for r in runs),
-        "loss": _median(losses),
-        "token_entropy": _median(entropy),
-        "dropped": _median(dropped),
+        "loss": _rounded_median(losses),
+        "token_entropy": _rounded_median(entropy),
+        "dropped": _rounded_median(dropped),
     }
 
 

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from foreshock.catalogue import family_of
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 
 from ._table import emit_json, format_table
 

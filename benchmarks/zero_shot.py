@@ -47,7 +47,7 @@ from foreshock.lab.recorded import (
     load_run,
     shipped_runs,
 )
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 
 from ._table import emit_json, format_table
 

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from river import base
 
-from foreshock.producers.records import SeriesKey, parse_series_key
+from foreshock.transport.records import SeriesKey, parse_series_key
 
 from .config import DetectorConfig
 from .level import SustainedLevel

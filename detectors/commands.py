@@ -173,7 +173,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _healthy_runs(args: argparse.Namespace) -> list:
     """``--healthy`` files, else the finished runs of ``--from-store`` whose labels match
     every ``--select KEY=VALUE``."""
-    from foreshock.lab.recorded import load_run
+    from foreshock.transport.run_files import load_run
 
     if args.healthy:
         return [load_run(path) for path in args.healthy]
@@ -401,93 +401,6 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     tune.set_defaults(func=_tune)
 
 
-def _notify(args: argparse.Namespace) -> int:
-    from foreshock.notify.notifier import Notifier, NotifyConfig
-    from foreshock.notify.targets import notify_targets
-    from foreshock.transport.service import config_from_args, serve
-
-    targets = notify_targets(args.webhook + args.slack + args.alertmanager, args.config)
-    if not targets:
-        print(
-            "foreshock notify: no target; give at least one --webhook, --slack or "
-            "--alertmanager URL (each may be repeated), or [[notify.receivers]] in the "
-            "settings file",
-            file=sys.stderr,
-        )
-        return 2
-    config = config_from_args(NotifyConfig, args, targets=targets)
-    started = f"group {args.group} -> {', '.join(t.where for t in targets)}"
-    return serve("notify", Notifier, config, args, lambda _: started, _notified)
-
-
-def _notified(notifier) -> str:
-    return "{delivered} delivered, {failed} failed, {duplicates} duplicates".format(
-        **notifier.stats
-    )
-
-
-def _add_notify(sub: argparse._SubParsersAction) -> None:
-    from foreshock.notify.delivery import Target
-    from foreshock.notify.notifier import DEFAULT_DASHBOARD
-
-    def target(kind: str):
-        def parse(url: str) -> Target:
-            try:
-                return Target(kind, url)
-            except ValueError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-
-        return parse
-
-    notify = sub.add_parser("notify", help="deliver warnings to webhooks, Slack, Alertmanager")
-    for kind, what in (
-        ("webhook", "POST each warning event as JSON to URL"),
-        ("slack", "a Slack(-compatible) incoming-webhook URL"),
-        ("alertmanager", "an Alertmanager base URL (v2 API)"),
-    ):
-        notify.add_argument(
-            f"--{kind}",
-            action="append",
-            default=[],
-            type=target(kind),
-            metavar="URL",
-            help=f"{what}; repeatable",
-        )
-    notify.add_argument(
-        "--dashboard-url",
-        default=DEFAULT_DASHBOARD,
-        metavar="URL",
-        help=f"linked from each warning (default {DEFAULT_DASHBOARD})",
-    )
-    notify.add_argument("--group", default="foreshock-notify", help="consumer group")
-    notify.add_argument(
-        "--updates", action="store_true", help="also send the lead time once the loss diverged"
-    )
-    notify.add_argument(
-        "--retries",
-        type=int,
-        default=None,
-        metavar="N",
-        help="retries of a failed delivery (default: until --patience)",
-    )
-    notify.add_argument(
-        "--patience",
-        type=float,
-        default=900.0,
-        metavar="S",
-        help="keep retrying a receiver that is down for S s (default 900)",
-    )
-    notify.add_argument(
-        "--am-refresh",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="re-post open warnings to Alertmanager every S s",
-    )
-    notify.add_argument("--idle-exit", type=float, metavar="S", help="stop after S idle s")
-    notify.set_defaults(func=_notify)
-
-
 def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     detect = sub.add_parser("detect", help="online detectors: live worker, or --replay runs")
     detect.add_argument(
@@ -531,4 +444,3 @@ def add_detector_commands(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--detector-config", help="rules to start from (default: the band rules)")
     cal.set_defaults(func=_calibrate)
     _add_tune(sub)
-    _add_notify(sub)

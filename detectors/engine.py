@@ -39,18 +39,18 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from foreshock.catalogue import SERIES
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 from foreshock.transport.warning import SCHEMA
 
 from .bands import INFLATION_METRIC, BandStandardizer, band_key
-from .config import MECHANISMS, DetectorConfig, SeriesRule
+from .config import MECHANISMS, DetectorConfig
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
+from .kinds import BUILDERS
 from .level import SustainedLevel
 from .profiles import ProfileConfigs, choose_profile
 from .rewind import Rewind, restore
 from .standardize import (
-    LogRatioStandardizer,
     LogTrendStandardizer,
     TrendStandardizer,
     WarmupStandardizer,
@@ -368,8 +368,9 @@ class RunDetector:
             if metric in RULED_METRICS:  # a catalogue series this profile leaves unread
                 self.unruled.setdefault(metric, "no rule in this profile")
             return None
-        band = band_key(key, self.config.bands) if rule.kind == "band" else None
-        if rule.kind == "band" and band is None:
+        kind = BUILDERS[rule.kind]
+        band = band_key(key, self.config.bands) if kind.needs_band else None
+        if kind.needs_band and band is None:
             self.unruled.setdefault(metric, "no healthy band for this module")
             return None  # no healthy reference for this series: nothing to compare with
         h = self.config.thresholds.get(rule.metric, math.inf)
@@ -378,26 +379,11 @@ class RunDetector:
             metric,
             rule.family,
             module,
-            self._standardizer(rule, band or key),
-            {d: self._detector(rule, d, h) for d in rule.directions()},
+            kind.standardizer(self.config, None if band is None else self.config.bands[band]),
+            {d: kind.detector(self.config, rule, d, h) for d in rule.directions()},
         )
         self._series[key] = series
         return series
-
-    def _detector(self, rule: SeriesRule, direction: str, h: float) -> OneSidedCUSUM:
-        if rule.kind in ("level", "band"):
-            return SustainedLevel(direction, h, self.config.confirm_of(rule))
-        return OneSidedCUSUM(direction, self.config.k, h, self.config.confirm_of(rule))
-
-    def _standardizer(self, rule: SeriesRule, key: str) -> Standardizer:
-        c = self.config
-        if rule.kind == "band":
-            return BandStandardizer(c.bands[key], c.warmup_start)
-        if rule.kind == "level":
-            return LogRatioStandardizer(c.warmup_start, c.warmup_records)
-        if c.baseline == "trend":
-            return TrendStandardizer(c.warmup_start, c.warmup_records, c.trend_beta)
-        return WarmupStandardizer(c.warmup_start, c.warmup_records)
 
     def _open_alert(
         self, series: _Series, direction: str, cusum: OneSidedCUSUM, step: int

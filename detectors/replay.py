@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foreshock.lab.recorded import RecordedRun, load_run
+from foreshock.transport.run_files import RecordedRun, load_run
 
 from .config import DetectorConfig
 from .engine import RunWarning

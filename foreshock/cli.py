@@ -13,11 +13,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
 from foreshock.detectors.commands import add_detector_commands
 from foreshock.detectors.warnings_commands import add_warnings_commands
+from foreshock.notify.commands import add_notify_commands
+from foreshock.producers.commands import add_producer_commands
 from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
 from foreshock.transport.settings import SettingsError
@@ -45,7 +48,7 @@ def _needs_torch(command: Callable[[argparse.Namespace], int]) -> Callable[..., 
 
 @_needs_torch
 def _smoke(args: argparse.Namespace) -> int:
-    from foreshock.producers.smoke import run_smoke, summary_table
+    from foreshock.lab.smoke import run_smoke, summary_table
 
     print(f"foreshock smoke: {args.steps} steps, every {args.every}, seed {args.seed}")
     result, run = run_smoke(args.steps, args.every, args.seed, args.out)
@@ -241,15 +244,24 @@ def _add_smoke(sub: argparse._SubParsersAction) -> None:
     smoke.set_defaults(func=_smoke)
 
 
+def _import_runs(args: argparse.Namespace) -> int:
+    """``store import`` (storage's command, the detectors' replay: wired here, above both)."""
+    from foreshock.detectors.store_runs import import_runs
+
+    return import_runs(args)
+
+
 # Each adds its subcommands to the `foreshock` subparsers; a new group of commands is one line.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_smoke,
     _add_lab,
     _add_demo,
     add_transport_commands,
+    add_producer_commands,
     add_detector_commands,
+    add_notify_commands,
     add_warnings_commands,
-    add_storage_commands,
+    partial(add_storage_commands, import_runs=_import_runs),
     add_dashboard_commands,
 )
 

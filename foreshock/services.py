@@ -14,21 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServiceGroup", "foreshock_command", "stop_on_signals"]
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: a service loop's ``stop``, for a clean exit that
-    commits its offsets and closes its files (instead of dying mid-batch)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
+__all__ = ["ServiceGroup", "foreshock_command"]
 
 
 def foreshock_command(*args: str) -> list[str]:

@@ -1,10 +1,11 @@
-"""Plain-text tables for terminal summaries (no dependencies)."""
+"""Plain-text tables for terminal summaries, and the median their figures use (no dependencies)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "median"]
 
 
 def _cell(value: object) -> str:
@@ -34,3 +35,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
     out = [line(list(headers)), line(["-" * w for w in widths])]
     return "\n".join([*out, *(line(r) for r in cells)])
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median, or None for no values (a table shows "-": nothing to summarise).
+
+    >>> median([3, 1, 2]), median([1, 2]), median([])
+    (2, 1.5, None)
+    """
+    return statistics.median(values) if len(values) else None

@@ -39,12 +39,12 @@ Torch-free.
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from foreshock.detectors.bands import healthy_bands
+from foreshock.table import median
 
 from .recorded import RecordedRun
 
@@ -124,16 +124,12 @@ def envelope_leads(run: RecordedRun, envelope: Envelope) -> dict[str, int]:
     return {key: divergence - step for key, step in exits.items()}
 
 
-def _median(values: list[int]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def _family_summary(per_run: list[dict[str, int]], keys: list[str]) -> dict[str, Any]:
     per_series = {}
     for key in keys:
         leads = [leads[key] for leads in per_run if key in leads]
         if leads:
-            per_series[key] = {"median": _median(leads), "n": len(leads)}
+            per_series[key] = {"median": median(leads), "n": len(leads)}
     best = max(
         per_series, key=lambda k: (per_series[k]["median"], per_series[k]["n"]), default=None
     )
@@ -142,7 +138,7 @@ def _family_summary(per_run: list[dict[str, int]], keys: list[str]) -> dict[str,
         "best_series": best,
         "best_series_median": best and per_series[best]["median"],
         "best_series_n": best and per_series[best]["n"],
-        "family_best_median": _median(family_best),
+        "family_best_median": median(family_best),
         "runs": len(family_best),
         "per_series": per_series,
     }

@@ -26,8 +26,8 @@ from foreshock import __version__
 from foreshock.detectors.divergence import DivergenceRule, divergence_step
 from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
-from foreshock.producers.records import RUN_SCHEMA, finite_or_none
 from foreshock.producers.sinks import JsonlSink, Sink
+from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 
 from .arch import LabModel, build, check_fault
 from .data import ByteBatches, stdlib_bytes

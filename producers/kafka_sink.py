@@ -64,11 +64,11 @@ from typing import Any
 
 from foreshock import __version__
 from foreshock.transport.attempts import attempt_number, scheduler_restart
+from foreshock.transport.records import METRICS_SCHEMA, RUN_SCHEMA
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings, load_settings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import MAX_MESSAGE_BYTES, WireError, encode, validate
 
-from .records import METRICS_SCHEMA, RUN_SCHEMA
 from .spool import MemorySpool, Spool, SpooledMessage, is_lifecycle, orphaned_spools, write_all
 from .stranded import expire_kept, strand
 

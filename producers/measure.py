@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from foreshock.transport.records import series_key
+
 from .layouts import AttentionSpec, RouterSpec
 from .qk_increments import qk_increment_spectra
-from .records import series_key
 from .router import conditioning_ratio, cosine_lower_bound, mean_pairwise_cosine
 from .spectra import SpectrumStats, compute_dtype, gram_eigvals, spectrum_stats
 

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from foreshock.transport.attempts import restart_of
+from foreshock.transport.records import METRICS_SCHEMA, parse_series_key, series_key
 from foreshock.transport.wire import check_run_id
 
 from .collective import Peers, fsdp1_roots, gathers_of, square_sum, whole_parameters
@@ -47,7 +48,6 @@ from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
 from .names import named_modules
 from .partials import RankPart, combine
-from .records import METRICS_SCHEMA, parse_series_key, series_key
 from .router import RoutingAccumulator, router_output
 from .sharding import is_dtensor, sharded_tensors
 from .signature import model_signature

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .records import series_key
+from foreshock.transport.records import series_key
+
 from .router import RoutingAccumulator, merge_states
 
 __all__ = ["RankPart", "combine"]

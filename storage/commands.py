@@ -10,6 +10,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 
 from foreshock.table import format_table
 from foreshock.telemetry import add_metrics_options
@@ -19,7 +20,7 @@ from .location import RETAIN_HOURS
 __all__ = ["add_storage_commands", "lead_report"]
 
 
-def _location(args: argparse.Namespace):
+def location_of(args: argparse.Namespace):
     from .location import load_location
 
     return load_location(args.store, getattr(args, "config", None))
@@ -30,7 +31,7 @@ def _sink(args: argparse.Namespace) -> int:
 
     from .sink import SinkConfig, StorageSink
 
-    config = config_from_args(SinkConfig, args, root=_location(args))
+    config = config_from_args(SinkConfig, args, root=location_of(args))
     started = f"{config.root.uri} (group {args.group})"
     return serve("sink", StorageSink, config, args, lambda _: started, _sunk)
 
@@ -44,7 +45,7 @@ def _damaged(args: argparse.Namespace, command: str) -> bool:
     torn commit used to end every store command in a Python and Rust backtrace."""
     from .repair import damaged_commits
 
-    damage = damaged_commits(_location(args))
+    damage = damaged_commits(location_of(args))
     for d in damage:
         print(f"foreshock store {command}: {d.sentence()}", file=sys.stderr)
     if damage:
@@ -61,7 +62,7 @@ def _repair(args: argparse.Namespace) -> int:
     from .repair import repair
 
     try:
-        done = repair(_location(args))
+        done = repair(location_of(args))
     except ValueError as exc:
         print(f"foreshock store repair: {exc}", file=sys.stderr)
         return 2
@@ -77,7 +78,7 @@ def _info(args: argparse.Namespace) -> int:
 
     if _damaged(args, "info"):
         return 2
-    with open_history(_location(args)) as history:
+    with open_history(location_of(args)) as history:
         rows = [
             [
                 table,
@@ -101,7 +102,7 @@ def _check(args: argparse.Namespace) -> int:
 
     if _damaged(args, "check"):
         return 2
-    with open_history(_location(args)) as history:
+    with open_history(location_of(args)) as history:
         checks = check_streams(history)
         doubled = queries.duplicate_records(history)
         mismatched = queries.value_count_mismatches(history)
@@ -151,7 +152,7 @@ def _check(args: argparse.Namespace) -> int:
 def _maintain(args: argparse.Namespace) -> int:
     from .store import DeltaStore
 
-    report = DeltaStore(_location(args)).maintain(args.retain_hours, vacuum=not args.no_vacuum)
+    report = DeltaStore(location_of(args)).maintain(args.retain_hours, vacuum=not args.no_vacuum)
     rows = [[t, r["files_removed"], r["files_added"], r["vacuumed"]] for t, r in report.items()]
     print(format_table(["table", "files compacted", "into", "files vacuumed"], rows))
     return 0
@@ -161,7 +162,7 @@ def _prune(args: argparse.Namespace) -> int:
     from .retention import prune
     from .store import DeltaStore
 
-    runs = prune(DeltaStore(_location(args)), args.older_than_days)
+    runs = prune(DeltaStore(location_of(args)), args.older_than_days)
     print(
         f"pruned {len(runs)} runs"
         + (f": {', '.join(runs)}" if runs else "")
@@ -175,57 +176,14 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.run:
         try:
-            counts = export_run(_location(args), args.run, args.out)
+            counts = export_run(location_of(args), args.run, args.out)
         except ValueError as exc:
             print(f"foreshock store export: {exc}", file=sys.stderr)
             return 2
         print(f"{args.run} -> {args.out}: {counts}")
     else:
-        print(f"{export_query(_location(args), args.query, args.out)} rows -> {args.out}")
+        print(f"{export_query(location_of(args), args.query, args.out)} rows -> {args.out}")
     return 0
-
-
-def _import(args: argparse.Namespace) -> int:
-    """Runs from JSON Lines files into the store, with the shipped detectors' warnings. A run
-    id already in the store, or in two of the files, is refused and nothing is written: two
-    runs under one id would be read as one (``foreshock tune`` and ``calibrate`` would judge
-    a blend)."""
-    from foreshock.detectors.commands import default_config
-    from foreshock.lab.recorded import load_run
-
-    from .recorded import store_recorded_runs
-    from .store import DeltaStore
-
-    try:
-        ids = [load_run(path).run_id for path in args.runs]
-    except (ValueError, OSError, KeyError) as exc:
-        print(f"foreshock store import: {exc}", file=sys.stderr)
-        return 2
-    location = _location(args)
-    stored = _stored_run_ids(location)
-    twice = sorted({i for i in ids if ids.count(i) > 1})
-    clash = sorted(set(ids) & stored)
-    if twice or clash:
-        why = [f"in two files: {', '.join(twice)}"] if twice else []
-        why += [f"already in the store: {', '.join(clash)}"] if clash else []
-        print(f"foreshock store import: refused, run ids {'; '.join(why)}", file=sys.stderr)
-        return 1
-    config = None if args.no_warnings else default_config()
-    count = store_recorded_runs(DeltaStore(location), args.runs, config)
-    print(f"imported {count} runs into {location.uri}")
-    return 0
-
-
-def _stored_run_ids(location: object) -> set[str]:
-    """The run ids a store holds (none for a store not yet written)."""
-    from .reader import open_history
-
-    try:
-        with open_history(location) as history:
-            rows = history.sql("SELECT DISTINCT run_id FROM run_events").to_pylist()
-    except (ValueError, FileNotFoundError):  # no tables yet: an empty store
-        return set()
-    return {row["run_id"] for row in rows}
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -234,7 +192,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from .migrations import SEGMENT_MANIFEST, migrate, migrate_segments
     from .schema import SCHEMA_VERSION
 
-    location = _location(args)
+    location = location_of(args)
     if location.is_local and (Path(location.uri) / SEGMENT_MANIFEST).exists():
         counts = migrate_segments(location.uri)
         print(
@@ -304,7 +262,7 @@ def _report(args: argparse.Namespace) -> int:
     from . import queries
     from .reader import open_history
 
-    with open_history(_location(args)) as history:
+    with open_history(location_of(args)) as history:
         runs = queries.lead_table(history)
     summary = lead_report(runs)
     if args.json:
@@ -331,7 +289,12 @@ def _store_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_storage_commands(sub: argparse._SubParsersAction) -> None:
+def add_storage_commands(
+    sub: argparse._SubParsersAction, import_runs: Callable[[argparse.Namespace], int] | None = None
+) -> None:
+    """``foreshock sink``, ``store …`` and ``report``. ``store import`` replays the runs' warnings
+    through the detectors, a room above this one: the CLI hands its handler in
+    (:func:`foreshock.detectors.store_runs.import_runs`)."""
     sink = sub.add_parser("sink", help="store the metrics, warnings and dead letters (Kafka)")
     sink.add_argument(
         "--store",
@@ -366,11 +329,12 @@ def add_storage_commands(sub: argparse._SubParsersAction) -> None:
         cmd = store_sub.add_parser(name, help=text)
         _store_option(cmd)
         cmd.set_defaults(func=func)
-    imports = store_sub.add_parser("import", help="runs from JSON Lines files (no broker)")
-    _store_option(imports)
-    imports.add_argument("runs", nargs="+", metavar="RUN", help="run files (.jsonl[.gz])")
-    imports.add_argument("--no-warnings", action="store_true", help="skip the detectors")
-    imports.set_defaults(func=_import)
+    if import_runs is not None:
+        imports = store_sub.add_parser("import", help="runs from JSON Lines files (no broker)")
+        _store_option(imports)
+        imports.add_argument("runs", nargs="+", metavar="RUN", help="run files (.jsonl[.gz])")
+        imports.add_argument("--no-warnings", action="store_true", help="skip the detectors")
+        imports.set_defaults(func=import_runs)
     maintain = store_sub.add_parser("maintain", help="compact small files, vacuum old ones")
     _store_option(maintain)
     maintain.add_argument(

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from foreshock.producers.records import series_key
 from foreshock.transport.attempts import TIME_BITS
+from foreshock.transport.records import series_key
 
 from .reader import History
 

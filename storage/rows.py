@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 from foreshock.transport.warning import FIELDS as WARNING_FIELDS
 from foreshock.transport.warning import REQUIRED as WARNING_REQUIRED
 from foreshock.transport.wire import RUN_ID_PATTERN

@@ -46,9 +46,10 @@ print(json.dumps(failed))
 
 def _service_modules() -> list[str]:
     """Every module of the service side: the core and the service packages, recursively, and
-    the producers' torch-free part (the record format, the sinks, the spool)."""
+    the producers' torch-free part (the sinks, the spool, ``spool flush``)."""
     names = ["foreshock.producers"]
-    names += [f"foreshock.producers.{m}" for m in ("records", "sinks", "spool", "kafka_sink")]
+    torch_free = ("sinks", "spool", "stranded", "kafka_sink", "commands")
+    names += [f"foreshock.producers.{m}" for m in torch_free]
     for package in [
         "foreshock",
         "foreshock.transport",

@@ -16,9 +16,9 @@ from foreshock.dashboard.text import WORD_JOINER, block, html_text, md_code, md_
 from foreshock.detectors import registry
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
+from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage import queries
-from foreshock.storage.recorded import store_recorded_runs
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from foreshock.producers import AttentionSpec, ListSink, Monitor, MonitorConfig, discover
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 
 torch.set_num_threads(1)
 

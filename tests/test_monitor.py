@@ -18,8 +18,8 @@ from foreshock.lab.data import ByteBatches, stdlib_bytes
 from foreshock.lab.model import GPT, GPTConfig
 from foreshock.producers import JsonlSink, ListSink, Monitor, MonitorConfig
 from foreshock.producers.measure import ATTENTION_LAYER_METRICS
-from foreshock.producers.records import METRICS_SCHEMA, parse_series_key, series_key
 from foreshock.producers.sinks import read_jsonl
+from foreshock.transport.records import METRICS_SCHEMA, parse_series_key, series_key
 
 torch.set_num_threads(1)
 

@@ -17,10 +17,10 @@ from _delta import commit_lands_then_fails_once, records_batch
 
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
+from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage import migrations, queries
 from foreshock.storage.reader import open_history
-from foreshock.storage.recorded import store_recorded_runs
 from foreshock.storage.retention import export_query, export_run, prune
 from foreshock.storage.rows import BatchBuilder, RecordError
 from foreshock.storage.store import DeltaStore, SchemaVersionError

@@ -1,4 +1,4 @@
-"""``foreshock broker``, ``foreshock topics`` and ``foreshock spool flush`` (torch-free)."""
+"""``foreshock broker`` and ``foreshock topics`` (torch-free)."""
 
 from __future__ import annotations
 
@@ -61,26 +61,6 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spool_flush(args: argparse.Namespace) -> int:
-    from foreshock.producers.kafka_sink import KafkaSink
-
-    settings = load_settings(args.config)
-    sink = KafkaSink(settings)  # takes over every spool no live producer holds
-    done = sink.wait_delivered(args.timeout)
-    left = sink.pending()
-    sink.close(timeout=5)
-    print(
-        f"spool {settings.spool_dir}: {sink.delivered} messages delivered, "
-        f"{left} bytes still spooled"
-        + (
-            f", {sink.stranded} set aside (their topic is gone: *.stranded)"
-            if sink.stranded
-            else ""
-        )
-    )
-    return 0 if done else 1
-
-
 def add_transport_commands(sub: argparse._SubParsersAction) -> None:
     broker = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu)")
     broker.add_argument("--port", type=int, default=9092, help="listen port (default 9092)")
@@ -97,8 +77,3 @@ def add_transport_commands(sub: argparse._SubParsersAction) -> None:
     broker.set_defaults(func=_broker)
     topics = sub.add_parser("topics", help="create foreshock's topics if missing; list them")
     topics.set_defaults(func=_topics)
-    spool = sub.add_parser("spool", help="the local spool of undelivered messages")
-    spool_sub = spool.add_subparsers(dest="spool_command", required=True)
-    flush = spool_sub.add_parser("flush", help="re-send every spooled message to Kafka")
-    flush.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
-    flush.set_defaults(func=_spool_flush)

@@ -2,7 +2,7 @@
 
 One Kafka message per (run, monitoring step), keyed by run id so that a run's messages stay
 ordered in one partition. The value is a UTF-8 JSON object: a monitoring record (see
-:mod:`foreshock.producers.records`) or a run-lifecycle record, plus two wire fields:
+:mod:`foreshock.transport.records`) or a run-lifecycle record, plus two wire fields:
 
 * ``kind``: ``start`` | ``metrics`` | ``end``;
 * ``seq``: the message's number in its stream, 0, 1, 2, … with no gaps — a stream is one

@@ -29,7 +29,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from foreshock import __version__
-from foreshock.producers.records import RUN_SCHEMA
+from foreshock.transport.records import RUN_SCHEMA
 
 if TYPE_CHECKING:  # torch-free at run time
     from torch import nn

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, FAMILIES, MECHANISMS
 from foreshock.detectors.engine import RunDetector
-from foreshock.producers.records import parse_series_key
+from foreshock.transport.records import parse_series_key
 
 if TYPE_CHECKING:
     from foreshock.detectors.config import DetectorConfig

@@ -1,6 +1,7 @@
 """The monitoring record: one per (run, monitoring step), holding all values of that step.
 
 Torch-free on purpose: consumers (detectors, storage, dashboard) parse records without torch.
+It lives with the wire (:mod:`.wire`), below every room that writes or reads records.
 
 A record is a JSON object::
 

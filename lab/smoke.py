@@ -13,8 +13,7 @@ from foreshock.lab.faults import Fault
 from foreshock.lab.recorded import RecordedRun, load_run
 from foreshock.lab.run import LabResult, RunConfig, run_lab
 from foreshock.table import format_table
-
-from .records import parse_series_key
+from foreshock.transport.records import parse_series_key
 
 __all__ = ["run_smoke", "summary_table"]
 

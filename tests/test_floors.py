@@ -1,0 +1,126 @@
+"""Which room of the house may import which: a ratchet on the arrows between folders.
+
+Rooms are the product folders, with ``foreshock/`` split in two: its ground floor (the
+catalogue, tables, logs, memory, telemetry: imported by everyone, importing no room) and its
+roof (the CLI, the demo, the harness, fault injection, the services list: importing every
+room, imported by none). Every ``import`` of another room counts,
+lazy ones inside functions too.
+
+``ARROWS`` is the floor plan: a room imports only rooms below it, so there is no cycle. The
+test fails when an import adds an arrow the plan does not have, and when an arrow of the plan
+is no longer used (the plan is then tightened: it always says what is true). Moving a module
+to the room its imports allow is the way to satisfy it; ``foreshock/cli.py`` (the roof) wires
+what crosses rooms, such as ``store import`` (storage's command, the detectors' replay).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("producers", "transport", "detectors", "notify", "storage", "dashboard", "lab")
+ROOF = {"cli", "demo", "harness", "faults", "services"}  # foreshock/<name>.py; the rest: ground
+
+ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cycle)
+    "ground": set(),
+    "transport": {"ground"},  # the wire, the record format, run files, the consumer
+    "notify": {"transport"},
+    "storage": {"ground", "transport"},
+    "detectors": {"ground", "transport", "storage"},  # tune reads the store
+    "producers": {"ground", "transport", "detectors"},  # the integrations run the detectors
+    "lab": {"ground", "transport", "producers", "detectors"},
+    "dashboard": {"ground", "storage", "detectors"},
+    "roof": {
+        "ground",
+        "transport",
+        "notify",
+        "producers",
+        "detectors",
+        "storage",
+        "lab",
+        "dashboard",
+    },
+}
+
+
+def _room_of(module: str) -> str | None:
+    """The room a ``foreshock.…`` module lives in (None: not foreshock's)."""
+    parts = module.split(".")
+    if parts[0] != "foreshock":
+        return None
+    if len(parts) > 1 and parts[1] in FOLDERS:
+        return parts[1]
+    return "roof" if len(parts) > 1 and parts[1] in ROOF else "ground"
+
+
+def _imported(tree: ast.AST, top_level_package: bool) -> set[str]:
+    """Absolute foreshock modules a file imports (relative ones stay in its own room, but in
+    ``foreshock/`` itself, where ground and roof sit side by side)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "foreshock":
+                found.update(f"foreshock.{alias.name}" for alias in node.names)
+            else:
+                found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and top_level_package and node.level == 1:
+            found.add(f"foreshock.{node.module}" if node.module else "foreshock")
+    return found
+
+
+def _files() -> list[tuple[str, Path]]:
+    rooms = [(folder, path) for folder in FOLDERS for path in (ROOT / folder).rglob("*.py")]
+    for path in (ROOT / "foreshock").glob("*.py"):
+        rooms.append(("roof" if path.stem in ROOF else "ground", path))
+    return rooms
+
+
+def arrows() -> dict[str, dict[str, list[str]]]:
+    """room -> {room it imports: [file: module, ...]}."""
+    out: dict[str, dict[str, list[str]]] = {room: {} for room in ARROWS}
+    for room, path in _files():
+        tree = ast.parse(path.read_text(), str(path))
+        for module in _imported(tree, path.parent.name == "foreshock"):
+            target = _room_of(module)
+            if target is not None and target != room:
+                where = f"{path.relative_to(ROOT)}: {module}"
+                out[room].setdefault(target, []).append(where)
+    return out
+
+
+def test_no_room_imports_a_room_it_may_not():
+    found = arrows()
+    added = {
+        f"{room} -> {target}": where
+        for room, targets in found.items()
+        for target, where in targets.items()
+        if target not in ARROWS[room]
+    }
+    assert not added, f"imports against the floor plan (tests/test_floors.py): {added}"
+
+
+def test_the_floor_plan_lists_only_arrows_that_exist():
+    found = arrows()
+    gone = [
+        f"{room} -> {target}"
+        for room, targets in ARROWS.items()
+        for target in targets
+        if target not in found[room]
+    ]
+    assert not gone, f"no longer imported: take these out of ARROWS: {gone}"
+
+
+def test_the_ground_floor_imports_no_room():
+    assert ARROWS["ground"] == set() and not arrows()["ground"]
+
+
+def test_the_floor_plan_has_no_cycle():
+    def below(room: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        assert room not in seen, f"a cycle through {room}"
+        return set().union(*(below(r, seen | {room}) | {r} for r in ARROWS[room]))
+
+    for room in ARROWS:
+        assert room not in below(room)
