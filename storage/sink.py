@@ -153,10 +153,10 @@ class StorageSink:
         except Exception as exc:  # away at start: ``serve`` waits for it, as we do mid-run
             raise ServiceUnavailableError(f"the store {root} cannot be opened ({exc})") from exc
         if self.store.damaged:  # the read-back needs every table (`foreshock store check`)
-            name, exc = next(iter(self.store.damaged.items()))
+            name, error = next(iter(self.store.damaged.items()))
             raise ServiceUnavailableError(
                 f"the store {root} cannot be opened: table {name} does not open "
-                f"({first_line(exc)}; `foreshock store check` names a damaged commit)"
+                f"({first_line(error)}; `foreshock store check` names a damaged commit)"
             )
         self.location = self.store.location
         self._refuse_a_second_writer()
