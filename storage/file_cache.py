@@ -2,7 +2,7 @@
 
 Why: a remote table can only be scanned through delta-rs's Arrow dataset (DuckDB's own
 object-store extension cannot be assumed), and Arrow's scanner decodes what DuckDB's Parquet
-reader skips: a run page over a remote store took 5–8× the local time (``python -m
+reader skips: a run page over a remote store took several times the local time (``python -m
 benchmarks.storage``, ``pyarrow_dataset`` against ``read_parquet``) even with every filter
 handed to the scan. A Delta data file is immutable — a version adds and removes files, never
 rewrites one — so a copy, once downloaded, is valid for as long as the file exists: a reader
@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 __all__ = ["FileCache", "default_cache"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_GB = 4.0
 _CHUNK = 8 * 2**20  # bytes per read while copying a file down
@@ -72,7 +69,8 @@ class FileCache:
         for p in local:
             with contextlib.suppress(OSError):
                 os.utime(p)  # read now: last to be evicted
-        self._evict(keep=set(local))
+        if missing:  # only a download grows the folder
+            self._evict(keep=set(local))
         return [str(p) for p in local]
 
     def _download(self, handler: Any, local: Path, path: str) -> None:

@@ -145,7 +145,7 @@ class History:
 
     def _cached(self, name: str, table) -> list[str] | None:
         """Local copies of a remote table's files (:mod:`.file_cache`); None: read it remotely
-        (no cache, or it does not fit, or a download failed — said once per table)."""
+        (no cache, or it does not fit, or a download failed: logged)."""
         if self.cache is None:
             return None
         try:

@@ -77,7 +77,9 @@ class StoreFiles:
         if self.path is not None:
             path = self.path / name
             return path.read_bytes() if path.is_file() else None
-        if name not in self.names():
+        from pyarrow.fs import FileType
+
+        if self._remote().get_file_info([name])[0].type != FileType.File:  # one HEAD, no LIST
             return None
         source = self._remote().open_input_file(name)
         try:
