@@ -47,7 +47,7 @@ from ._table import format_table
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 300  # one launch: 4 ranks importing transformers on 2 cores take ~30 s
 STEPS, QUICK_STEPS = 8, 4  # timed monitoring steps per launch
-ROUNDS, QUICK_ROUNDS = 2, 1  # launches of every configuration, in turn (load drift hits all)
+ROUNDS, QUICK_ROUNDS = 3, 1  # launches of every configuration, in turn (load drift hits all)
 PARTS = ("spectra", "gather", "exchange", "agree")
 
 

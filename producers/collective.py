@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import pickle
 import time
@@ -67,6 +68,8 @@ class Peers:
         # the LightningModule): ``whole_parameters`` must summon from the root, see there
         self.roots: list[nn.Module] = []
         self.bytes_received = 0  # gathered shards and partials, over this Monitor's life
+        # each rank's plan digest and the schedule they made, the last time plans travelled
+        self._agreed: tuple[list[int], list[tuple[str, list[int]]]] | None = None
 
     @classmethod
     def join(cls, timeout_s: float) -> Peers | None:
@@ -102,13 +105,22 @@ class Peers:
         (pipeline stages) each measure their own and nobody waits on a gather no peer joins.
         Raises on every rank when any rank could not read its specs, or when holders of one
         spec would gather different tensors. On the first call ``params`` (this rank's
-        parameter names) also say how many ranks hold each parameter (``holders``)."""
+        parameter names) also say how many ranks hold each parameter (``holders``).
+
+        A plan rarely changes between monitoring steps, so once plans have travelled the ranks
+        first all-gather 16 bytes each, (ok, digest of their plan) (``_plan_digest``): when
+        every rank's is what it sent last time, the last schedule stands; otherwise (a rank
+        failed, a layer was added) the plans travel whole. Every rank sees every digest, so
+        all take the same path."""
         first = self.holders is None
+        if self._agreed is not None and self._same_plans(ok, plan):
+            return self._agreed[1]
         mine = (ok, plan, params if first else None)
         plans: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(plans, mine)
         if first:
             self.holders = Counter(n for _, _, names in plans for n in names or ())
+        self._agreed = None
         if not all(done for done, _, _ in plans):
             raise RuntimeError("a rank could not read its specs: no rank gathers")
         holders: dict[str, list[int]] = {}
@@ -120,7 +132,20 @@ class Peers:
         split = sorted(name for name, counts in gathers.items() if len(counts) > 1)
         if split:
             raise RuntimeError(f"ranks would read {split[0]} from different tensors: none gathers")
-        return list(holders.items())
+        schedule = list(holders.items())
+        self._agreed = ([_plan_digest(rank_plan) for _, rank_plan, _ in plans], schedule)
+        return schedule
+
+    def _same_plans(self, ok: bool, plan: list[tuple[str, int]]) -> bool:
+        """Whether every rank is ready with the plan agreed last time: one all-gather of
+        (ok, digest) per rank, the same answer on every rank."""
+        c10d = torch.distributed.distributed_c10d
+        device = c10d._get_object_coll_device()  # what the object collectives use: CPU, CUDA
+        mine = torch.tensor([int(ok), _plan_digest(plan)], dtype=torch.int64, device=device)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        torch.distributed.all_gather(every, mine)
+        agreed = torch.tensor([[1, d] for d in self._agreed[0]], dtype=torch.int64)
+        return bool((torch.stack(every).cpu() == agreed).all())
 
     def exchange(self, part: Any, to_all: bool) -> list[Any] | None:
         """Every rank's ``part``, in rank order, on rank 0 (or on all ranks with ``to_all``)."""
@@ -223,6 +248,19 @@ def whole_parameters(
                 )
             )
         yield
+
+
+def _plan_digest(plan: list[tuple[str, int]]) -> int:
+    """A signed 64-bit digest of a plan (blake2b of its repr): equal plans, equal digests on
+    every rank (``hash()`` of a str is salted per process and would not do).
+
+    >>> _plan_digest([("h.0.attn", 2)]) == _plan_digest([("h.0.attn", 2)])
+    True
+    >>> _plan_digest([("h.0.attn", 2)]) == _plan_digest([("h.0.attn", 1)])
+    False
+    """
+    raw = hashlib.blake2b(repr(plan).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)
 
 
 def _settle(store: Any, key: str, world: int, timeout_s: float) -> bool:

@@ -13,7 +13,8 @@ float round-off. Each rank writes its records to ``OUT_DIR/<job>/records-<rank>.
 status line to ``OUT_DIR/<job>/status-<rank>.json`` (``<job>`` with ``:`` as ``-``).
 
 VARIANT: ``fail_compute`` makes rank 1's attention measurement raise after the gathers,
-``fail_read`` its reading of the specs (before any gather), to show that one rank's error
+``fail_read`` its reading of the specs (before any gather), ``fail_read_later`` the same from
+the second monitoring step on (after the ranks agreed a plan), to show that one rank's error
 never stops the job; ``per_rank`` writes per-rank records; ``before_wrap`` builds the Monitor
 on the model before it is sharded; ``rank_zero_only`` builds one on rank 0 alone (with a 2 s
 join timeout). It must come last: the n-th Monitor of a process joins the n-th group key, and
@@ -177,6 +178,13 @@ def run_job(mode: str, variant: str, out_dir: Path, distributed: bool) -> None:
 
         if variant == "fail_read":  # before any gather
             monitor._current_specs = fail
+        elif variant == "fail_read_later":  # once the ranks have agreed a plan
+            read_specs, calls = monitor._current_specs, iter(range(10**6))
+
+            def fail_after_first(*args: object, **kwargs: object) -> object:
+                return read_specs(*args, **kwargs) if next(calls) == 0 else fail()
+
+            monitor._current_specs = fail_after_first
         else:  # after the gathers, in this rank's own computation
             monitor_module.attention_chunks = fail
     losses = []

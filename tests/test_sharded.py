@@ -35,7 +35,8 @@ def free_port() -> int:
 
 PAIRS = (  # 2-rank jobs, one launch; rank_zero_only last (see the worker)
     *("ddp", "tp", "fsdp2"),
-    *("fsdp2:before_wrap", "fsdp2:fail_compute", "fsdp2:fail_read", "fsdp2:per_rank"),
+    *("fsdp2:before_wrap", "fsdp2:fail_compute", "fsdp2:fail_read", "fsdp2:fail_read_later"),
+    "fsdp2:per_rank",
     "fsdp2:rank_zero_only",
 )
 QUADS = ("fsdp2_tp", "hsdp")  # 4-rank jobs, one launch
@@ -174,6 +175,19 @@ def test_a_rank_that_cannot_read_its_specs_makes_every_rank_skip_the_gathers(
     assert {"loss", "weight_norm", "router.token_entropy@model.layers.0.mlp.gate"} <= set(
         got[-1]["values"]
     )
+
+
+@pytest.mark.slow
+def test_a_rank_failing_after_the_plan_was_agreed_makes_every_rank_skip_the_gathers(
+    pairs: Path,
+) -> None:
+    # the agreed plan is checked by digest; a rank whose reading fails later sends none
+    out = job_dir(pairs, "fsdp2:fail_read_later")
+    assert [len(s["losses"]) for s in statuses(out, 2)] == [7, 7]
+    got = records(out)
+    assert [r["flags"] for r in got] == [[], ["monitor_error@sharded"], ["monitor_error@sharded"]]
+    assert "router.epsilon@model.layers.1.mlp.gate" in got[0]["values"]  # measured together
+    assert not any(k.startswith(("attn.", "router.epsilon")) for r in got[1:] for k in r["values"])
 
 
 @pytest.mark.slow
