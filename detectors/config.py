@@ -32,11 +32,16 @@ __all__ = [
     "FAMILIES",
     "KINDS",
     "MECHANISMS",
+    "OPTIMIZER_TEST",
     "DetectorConfig",
     "SeriesRule",
 ]
 
 KINDS = ("cusum", "level", "band")
+# The optimizer test's rule: not a series of the records but the total weight norm's lead over
+# its own trend (or band) that ``inflation_h`` arms. A profile whose rules hold it warns with
+# family ``optimizer`` when the test fires; without it the test only names a later cause.
+OPTIMIZER_TEST = "optimizer-test"
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from foreshock.transport.records import parse_series_key
 from foreshock.transport.warning import SCHEMA
 
 from .bands import INFLATION_METRIC, BandStandardizer, band_key
-from .config import MECHANISMS, DetectorConfig
+from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
 from .kinds import BUILDERS
@@ -310,8 +310,7 @@ class RunDetector:
 
     def _metrics(self, step: int, values: dict[str, Any]) -> list[RunWarning]:
         """Update every series first, then open warnings: attribution sees the whole record."""
-        self._track_inflation(step, values.get(INFLATION_METRIC))
-        fired = []
+        fired = self._track_inflation(step, values.get(INFLATION_METRIC))
         for key, value in values.items():
             if key in self._ignored:
                 continue
@@ -334,13 +333,17 @@ class RunDetector:
                 events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)
 
-    def _track_inflation(self, step: int, value: Any) -> None:
+    def _track_inflation(self, step: int, value: Any) -> list[tuple[_Series, str, Any]]:
         """The total weight norm against its healthy band where the profile has one, else
         against the run's own warm-up trend (``LogTrendStandardizer``: a zero-shot profile
-        reads no other model's weights): see ``_attribute``."""
+        reads no other model's weights): see ``_attribute``. Where the profile's rules hold
+        the optimizer test (``OPTIMIZER_TEST``) the same lead is also a series of family
+        ``optimizer`` that warns past its own threshold (``thresholds[OPTIMIZER_TEST]``, at
+        least ``inflation_h``: naming a cause may come early, paging needs more); what fired
+        is returned, as ``_metrics`` collects it."""
         c = self.config
         if c.inflation_h is None:
-            return
+            return []
         if self._inflation is None:
             reference: BandStandardizer | LogTrendStandardizer = (
                 BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
@@ -348,10 +351,24 @@ class RunDetector:
                 else LogTrendStandardizer(c.warmup_start, c.warmup_records)
             )
             self._inflation = (reference, SustainedLevel("up", c.inflation_h, c.confirm))
+            if c.rule_for(OPTIMIZER_TEST) is not None:  # its warning: h of its own
+                warns = SustainedLevel("up", c.thresholds.get(OPTIMIZER_TEST, math.inf), c.confirm)
+                self._series[OPTIMIZER_TEST] = _Series(
+                    OPTIMIZER_TEST, OPTIMIZER_TEST, "optimizer", None, reference, {"up": warns}
+                )
         band, level = self._inflation
         z = band.update(step, value)
-        if z is not None:
-            level.update(z)
+        if z is None:
+            return []
+        level.update(z)
+        series = self._series.get(OPTIMIZER_TEST)
+        if series is None:
+            return []
+        warns = series.cusums["up"]
+        warns.update(z)
+        series.recent.append((step, value, round(z, 3)))
+        self.peaks[OPTIMIZER_TEST] = max(self.peaks.get(OPTIMIZER_TEST, 0.0), warns.peak)
+        return [(series, "up", warns)] if warns.drift_detected else []
 
     def _weights_inflated(self) -> bool:
         return self._inflation is not None and self._inflation[1].sustained > self._inflation[1].h

@@ -34,7 +34,7 @@ Torch-free: it reads any objects with ``family``, ``step``, ``role`` and ``evide
 >>> judge("gbs-small", None, ramp).attribution   # only the router is its right cause
 'wrong'
 >>> judge("healthy", None, ramp).false_warnings
-{'attention-numerics': 0, 'router': 1}
+{'attention-numerics': 0, 'router': 1, 'optimizer': 0}
 """
 
 from __future__ import annotations

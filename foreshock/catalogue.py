@@ -43,10 +43,17 @@ __all__ = [
     "series",
 ]
 
-FAMILIES = ("attention-numerics", "router", "symptom")
-MECHANISMS = ("attention-numerics", "router")  # the families that name a cause
+FAMILIES = ("attention-numerics", "router", "optimizer", "symptom")
+# the families that name a cause; ``optimizer`` is the optimizer test (every weight grew past
+# its own trend before any mechanism moved), warning only where a profile's rules say so
+MECHANISMS = ("attention-numerics", "router", "optimizer")
 # how a family is drawn wherever it is drawn (dashboard charts, legends): one colour each
-FAMILY_COLOURS = {"attention-numerics": "#d62728", "router": "#9467bd", "symptom": "#7f7f7f"}
+FAMILY_COLOURS = {
+    "attention-numerics": "#d62728",
+    "router": "#9467bd",
+    "optimizer": "#ff7f0e",
+    "symptom": "#7f7f7f",
+}
 
 
 @dataclass(frozen=True)

@@ -52,14 +52,19 @@ def test_the_first_warning_is_the_earliest_step_over_ranks() -> None:
     ranks = [warning("router", 500, "router"), warning("attention-numerics", 300, "optimizer")]
     verdict = judge("combined", 1000, ranks)  # rank 0's list, then rank 1's
     assert verdict.first.step == 300 and verdict.cause == "optimizer"
-    assert verdict.family_leads == {"attention-numerics": 700, "router": 500, "symptom": None}
+    assert verdict.family_leads == {
+        "attention-numerics": 700,
+        "router": 500,
+        "optimizer": None,
+        "symptom": None,
+    }
 
 
 def test_quiet_and_unknown_scenarios() -> None:
     warnings = [warning("router", 300, "router"), warning("router", 900, "router")]
     healthy = judge("healthy", None, warnings)
     assert not healthy.faulty and healthy.detected  # a false alarm
-    assert healthy.false_warnings == {"attention-numerics": 0, "router": 2}
+    assert healthy.false_warnings == {"attention-numerics": 0, "router": 2, "optimizer": 0}
     assert healthy.attribution == "wrong"  # there was no fault to name
     bespoke = judge("my-own-fault", 1000, warnings)
     assert bespoke.faulty and bespoke.families == (UNKNOWN,)
