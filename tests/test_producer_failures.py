@@ -198,11 +198,11 @@ def test_a_record_the_client_refuses_does_not_kill_the_sending_thread(kafka_sett
     sink.write(_record(run, 0))
     sink.write(_sized(run, 1, 2, 999_990, sink.attempt))  # over this client's limit
     assert sink.wait_delivered(30)
-    sink._max_message_bytes = 10_000_000  # as if the limit were wrong: produce() decides
+    sink._encoder.max_message_bytes = 10_000_000  # as if the limit were wrong: produce() decides
     sink.write(_sized(run, 2, 3, 999_990, sink.attempt))
     sink.write(_record(run, 3))
     sink.close(timeout=30)
-    assert sink._thread.is_alive() is False and sink.errors == 0
+    assert sink._sender.thread.is_alive() is False and sink.errors == 0
     assert dict(sink.reasons) == {"too large": 1, "refused by the client": 1}
     assert [r["seq"] for r in _rejects(sink)] == [2, 3]
     assert "MSG_SIZE_TOO_LARGE" in _rejects(sink)[1]["detail"]
@@ -225,7 +225,7 @@ def test_an_unexpected_exception_in_the_sending_thread_is_counted_and_it_carries
         if calls["n"] <= 3:
             raise RuntimeError("simulated")
 
-    sink._sync_spool = failing_sync
+    sink._spool.sync = failing_sync
     with caplog.at_level(logging.ERROR):
         for step in range(5):
             sink.write(_record("run-flaky", step))
@@ -502,7 +502,7 @@ def _full_tmpfs_child() -> None:
     )
     for step in range(config["steps"]):
         sink.write(_record(config["run"], step, pad=2_000))
-    on_disk = sink._spool.appended if sink._spool is not None else 0
+    on_disk = sink._spool.file.appended if sink._spool.file is not None else 0
     print("written", flush=True)
     sys.stdin.readline()  # the broker is up
     sink.close(timeout=30)

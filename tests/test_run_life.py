@@ -34,7 +34,7 @@ def _send(settings, run_id: str, attempt: int, messages: list[dict], name: str) 
 
 
 def _die(sink: KafkaSink) -> None:
-    sink._closing.set()  # what a SIGKILL leaves: no end message
+    sink._sender.closing.set()  # what a SIGKILL leaves: no end message
 
 
 def _live_warnings(settings, group: str) -> list[dict]:

@@ -320,7 +320,7 @@ def test_a_run_ending_just_after_the_broker_came_back_delivers_at_close(tmp_path
         for step in range(1, 4):
             sink.write(_record("run-last", step))
         deadline = time.monotonic() + 30
-        while sink._online and time.monotonic() < deadline:  # it notices the broker gone
+        while sink._sender.online and time.monotonic() < deadline:  # it notices the broker gone
             time.sleep(0.1)
         broker.start()
         sink.close(timeout=10)
