@@ -68,7 +68,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
@@ -77,15 +76,8 @@ from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import ACTIONS, check
 
 from .courier import Courier, Job
-from .delivery import (
-    Target,
-    alertmanager_alert,
-    alertmanager_silence,
-    encode,
-    slack_payload,
-    webhook_payload,
-)
-from .known_silences import read_silences
+from .delivery import Target
+from .receivers import Receiver, receiver_for
 
 __all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "NotifyConfig", "decode_warning"]
 
@@ -252,8 +244,6 @@ class Notifier:
         self._committed: dict[int, int] = {}  # partition -> offset committed (or found)
         self._handled: dict[int, int] = {}  # partition -> 1 + the last offset handled
         self._pending: dict[int, dict[int, int]] = {}  # partition -> offset -> jobs unsettled
-        self._silences: dict[tuple[Target, str, str], tuple[str | None, float]] = {}
-        self._refreshing: set[Target] = set()  # a re-post is queued for these
         self._refreshed = time.monotonic()
         ensure_topics(settings)
         self.consumer = MetricsConsumer(
@@ -268,22 +258,22 @@ class Notifier:
             t: Courier(t, c.timeout, c.backoff, c.max_delay, c.patience, c.retries, c.capacity)
             for t in self.targets
         }
+        self.receivers: dict[Target, Receiver] = {
+            t: receiver_for(t, self.dashboard_url, self.ack_horizon, self.couriers[t].submit)
+            for t in self.targets
+        }
         # step 1 is the couriers': an offset is committed once they settled its message
         self.checkpoint = Checkpoint(self.consumer, "notify")
-        self._recover_silences()
-
-    def _recover_silences(self) -> None:
-        """The silences an earlier notifier made, read back from each Alertmanager, so that
-        they are extended (not duplicated) and expired when their warnings resolve."""
-        for target in self.targets:
-            if target.kind == "alertmanager":
-                for (wid, kind), known in read_silences(target, self.config.timeout).items():
-                    self._silences[(target, wid, kind)] = known
+        for receiver in self.receivers.values():  # silences an earlier notifier made
+            recover = getattr(receiver, "recover", None)
+            if recover is not None:
+                recover(self.config.timeout)
 
     @property
     def stats(self) -> dict[str, int]:
+        reposts = sum(getattr(r, "reposts", 0) for r in self.receivers.values())
         with self._lock:
-            return dict(self._stats)
+            return {**self._stats, "refreshed": reposts}
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where delivery resumes; read each partition from its beginning."""
@@ -330,9 +320,10 @@ class Notifier:
         if started is None:
             started = at  # opened now, or a resolve whose opening predates retention
         jobs = []
-        for target in self.targets:
+        for target, receiver in self.receivers.items():
             try:
-                jobs += self._jobs(target, event, started, at, muted)
+                open_ = wid in self.ledger.open
+                jobs += [(target, j) for j in receiver.jobs(event, started, at, muted, open_)]
             except Exception:  # a payload we cannot build is our bug: log it, never stop
                 log.exception(
                     "foreshock notify: %s: cannot build the %s event of warning %s",
@@ -342,78 +333,6 @@ class Notifier:
                 )
                 self._count("failed")
         self._dispatch(jobs, partition, offset)
-
-    def _jobs(
-        self, target: Target, event: dict[str, Any], started: float, at: float, muted: bool
-    ) -> list[tuple[Target, Job]]:
-        """What ``target`` gets for ``event`` (none, one request, or more for Alertmanager)."""
-        kind, wid = event["event"], event["id"]
-        what = f"{kind} event of warning {wid}"
-        if target.kind in ("webhook", "slack"):
-            if kind == "updated" and muted:
-                return []
-            build = webhook_payload if target.kind == "webhook" else slack_payload
-            return [
-                (target, Job(target.endpoint, encode(build(event, self.dashboard_url)), what=what))
-            ]
-        if kind == "updated" and wid not in self.ledger.open:
-            return []  # resolved in Alertmanager already; a re-post would fire it again
-        if kind in ACTIONS:
-            until = (event.get("evidence") or {}).get("until")
-            return [self._silence_job(target, event, until or at + self.ack_horizon, at)]
-        ends = at if kind == "cleared" else None
-        alert = [alertmanager_alert(event, self.dashboard_url, started, ends)]
-        jobs = [(target, Job(target.endpoint, encode(alert), what=what))]
-        if kind == "cleared":
-            jobs += self._expire_silences(target, wid)
-        return jobs
-
-    def _silence_job(
-        self, target: Target, event: dict[str, Any], ends: float, now: float
-    ) -> tuple[Target, Job]:
-        """Make (or extend) the Alertmanager silence of ``event``'s acknowledgement/silence."""
-        key = (target, event["id"], event["event"])
-        with self._lock:
-            known, _ = self._silences.get(key, (None, 0.0))
-            self._silences[key] = (known, ends)
-        body = alertmanager_silence(event, self.dashboard_url, ends, now, known)
-
-        def made(delivered: bool, answer: Any) -> None:
-            made_id = answer.get("silenceID") if isinstance(answer, dict) else None
-            if not delivered or not isinstance(made_id, str):
-                return
-            with self._lock:
-                live = key in self._silences  # else the warning resolved meanwhile
-                if live:
-                    self._silences[key] = (made_id, ends)
-            if not live:
-                self.couriers[target].submit(self._expire_job(target, made_id, event["id"]))
-
-        return target, Job(
-            f"{target.api}/silences",
-            encode(body),
-            done=made,
-            what=f"silence of warning {event['id']}",
-        )
-
-    def _expire_silences(self, target: Target, wid: str) -> list[tuple[Target, Job]]:
-        """The resolved warning's silences this notifier made, expired (DELETE)."""
-        jobs = []
-        with self._lock:
-            for key in [k for k in self._silences if k[0] == target and k[1] == wid]:
-                silence_id, _ = self._silences.pop(key)
-                if silence_id is not None:
-                    jobs.append((target, self._expire_job(target, silence_id, wid)))
-        return jobs
-
-    @staticmethod
-    def _expire_job(target: Target, silence_id: str, wid: str) -> Job:
-        return Job(
-            f"{target.api}/silence/{quote(silence_id, safe='')}",
-            None,
-            "DELETE",
-            what=f"silence of warning {wid}",
-        )
 
     def _dispatch(self, jobs: list[tuple[Target, Job]], partition: int | None, offset: int) -> None:
         """Queue ``jobs``; the message's offset stays uncommitted until all are settled."""
@@ -470,39 +389,20 @@ class Notifier:
         return offsets
 
     def refresh_open(self) -> int:
-        """Queue a re-post of this member's open warnings to each Alertmanager (and renew the
-        silences of those acknowledged); returns how many alerts."""
+        """Queue what each receiver re-sends for this member's open warnings (Alertmanager:
+        a re-post of the alerts, renewed acknowledgement silences); returns how many open."""
         self._refreshed = time.monotonic()
         if self.cursor.replaying:
             return 0  # still replaying: the ledger may hold warnings resolved since
-        now = time.time()
         mine = {
             wid: (event, started)
             for wid, (event, started, partition) in self.ledger.open.items()
             if partition is None or partition in self._assigned
         }
-        alerts = [alertmanager_alert(e, self.dashboard_url, s) for e, s in mine.values()]
-        for target in self.targets:
-            if target.kind != "alertmanager":
-                continue
-            for wid, ack in self.ledger.acked.items():
-                with self._lock:
-                    _, ends = self._silences.get((target, wid, "acknowledged"), (None, 0.0))
-                if wid in mine and ends - now < self.ack_horizon / 2:
-                    _, job = self._silence_job(target, ack, now + self.ack_horizon, now)
-                    self.couriers[target].submit(job)
-            if alerts and target not in self._refreshing:
-                self._refreshing.add(target)
-                self.couriers[target].submit(
-                    Job(
-                        target.endpoint,
-                        encode(alerts),
-                        what=f"re-post of {len(alerts)} alerts",
-                        done=lambda *_, t=target: self._refreshing.discard(t),
-                    )
-                )
-                self._count("refreshed")
-        return len(alerts)
+        for target, receiver in self.receivers.items():
+            for job in receiver.refresh(mine, dict(self.ledger.acked)):
+                self.couriers[target].submit(job)
+        return len(mine)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every courier has settled what it was given (tests, a graceful stop)."""

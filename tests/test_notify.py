@@ -482,3 +482,10 @@ def test_cli_needs_a_target_and_stops_on_sigterm(kafka_settings, capsys) -> None
         receiver.close()
     assert proc.returncode == 0, err
     assert "1 delivered, 0 failed, 0 duplicates" in out
+
+
+def test_every_target_kind_has_a_receiver_and_nothing_else_does() -> None:
+    from foreshock.notify.receivers import RECEIVERS
+    from foreshock.notify.targets import KINDS
+
+    assert set(RECEIVERS) == set(KINDS)  # a new kind: one class in receivers.py, its name here
