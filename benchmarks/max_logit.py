@@ -67,11 +67,11 @@ def measure(repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {"plain": [], "off": [], "on": []}
     for rep in range(repeats + 2):  # two warm-up repetitions, not kept
         for arm in ("plain", "off", "on")[rep % 3 :] + ("plain", "off", "on")[: rep % 3]:
-            monitor._armed = arm == "on"
+            monitor._observed.armed = arm == "on"
             elapsed = timed_step(plain if arm == "plain" else wrapped, ids)
             if rep >= 2:
                 times[arm].append(elapsed)
-    recorded = sorted(k for k in monitor._max_logits)
+    recorded = sorted(k for k in monitor._observed.max_logits)
     monitor.close()
     step = {arm: median(v) for arm, v in times.items()}
     return {

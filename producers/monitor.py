@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -37,18 +36,19 @@ import torch
 from torch import nn
 
 from foreshock.transport.attempts import restart_of
-from foreshock.transport.records import METRICS_SCHEMA, parse_series_key, series_key
+from foreshock.transport.records import MetricsRecord, parse_series_key
 from foreshock.transport.wire import check_run_id
 
-from .collective import Peers, fsdp1_roots, gathers_of, square_sum, whole_parameters
+from .collective import Peers, fsdp1_roots, gathers_of, whole_parameters
 from .discovery import Discovery, discover
 from .layouts import AttentionSpec, RouterSpec
 from .live import Binding, parameter_origins
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
 from .names import named_modules
+from .observations import StepObservations
 from .partials import RankPart, combine
-from .router import RoutingAccumulator, router_output
+from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
 from .sharding import is_dtensor, sharded_tensors
 from .signature import model_signature
 from .sinks import Sink
@@ -138,18 +138,13 @@ class Monitor:
         self.records_written = 0
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
         self._last_step = -1  # the last step passed to step(): error records are stamped with it
-        self._hook_errors: dict[str, str] = {}  # module -> error, in this step's forward
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._accumulators: dict[str, RoutingAccumulator] = {}
-        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._observed = StepObservations(self._fail_hook)  # this step's forward reports
         self._closers: list[Callable[[], None]] = []  # attached observers' removal
-        self._max_logits: dict[str, torch.Tensor] = {}
-        self._drops: dict[str, tuple[torch.Tensor, int]] = {}  # router -> (dropped, assigned)
-        self._armed = True
         self._refuse_alone()
         if self.participating:
             for router in self.discovery.routers:
-                self._hook_router(router)
+                self._observed.hook_router(router)
         found = self.discovery.attention or self.discovery.routers or self.refused
         if auto_discover and not found:
             log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
@@ -252,21 +247,15 @@ class Monitor:
         self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
         self.discovery.routers.append(spec)
         if self.participating:
-            self._hook_router(spec)
+            self._observed.hook_router(spec)
         return spec
 
     def observe_max_logit(self, name: str, value: torch.Tensor) -> None:
         """Report a layer's max pre-softmax attention logit from inside the model's forward.
 
         Cheap only where the model already has the scores; kept on device until emission."""
-        if not (self.participating and self._armed):
-            return
-        try:
-            value = value.detach().float().amax()
-            old = self._max_logits.get(name)
-            self._max_logits[name] = value if old is None else torch.maximum(old, value)
-        except Exception as exc:  # called from the model's forward: never break it
-            self._fail_hook(name, exc)
+        if self.measuring:
+            self._observed.max_logit(name, value)
 
     def observe_router_drops(self, name: str, dropped: torch.Tensor | int, assigned: int) -> None:
         """Report, from a capacity-limited MoE layer's forward, how many of its ``assigned``
@@ -275,21 +264,13 @@ class Monitor:
         Emitted per monitoring step as ``router.dropped_fraction@<name>`` = Σ dropped / Σ
         assigned over that step's forwards (a fraction, 0–1): what a collapsing router costs
         when tokens pile onto few experts. ``name`` is the router's module name."""
-        if not (self.participating and self._armed):
-            return
-        try:
-            dropped = torch.as_tensor(dropped).detach().float().sum()
-            old = self._drops.get(name)
-            self._drops[name] = (
-                (dropped, assigned) if old is None else (old[0] + dropped, old[1] + assigned)
-            )
-        except Exception as exc:  # called from the model's forward: never break it
-            self._fail_hook(name, exc)
+        if self.measuring:
+            self._observed.router_drops(name, dropped, assigned)
 
     @property
     def measuring(self) -> bool:
         """True during the forward and backward of a monitoring step (when observers report)."""
-        return self.participating and self._armed
+        return self.participating and self._observed.armed
 
     def watch_sdpa(self, layers: dict[str, nn.Module] | None = None) -> SdpaLogitWatch:
         """Record ``max_logit@<layer>`` from the ``F.scaled_dot_product_attention`` calls made
@@ -298,7 +279,7 @@ class Monitor:
         the discovered attention layers. Removed by ``close()``."""
         layers = self.attention_modules() if layers is None else layers
         watch = SdpaLogitWatch(
-            layers.items(), self.observe_max_logit, lambda: self.measuring, self._fail_hook
+            layers.items(), self.observe_max_logit, lambda: self.measuring, self._observed.failed
         )
         self.on_close(watch.close)
         return watch
@@ -311,20 +292,6 @@ class Monitor:
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` at ``close()``: how attached observers (hooks, wrappers) detach."""
         self._closers.append(undo)
-
-    def _hook_router(self, spec: RouterSpec) -> None:
-        acc = RoutingAccumulator(spec.n_experts, spec.top_k, scoring=spec.scoring)
-        self._accumulators[spec.name] = acc
-
-        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            if not (self._armed and module.training):
-                return
-            try:
-                acc.update(*router_output(output, spec.n_experts, spec.top_k))
-            except Exception as exc:  # never break the forward pass
-                self._fail_hook(spec.name, exc)
-
-        self._hooks.append(spec.module.register_forward_hook(hook))
 
     # ---- the training-loop call ---------------------------------------------------------
     def step(self, step: int, loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
@@ -346,13 +313,9 @@ class Monitor:
             self._fail(step, exc)
             return None
         finally:
-            if self._armed:  # only an armed step gathered anything
-                for acc in self._accumulators.values():
-                    acc.reset()
-                self._max_logits.clear()
-                self._drops.clear()
-                self._hook_errors.clear()
-            self._armed = (step + 1) % self.config.every == 0
+            if self._observed.armed:  # only an armed step gathered anything
+                self._observed.clear()
+            self._observed.armed = (step + 1) % self.config.every == 0
 
     def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any] | None:
         """This rank's share, exchanged with its peers (``collective``); the record to write.
@@ -369,7 +332,7 @@ class Monitor:
             parts = gathered
         own = [p for p in parts if p.rank == self.rank]
         data = own if self.config.emit_ranks == "all" else parts
-        values, flags = combine(parts, data, self._accumulators)
+        values, flags = combine(parts, data, self._observed.accumulators)
         return self._record(step, values, set(flags))
 
     def _local_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
@@ -384,7 +347,8 @@ class Monitor:
         """What this rank measures: the layers and routers it owns, its share of the data
         statistics and of the norms. Failures become flags, one part at a time."""
         part = RankPart(rank=self.rank)
-        flags: set[str] = {f"monitor_error@{name}" for name in self._hook_errors}
+        observed = self._observed
+        flags: set[str] = {f"monitor_error@{name}" for name in observed.errors}
         chunks: list[tuple[list[str], torch.Tensor]] = []
 
         def gather(name: str, make: Callable[[], Any]) -> Any:
@@ -406,39 +370,24 @@ class Monitor:
             chunks += [made] if made is not None else []
         squares = gather("symptoms", lambda: self._symptom_chunk(loss))
         chunks += [squares] if squares is not None else []
-        keys = [key for chunk_keys, _ in chunks for key in chunk_keys]
-        values = _to_host([v for _, v in chunks])  # the one device sync of a monitoring step
-        for key, value in zip(keys, values, strict=True):
-            if key.startswith("square:"):
-                part.squares[key.removeprefix("square:")] = value
-            elif key == "loss":
-                part.loss = value
-            elif key.startswith("max_logit@"):
-                part.max_logits[parse_series_key(key).module or key] = value
-            elif key.startswith("dropped:"):
-                name = key.removeprefix("dropped:")
-                part.drops[name] = (value, self._drops[name][1])
-            else:
-                part.owned[key] = value
-        for name, acc in self._accumulators.items():
+        sort_values(part, chunks, observed.drops)
+        for name, acc in observed.accumulators.items():
             part.routers[name] = (acc.n_experts, acc.top_k, acc.bins, acc.scoring)
-            if name not in self._hook_errors:  # a failed hook keeps only the weight geometry
+            if name not in observed.errors:  # a failed hook keeps only the weight geometry
                 state = gather(name, acc.state)
                 part.routing[name] = None if state is None else state.tolist()
         part.flags = sorted(flags)
         return part
 
     def _owned_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
-        """The specs this rank computes, read whole. In a group the ranks exchange their plans
-        (``Peers.schedule``); each spec is read by the ranks that hold it (a collective among
-        them) and kept by one of them, its owner, so the spectra are spread over the ranks.
-        Alone, every spec is its own."""
+        """The specs this rank computes, read whole (``reading.owned_by_me`` in a group;
+        alone, every spec is its own)."""
         try:
             self._refuse_alone()
             attention, routers = self._current_specs()
             specs, failure = {s.name: s for s in [*attention, *routers]}, None
             plan = [(name, gathers_of(s)) for name, s in specs.items()]
-        except Exception as exc:  # still exchange plans below: no peer may wait for us
+        except Exception as exc:  # in a group, still exchange plans: no peer may wait for us
             specs, failure, plan = {}, exc, []
         if self.peers is None:
             if failure is not None:
@@ -446,56 +395,17 @@ class Monitor:
             return attention, routers
         first = self.peers.holders is None  # parameter names travel with the first plan only
         names = [name for name, _ in self._live_named_params()] if first else []
-        try:
-            schedule = self.peers.schedule(failure is None, plan, names)
-        except RuntimeError as exc:
-            raise exc from failure
-        mine = []
-        for i, (name, holders) in enumerate(schedule):
-            if self.rank in holders:  # the holders gather together: the same order on each
-                whole = self.peers.materialize(specs[name], holders[i % len(holders)])
-                if whole is not None:
-                    mine.append(whole)
-        return (
-            [s for s in mine if isinstance(s, AttentionSpec)],
-            [s for s in mine if isinstance(s, RouterSpec)],
-        )
+        return owned_by_me(self.peers, self.rank, specs, plan, failure, names)
 
     def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
         """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
         named = [] if self._norms_refused else self._live_named_params()
         if self.peers is None:
             named = [(n, p) for n, p in named if not is_dtensor(p)]
-        holders = self._holders()
-        params = [p for _, p in named]
-        copies = [holders(n) for n, _ in named]
-        with_grad = [(p, h) for p, h in zip(params, copies, strict=True) if p.grad is not None]
-        grads = [p.grad for p, _ in with_grad]  # square_sum reads local values, detached
-        entries: list[tuple[str, torch.Tensor | None]] = [
-            (
-                "square:grad_norm",
-                square_sum(grads, [h for _, h in with_grad], [p for p, _ in with_grad]),
-            ),
-            ("square:weight_norm", square_sum(params, copies)),
-        ]
-        if loss is not None:
-            loss_value = loss.detach() if isinstance(loss, torch.Tensor) else loss
-            entries.append(("loss", torch.as_tensor(loss_value, dtype=torch.float32)))
-        entries += [(series_key("max_logit", n), v) for n, v in self._max_logits.items()]
-        entries += [(f"dropped:{n}", d) for n, (d, _) in self._drops.items()]
-        device = params[0].device if params else torch.device("cpu")
-        kept = [(k, v) for k, v in entries if v is not None]
-        values = [torch.as_tensor(v).to(device, torch.float32).reshape(()) for _, v in kept]
-        stacked = torch.stack(values) if values else torch.zeros(0, device=device)
-        return [k for k, _ in kept], stacked
-
-    def _holders(self) -> Callable[[str], int]:
-        """How many ranks hold the parameter of a name (1 alone; every rank before the
-        first plan exchange told)."""
-        if self.peers is None:
-            return lambda name: 1
-        counts, world = self.peers.holders, self.peers.world
-        return (lambda name: world) if counts is None else (lambda name: counts.get(name, 1))
+        observed = self._observed
+        return symptom_chunk(
+            named, holders_of(self.peers), loss, observed.max_logits, observed.drops
+        )
 
     def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
         """The metrics record: non-finite values become null with a ``nonfinite`` flag."""
@@ -517,17 +427,16 @@ class Monitor:
                     step,
                     ", ".join(nonfinite),
                 )
-        return {
-            "schema": METRICS_SCHEMA,
-            "run_id": self.run_id,
-            "step": int(step),
-            "time": time.time(),
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "emit_ranks": self.config.emit_ranks,
-            "values": out,
-            "flags": sorted(flags),
-        }
+        record = MetricsRecord(
+            self.run_id,
+            int(step),
+            out,
+            tuple(flags),
+            self.rank,
+            self.world_size,
+            emit_ranks=self.config.emit_ranks,
+        )
+        return record.to_message()
 
     def _fail_part(self, step: int, part: str, exc: Exception) -> None:
         self.errors += 1
@@ -535,10 +444,8 @@ class Monitor:
             log.warning("foreshock monitor: %s failed at step %s: %r", part, step, exc)
 
     def _fail_hook(self, module: str, exc: Exception) -> None:
-        """A forward hook or observer failed: flag it in this step's record, never raise."""
-        if module in self._hook_errors:
-            return  # once per module and step (a hook fires once per micro-batch)
-        self._hook_errors[module] = repr(exc)[:500]
+        """A forward hook or observer failed (once per module and step): count and log it;
+        the step's record flags it."""
         self._fail_part(self._last_step + 1, f"{module} (forward hook)", exc)
 
     def _fail(self, step: Any, exc: Exception) -> None:
@@ -556,19 +463,16 @@ class Monitor:
                 stamp = -1
             if stamp < 0:
                 stamp = max(self._last_step, 0)
-            self.sink.write(
-                {
-                    "schema": METRICS_SCHEMA,
-                    "run_id": self.run_id,
-                    "step": stamp,
-                    "time": time.time(),
-                    "rank": self.rank,
-                    "world_size": self.world_size,
-                    "values": {},
-                    "flags": ["monitor_error"],
-                    "error": repr(exc)[:500],
-                }
+            failed = MetricsRecord(
+                self.run_id,
+                stamp,
+                {},
+                ("monitor_error",),
+                self.rank,
+                self.world_size,
+                error=repr(exc)[:500],
             )
+            self.sink.write(failed.to_message())
 
     # ---- lifecycle ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -620,9 +524,7 @@ class Monitor:
 
     def close(self) -> None:
         """Remove the hooks and close the sink. Safe to call twice."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        self._observed.remove_hooks()
         for close in self._closers:
             close()
         self._closers.clear()
@@ -637,14 +539,6 @@ class Monitor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _to_host(values: list[torch.Tensor]) -> list[float]:
-    if not values:
-        return []
-    device = values[0].device
-    flat = torch.cat([v.detach().to(device, torch.float32).flatten() for v in values])
-    return flat.cpu().tolist()
 
 
 def _named_origins(

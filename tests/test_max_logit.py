@@ -94,7 +94,7 @@ def test_watch_sdpa_records_on_monitoring_steps_only() -> None:
         if step % 2 == 0:
             assert record["values"]["max_logit@0"] == pytest.approx(plain[-1], rel=1e-5)
         else:
-            assert record is None and not monitor._max_logits
+            assert record is None and not monitor._observed.max_logits
     monitor.close()
     assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks
     with torch.no_grad():

@@ -300,7 +300,7 @@ def test_router_hooks_ignore_eval_and_off_steps() -> None:
     sink = ListSink()
     monitor = Monitor(model, sink, config=MonitorConfig(every=3))
     calls = dict.fromkeys(GATES, 0)
-    for name, acc in monitor._accumulators.items():
+    for name, acc in monitor._observed.accumulators.items():
         update = acc.update
 
         def counting(logits: torch.Tensor, selected=None, *, name: str = name, update=update):
@@ -344,10 +344,10 @@ def test_close_removes_hooks() -> None:
     monitor.close()
     monitor.close()  # safe twice
     assert [len(g._forward_hooks) for g in gates] == [0, 0]
-    assert all(acc.empty for acc in monitor._accumulators.values())
+    assert all(acc.empty for acc in monitor._observed.accumulators.values())
     model.train()
     model(torch.zeros(1, 4, dtype=torch.long))
-    assert all(acc.empty for acc in monitor._accumulators.values())
+    assert all(acc.empty for acc in monitor._observed.accumulators.values())
 
 
 def test_bf16_model_copy() -> None:
@@ -398,4 +398,4 @@ def test_max_logit_through_logit_observer() -> None:
             assert got == pytest.approx(expected[record["step"]][name], rel=1e-5, abs=1e-7)
     # Between monitoring steps nothing is kept.
     model(torch.zeros(1, 4, dtype=torch.long))
-    assert monitor._max_logits == {}
+    assert monitor._observed.max_logits == {}

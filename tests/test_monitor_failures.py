@@ -212,7 +212,7 @@ def test_failing_router_hook_flags_its_step_not_step_minus_one() -> None:
     def fail_once(step: int, model: GPT) -> None:
         if step == 3:  # the forward of step 4, a monitoring step: its hooks are armed
             monitor = model._test_monitor
-            acc = monitor._accumulators["h.0.mlp.gate"]
+            acc = monitor._observed.accumulators["h.0.mlp.gate"]
 
             def broken(*args: Any, **kwargs: Any) -> None:
                 calls["n"] += 1

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NamedTuple
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 __all__ = [
     "METRICS_SCHEMA",
     "RUN_SCHEMA",
+    "MetricsRecord",
     "SeriesKey",
     "finite_or_none",
     "parse_series_key",
@@ -71,3 +75,65 @@ def parse_series_key(key: str) -> SeriesKey:
 def finite_or_none(value: float) -> float | None:
     """JSON has no NaN/Inf: non-finite values travel as null (and get a flag)."""
     return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """One monitoring step of one run (and rank): the record the Monitor writes and the
+    detectors and the store read (see the module docstring for the wire form).
+
+    ``values`` maps series keys to floats, or None where a value was not finite (a flag then
+    says which); ``emit_ranks`` is the Monitor's mode ("zero": one global record; "all": one
+    per rank); ``error`` says why a step has no values (a monitoring step that failed whole).
+
+    >>> r = MetricsRecord("r1", 120, {"loss": 2.31}, ("nonfinite:grad_norm",), time=0.0)
+    >>> message = r.to_message()
+    >>> message["schema"], message["flags"], "error" in message
+    ('foreshock.metrics/1', ['nonfinite:grad_norm'], False)
+    >>> MetricsRecord.from_message(message) == r
+    True
+    """
+
+    run_id: str
+    step: int
+    values: Mapping[str, float | None]
+    flags: tuple[str, ...] = ()
+    rank: int = 0
+    world_size: int = 1
+    time: float = field(default_factory=time.time)
+    emit_ranks: str | None = None
+    error: str | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        """The record as it goes on the wire (flags sorted; absent fields left out)."""
+        message: dict[str, Any] = {
+            "schema": METRICS_SCHEMA,
+            "run_id": self.run_id,
+            "step": int(self.step),
+            "time": self.time,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+        if self.emit_ranks is not None:
+            message["emit_ranks"] = self.emit_ranks
+        message["values"] = dict(self.values)
+        message["flags"] = sorted(self.flags)
+        if self.error is not None:
+            message["error"] = self.error
+        return message
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> MetricsRecord:
+        """A metrics message read back (a validated one: :func:`foreshock.transport.wire.
+        validate`); fields the producer left out take their defaults."""
+        return cls(
+            run_id=str(message["run_id"]),
+            step=int(message["step"]),
+            values=message.get("values") or {},
+            flags=tuple(message.get("flags") or ()),
+            rank=int(message.get("rank") or 0),
+            world_size=int(message.get("world_size") or 1),
+            time=float(message.get("time") or 0.0),
+            emit_ranks=message.get("emit_ranks"),
+            error=message.get("error"),
+        )
