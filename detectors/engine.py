@@ -40,7 +40,7 @@ from typing import Any
 
 from foreshock.catalogue import SERIES
 from foreshock.transport.records import parse_series_key
-from foreshock.transport.warning import SCHEMA
+from foreshock.transport.warning import EventKind, Role, RunWarning
 
 from .bands import INFLATION_METRIC, BandStandardizer, band_key
 from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
@@ -56,7 +56,7 @@ from .standardize import (
     WarmupStandardizer,
 )
 
-__all__ = ["RunDetector", "RunWarning"]
+__all__ = ["RunDetector", "alert_id"]
 
 log = logging.getLogger(__name__)
 
@@ -80,34 +80,6 @@ RULED_METRICS = frozenset(s.metric for s in SERIES)
 
 # LogRatioStandardizer is a Warmup one
 Standardizer = WarmupStandardizer | TrendStandardizer | BandStandardizer
-
-
-@dataclass
-class RunWarning:
-    """One warning of a run, as the detectors hold it; ``to_message()`` is its event on the
-    warnings topic (:mod:`foreshock.transport.warning`: the fields are the schema's)."""
-
-    id: str
-    run_id: str
-    family: str
-    module: str | None
-    series: str
-    direction: str
-    step: int
-    role: str  # cause | secondary | ambiguous | optimizer | symptom
-    statistic: float
-    threshold: float
-    false_alarm_rate: float | None
-    config_version: str
-    evidence: dict[str, Any]
-    event: str = "opened"  # opened | cleared | updated
-    divergence_step: int | None = None
-    lead_time: int | None = None
-    cleared_step: int | None = None
-    rank: int | None = None  # the rank whose stream warned, in per-rank mode (see RunDetector)
-
-    def to_message(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
 
 
 def alert_id(
@@ -410,14 +382,14 @@ class RunDetector:
             if self.cause is None:
                 self.cause = self._attribute(family)
             role = (
-                self.cause
-                if self.cause in ("ambiguous", "optimizer")
-                else "cause"
+                Role(self.cause)
+                if self.cause in (Role.AMBIGUOUS, Role.OPTIMIZER)
+                else Role.CAUSE
                 if self.cause == family
-                else "secondary"
+                else Role.SECONDARY
             )
         else:
-            role = "symptom"
+            role = Role.SYMPTOM
         rank = self.rank if self._named else None
         alert = RunWarning(
             id=self._alert_id(family, series.module, step),
@@ -501,7 +473,7 @@ class RunDetector:
         alert = self._open.pop((family, module))
         self._calm.pop((family, module), None)
         alert.cleared_step = step
-        event = RunWarning(**{**asdict(alert), "event": "cleared"})
+        event = RunWarning(**{**asdict(alert), "event": EventKind.CLEARED})
         event.evidence = {**event.evidence, **why}
         return [event]
 
@@ -513,7 +485,7 @@ class RunDetector:
         events = []
         for alert in self.alerts:
             alert.divergence_step, alert.lead_time = step, _lead(step, alert.step)
-            events.append(RunWarning(**{**asdict(alert), "event": "updated"}))
+            events.append(RunWarning(**{**asdict(alert), "event": EventKind.UPDATED}))
         return events
 
     def _not_diverged(self) -> list[RunWarning]:
@@ -525,7 +497,7 @@ class RunDetector:
         events = []
         for alert in self.alerts:
             alert.divergence_step, alert.lead_time = None, None
-            events.append(RunWarning(**{**asdict(alert), "event": "updated"}))
+            events.append(RunWarning(**{**asdict(alert), "event": EventKind.UPDATED}))
         return events
 
 

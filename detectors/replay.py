@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.transport.run_files import RecordedRun, load_run
+from foreshock.transport.warning import RunWarning
 
 from .config import DetectorConfig
-from .engine import RunWarning
 from .profiles import ProfileConfigs
 from .streams import RunStreams
 

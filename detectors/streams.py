@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from foreshock.transport.warning import RunWarning
+
 from .config import DetectorConfig
-from .engine import RunDetector, RunWarning
+from .engine import RunDetector
 from .profiles import ProfileChoice, ProfileConfigs, choose_profile
 
 __all__ = ["RunStreams"]

@@ -73,7 +73,8 @@ from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.warning import ACTIONS, check
+from foreshock.transport.warning import ACTIONS, decode
+from foreshock.transport.wire import WireError
 
 from .courier import Courier, Job
 from .delivery import Target
@@ -165,17 +166,10 @@ def decode_warning(raw: Any) -> dict[str, Any]:
     sink reads the same topic and keeps bad messages in the dead letters; a second copy from here
     would only be noise.
     """
-    import json
-
     try:
-        event = json.loads(raw.value())
-    except RecursionError:
-        return {"_invalid": "warning is not JSON: nested too deeply"}
-    except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
-        return {"_invalid": f"warning is not JSON: {exc}"}
-    problem = check(event)
-    if problem is not None:
-        return {"_invalid": problem}
+        event = decode(raw.value())
+    except WireError as exc:
+        return {"_invalid": str(exc)}
     kind, ms = raw.timestamp()
     event["_time"] = ms / 1000 if kind and ms > 0 else time.time()
     return event

@@ -48,8 +48,7 @@ from foreshock.transport.consumer import Deduplicator, MetricsConsumer
 from foreshock.transport.service import ServiceRefusedError, ServiceUnavailableError, as_config
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.warning import check
-from foreshock.transport.wire import WireError
+from foreshock.transport.warning import decode
 
 from . import queries
 from .acks import event_key
@@ -71,21 +70,10 @@ log = logging.getLogger(__name__)
 def _decode_warning(raw: Any) -> dict[str, Any]:
     """A ``foreshock.warning/1`` event, or :class:`WireError` (the consumer dead-letters it).
 
-    Only what the dedup key needs is checked here (:func:`~foreshock.transport.warning.check`
-    with ``key_only``); :meth:`BatchBuilder.add_warning` checks the rest.
+    Only what the dedup key needs is checked here (``key_only``); :meth:`BatchBuilder.
+    add_warning` checks the rest.
     """
-    import json
-
-    try:
-        event = json.loads(raw.value())
-    except RecursionError:
-        raise WireError("warning is not JSON: nested too deeply") from None
-    except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
-        raise WireError(f"warning is not JSON: {exc}") from None
-    problem = check(event, key_only=True)
-    if problem is not None:
-        raise WireError(problem)
-    return event
+    return decode(raw.value(), key_only=True)
 
 
 def _decode_dead_letter(raw: Any) -> dict[str, Any]:

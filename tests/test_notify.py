@@ -21,12 +21,13 @@ from _kafka import service_env
 from confluent_kafka import Producer
 
 from foreshock.cli import main
-from foreshock.detectors.engine import RunWarning, alert_id
+from foreshock.detectors.engine import alert_id
 from foreshock.notify import delivery, notifier, signing, targets
 from foreshock.notify.courier import Courier, Job
 from foreshock.notify.delivery import Target
 from foreshock.notify.notifier import Notifier, NotifyConfig
 from foreshock.transport.topics import ensure_topics
+from foreshock.transport.warning import RunWarning
 
 DASH = "http://dash.example:8501"
 RUN = "lr high/s1"  # quoted in links: space and slash

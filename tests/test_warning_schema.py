@@ -13,12 +13,22 @@ import pytest
 
 from foreshock.detectors.alerts import action_event
 from foreshock.detectors.commands import default_config
-from foreshock.detectors.engine import RunWarning
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.storage.schema import TABLES
 from foreshock.transport import warning
-from foreshock.transport.warning import EVENTS, FACTS, FIELDS, REQUIRED, SCHEMA, check
+from foreshock.transport.warning import (
+    EVENTS,
+    FACTS,
+    FIELDS,
+    REQUIRED,
+    SCHEMA,
+    Direction,
+    EventKind,
+    Role,
+    RunWarning,
+    check,
+)
 
 FILE = json.loads(files("foreshock.transport").joinpath("warning-v1.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(FILE)
@@ -51,6 +61,13 @@ def test_the_file_and_the_module_name_the_same_fields() -> None:
     # warning is made of them
     assert set(FIELDS) <= set(TABLES["warnings"].names)
     assert {f.name for f in fields(RunWarning)} == {*FIELDS, "evidence"}
+
+
+def test_the_closed_vocabularies_are_the_enums_the_file_names() -> None:
+    properties = FILE["properties"]
+    assert properties["event"]["enum"] == [kind.value for kind in EventKind]
+    assert all(role.value in properties["role"]["description"] for role in Role)
+    assert all(d.value in properties["direction"]["description"] for d in Direction)
 
 
 @pytest.mark.parametrize("field", FIELDS)

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from functools import cache
 from importlib.resources import files
 from typing import Any
+
+from .wire import WireError
 
 __all__ = [
     "ACTIONS",
@@ -32,15 +36,47 @@ __all__ = [
     "REQUIRED",
     "RESOLVED_BY",
     "SCHEMA",
+    "Direction",
+    "EventKind",
+    "Role",
+    "RunWarning",
     "check",
+    "decode",
     "finite",
     "json_schema",
     "resolved_by",
 ]
 
 SCHEMA = "foreshock.warning/1"
-DETECTOR_EVENTS = ("opened", "updated", "cleared")
-ACTIONS = ("acknowledged", "silenced")
+
+
+class EventKind(StrEnum):
+    """What happened to a warning: the detectors' three, a person's two."""
+
+    OPENED = "opened"
+    UPDATED = "updated"  # its lead time, once the loss diverged
+    CLEARED = "cleared"  # resolved (``evidence.resolved_by`` says why)
+    ACKNOWLEDGED = "acknowledged"
+    SILENCED = "silenced"
+
+
+class Role(StrEnum):
+    """What a warning says about the run's fault (``detectors/engine.py``: attribution)."""
+
+    CAUSE = "cause"  # the first mechanism family to move, the other calm
+    SECONDARY = "secondary"  # a family that moved after the cause
+    AMBIGUOUS = "ambiguous"  # both mechanism families on one record
+    OPTIMIZER = "optimizer"  # every weight grew first: the optimizer's settings
+    SYMPTOM = "symptom"  # loss, gradient or weight norm
+
+
+class Direction(StrEnum):
+    UP = "up"
+    DOWN = "down"
+
+
+DETECTOR_EVENTS = (EventKind.OPENED, EventKind.UPDATED, EventKind.CLEARED)
+ACTIONS = (EventKind.ACKNOWLEDGED, EventKind.SILENCED)
 EVENTS = DETECTOR_EVENTS + ACTIONS
 RESOLVED_BY = ("statistic", "run ended", "superseded")
 
@@ -73,6 +109,60 @@ FIELDS = (
 REQUIRED = (*_TEXT, "step")
 # the warning's own facts: what a person's event copies from the warning's latest state
 FACTS = tuple(f for f in FIELDS if f not in ("event", "cleared_step"))
+
+
+@dataclass
+class RunWarning:
+    """One warning of a run: what the detectors hold and emit, the one statement of the
+    event's fields (:data:`FIELDS`, the JSON Schema and the store's Arrow schema are checked
+    against it: ``tests/test_warning_schema.py``); ``to_message()`` is its event on the
+    warnings topic. ``family`` is one of :data:`foreshock.catalogue.FAMILIES`."""
+
+    id: str
+    run_id: str
+    family: str
+    module: str | None
+    series: str
+    direction: Direction | str
+    step: int
+    role: Role | str
+    statistic: float
+    threshold: float
+    false_alarm_rate: float | None
+    config_version: str
+    evidence: dict[str, Any]
+    event: EventKind | str = EventKind.OPENED
+    divergence_step: int | None = None
+    lead_time: int | None = None
+    cleared_step: int | None = None
+    rank: int | None = None  # the rank whose stream warned, in per-rank mode
+
+    def to_message(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+def decode(value: bytes | str | None, key_only: bool = False) -> dict[str, Any]:
+    """A warning event from its bytes on the wire, checked (:func:`check`, at ``key_only``
+    depth); :class:`~foreshock.transport.wire.WireError` saying why it is not one.
+
+    >>> decode(b'{"schema": "foreshock.warning/1", "id": "a", "event": "opened", '
+    ...        b'"run_id": "r1", "family": "router", "step": 5}')["step"]
+    5
+    >>> decode(b"{")
+    Traceback (most recent call last):
+    ...
+    foreshock.transport.wire.WireError: warning is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)
+    """  # noqa: E501
+    try:
+        event = json.loads(value)  # type: ignore[arg-type]
+    except RecursionError:
+        raise WireError("warning is not JSON: nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
+        raise WireError(f"warning is not JSON: {exc}") from None
+    problem = check(event, key_only)
+    if problem is not None:
+        raise WireError(problem)
+    return event
 
 
 def check(event: Any, key_only: bool = False) -> str | None:

@@ -52,8 +52,8 @@ from foreshock.transport.records import parse_series_key
 
 if TYPE_CHECKING:
     from foreshock.detectors.config import DetectorConfig
-    from foreshock.detectors.engine import RunWarning
     from foreshock.detectors.profiles import ProfileConfigs
+    from foreshock.transport.warning import RunWarning
 
 __all__ = [
     "AGGREGATES",
