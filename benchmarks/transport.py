@@ -93,7 +93,7 @@ def _consume(
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > 30:
             break
-        for message in batch:
+        for message in (c.message for c in batch):
             seen += 1
             attempts[message["run_id"]] = message.get("attempt", 0)
             if message["kind"] == "metrics":

@@ -9,7 +9,8 @@ a run.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from foreshock.transport.wire import stream_of
 
@@ -17,9 +18,16 @@ __all__ = ["SeqOrderer"]
 
 log = logging.getLogger(__name__)
 
+Item = TypeVar("Item")
 
-class SeqOrderer:
-    """``push(message)`` returns the messages now ready, in seq order.
+
+def _itself(item: Any) -> dict[str, Any]:
+    return item
+
+
+class SeqOrderer(Generic[Item]):
+    """``push(item)`` returns the items now ready, in seq order. An item is a message, or
+    anything ``message_of`` reads one from (a consumed envelope).
 
     >>> o = SeqOrderer()
     >>> [m["seq"] for m in o.push({"run_id": "r", "seq": 0})]
@@ -30,20 +38,23 @@ class SeqOrderer:
     [1, 2]
     """
 
-    def __init__(self, max_held: int = 200) -> None:
-        self.max_held = max_held
+    def __init__(
+        self, max_held: int = 200, message_of: Callable[[Item], dict[str, Any]] = _itself
+    ) -> None:
+        self.max_held, self.message_of = max_held, message_of
         self._next: dict[tuple[str, int, int], int] = {}
-        self._held: dict[tuple[str, int, int], dict[int, dict[str, Any]]] = {}
+        self._held: dict[tuple[str, int, int], dict[int, Item]] = {}
         self.skipped = 0
 
-    def push(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+    def push(self, item: Item) -> list[Item]:
+        message = self.message_of(item)
         stream = stream_of(message)
         expected = self._next.get(stream, 0)
         seq = message["seq"]
         if seq < expected:
             return []  # already released (a duplicate the consumer did not see as one)
         held = self._held.setdefault(stream, {})
-        held[seq] = message
+        held[seq] = item
         if expected not in held and len(held) > self.max_held:
             gap_end = min(held)
             log.warning(

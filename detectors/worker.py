@@ -37,6 +37,7 @@ from typing import Any
 from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import as_config
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
@@ -119,7 +120,7 @@ class DetectorWorker:
         self.checkpoint = Checkpoint(
             self.consumer, "detect", flush=lambda: self.producer.flush(30) == 0
         )
-        self.orderer = SeqOrderer()
+        self.orderer: SeqOrderer[Consumed] = SeqOrderer(message_of=lambda c: c.message)
         self.messages = self.values = self.warnings = 0
         self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
 
@@ -140,10 +141,11 @@ class DetectorWorker:
                 len(self._recent),
             )
 
-    def process(self, message: dict[str, Any]) -> int:
+    def process(self, consumed: Consumed) -> int:
         """Feed one message (and any it released) to its run; produce events. Returns count."""
         produced = 0
-        for ready in self.orderer.push(message):
+        for ready_at in self.orderer.push(consumed):
+            ready = ready_at.message
             run_id = ready["run_id"]
             detectors = self.runs.get(run_id) or self.runs.setdefault(
                 run_id, self._ended.pop(run_id, None) or RunStreams(run_id, self.detectors)
@@ -155,7 +157,7 @@ class DetectorWorker:
                     self._ended.popitem(last=False)
             self.messages += 1
             self.values += len(ready.get("values", ()))
-            if self.cursor.history(ready["_partition"], ready["_offset"]):
+            if self.cursor.history(ready_at.partition, ready_at.offset):
                 continue  # replaying history: state only, these warnings were emitted before
             for event in events:
                 key, value = run_id.encode(), json.dumps(event.to_message()).encode()
@@ -190,8 +192,8 @@ class DetectorWorker:
             t0 = time.perf_counter()
             batch = self.consumer.poll_batch(1000, timeout=0.5)
             t1 = time.perf_counter()
-            for message in batch:
-                self.warnings += self.process(message)
+            for consumed in batch:
+                self.warnings += self.process(consumed)
             t2 = time.perf_counter()
             if batch:
                 self.checkpoint.commit()

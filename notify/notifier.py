@@ -71,6 +71,7 @@ from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import ACTIONS, decode
@@ -160,19 +161,14 @@ class Ledger:
 
 
 def decode_warning(raw: Any) -> dict[str, Any]:
-    """A ``foreshock.warning/1`` event with ``_time`` (the Kafka timestamp, epoch s).
-
-    Never raises: a bad message is returned as ``{"_invalid": reason}`` and skipped. The storage
-    sink reads the same topic and keeps bad messages in the dead letters; a second copy from here
-    would only be noise.
-    """
+    """A ``foreshock.warning/1`` event; a bad message is skipped (counted as ``invalid``:
+    :class:`~foreshock.transport.envelope.SkippedMessageError`), not dead-lettered: the storage
+    sink reads the same topic and keeps bad messages in the dead letters, and a second copy
+    from here would only be noise."""
     try:
-        event = decode(raw.value())
+        return decode(raw.value())
     except WireError as exc:
-        return {"_invalid": str(exc)}
-    kind, ms = raw.timestamp()
-    event["_time"] = ms / 1000 if kind and ms > 0 else time.time()
-    return event
+        raise SkippedMessageError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -278,24 +274,24 @@ class Notifier:
                 self._committed[tp.partition] = max(tp.offset, 0)
                 self._handled.pop(tp.partition, None)
 
-    def handle(self, message: dict[str, Any]) -> None:
+    def handle(self, consumed: Consumed) -> None:
         """One polled message: rebuild the ledger from history, or queue what is new."""
-        partition, offset = message.get("_partition"), message.get("_offset", 0)
+        partition, offset = consumed.partition, consumed.offset
         try:
-            self._handle(message, partition, offset)
+            self._handle(consumed, partition, offset)
         finally:
             if partition is not None:
                 with self._lock:
                     self._handled[partition] = max(self._handled.get(partition, 0), offset + 1)
 
-    def _handle(self, message: dict[str, Any], partition: int | None, offset: int) -> None:
+    def _handle(self, consumed: Consumed, partition: int | None, offset: int) -> None:
         history = self.cursor.history(partition, offset)  # sent (or given up on) before
-        if "_invalid" in message:
+        if consumed.invalid is not None:
             self._count("invalid")
-            log.debug("foreshock notify: skipped: %s", message["_invalid"])
+            log.debug("foreshock notify: skipped: %s", consumed.invalid)
             return
-        at = message.get("_time") or time.time()
-        event = {k: v for k, v in message.items() if not k.startswith("_")}
+        at = consumed.time or time.time()
+        event = consumed.message
         if history:
             self.ledger.admit(event, at, partition)
             self._count("replayed")
@@ -415,8 +411,8 @@ class Notifier:
         try:
             while not stop.is_set():
                 batch = self.consumer.poll_batch(self.config.batch, timeout=0.5)
-                for message in batch:
-                    self.handle(message)
+                for consumed in batch:
+                    self.handle(consumed)
                 self.commit()
                 if batch:
                     idle_since = time.monotonic()

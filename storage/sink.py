@@ -45,6 +45,7 @@ from typing import Any
 from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint
 from foreshock.transport.consumer import Deduplicator, MetricsConsumer
+from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import ServiceRefusedError, ServiceUnavailableError, as_config
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
@@ -270,10 +271,10 @@ class StorageSink:
         if self.held.drop():
             log.warning("foreshock sink: partitions handed over with tables held; uncommitted")
 
-    def add(self, message: dict[str, Any], now: float) -> None:
+    def add(self, consumed: Consumed, now: float) -> None:
         """Step 2 for one message."""
-        topic = message.pop("_topic", None)
-        partition, offset = message.pop("_partition", None), message.pop("_offset", None)
+        message, topic = consumed.message, consumed.topic
+        partition, offset = consumed.partition, consumed.offset
         if topic == self.settings.deadletter_topic:
             key = (
                 "d",
@@ -303,7 +304,8 @@ class StorageSink:
                 self.builder.add_lifecycle(message, now)
                 self._check_identity(message, partition, offset, now)
         except RecordError as exc:
-            self._reject(message, str(exc), f"sink:{topic or 'metrics'}", partition, offset, now)
+            where = "metrics" if topic == self.settings.metrics_topic else topic
+            self._reject(message, str(exc), f"sink:{where}", partition, offset, now)
             return
         self.stats["messages"] += 1
 
@@ -365,8 +367,8 @@ class StorageSink:
             now = time.time()
             if batch and self.first_message_at is None:
                 self.first_message_at = time.perf_counter()
-            for message in batch:
-                self.add(message, now)
+            for consumed in batch:
+                self.add(consumed, now)
             count += len(batch)
             if not batch and count:
                 break

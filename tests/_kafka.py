@@ -19,6 +19,7 @@ class Collector:
     def __init__(self, settings: KafkaSettings, group: str = "test") -> None:
         self.consumer = MetricsConsumer(settings, group_id=group)
         self.messages: list[dict[str, Any]] = []
+        self.consumed: list[Any] = []  # the same, in their envelopes (transport.envelope)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -26,7 +27,8 @@ class Collector:
     def _run(self) -> None:
         while not self._stop.is_set():
             batch = self.consumer.poll_batch(500, timeout=0.2)
-            self.messages.extend(batch)
+            self.consumed.extend(batch)
+            self.messages.extend(c.message for c in batch)
             if batch:
                 self.consumer.commit()
 

@@ -33,6 +33,7 @@ from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.sink import StorageSink
 from foreshock.storage.store import DeltaStore
+from foreshock.transport.envelope import Consumed
 from foreshock.transport.settings import SettingsError
 from foreshock.transport.topics import ensure_topics
 
@@ -367,7 +368,7 @@ url = "http://127.0.0.1:{down}/services/T0/B0/sl4ck-path-secret"
     )
     try:
         opened = _event("r-auth", "blocks.0.moe", 300)
-        notify.handle({**opened, "_partition": 0, "_offset": 0, "_time": time.time()})
+        notify.handle(Consumed(opened, "foreshock.warnings", 0, 0, time.time()))
         assert notify.wait_idle(15)
     finally:
         notify.close()

@@ -15,6 +15,7 @@ from foreshock.notify.delivery import Target
 from foreshock.notify.notifier import Notifier, NotifyConfig
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
+from foreshock.transport.envelope import Consumed
 from foreshock.transport.settings import KafkaSettings
 
 
@@ -72,18 +73,10 @@ def test_the_notifier_leaves_replay_when_retention_removed_committed_minus_one(
     try:
         notify._on_assign(FakeKafka({0: 5}), [TopicPartition("foreshock.warnings", 0)])
         base = {"schema": "foreshock.warning/1", "run_id": "r", "family": "router", "step": 1}
-        notify.handle({**base, "id": "a", "event": "opened", "_partition": 0, "_offset": 2})
+        notify.handle(Consumed({**base, "id": "a", "event": "opened"}, "foreshock.warnings", 0, 2))
         assert notify.cursor.replaying and notify.refresh_open() == 0
-        notify.handle(
-            {
-                **base,
-                "id": "b",
-                "event": "opened",
-                "_partition": 0,
-                "_offset": 6,
-                "_time": time.time(),
-            }
-        )
+        b = {**base, "id": "b", "event": "opened"}
+        notify.handle(Consumed(b, "foreshock.warnings", 0, 6, time.time()))
         assert not notify.cursor.replaying
         assert notify.stats["replayed"] == 1
         assert notify.refresh_open() == 2  # both open warnings, re-posted

@@ -18,6 +18,7 @@ from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.replay import replay, replay_run
 from foreshock.detectors.worker import DetectorWorker
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.transport.envelope import Consumed
 from foreshock.transport.topics import ensure_topics
 
 RUNS = ["fa-lowprec-s0", "lr-high-s0", "healthy-s1", "fa-lowprec-s2"]
@@ -142,17 +143,10 @@ def test_worker_forgets_a_run_once_every_rank_ended(kafka_settings, config):
         offset = iter(range(100))
 
         def feed(run_id: str, rank: int, seq: int, kind: str) -> None:
-            message = {
-                "kind": kind,
-                "run_id": run_id,
-                "rank": rank,
-                "seq": seq,
-                "_partition": 0,
-                "_offset": next(offset),
-            }
+            message = {"kind": kind, "run_id": run_id, "rank": rank, "seq": seq}
             if kind == "metrics":
                 message.update(step=seq * 25, values={"loss": 2.0})
-            worker.process(message)
+            worker.process(Consumed(message, "foreshock.metrics", 0, next(offset)))
 
         for rank in (0, 1):
             feed("two-ranks", rank, 0, "start")
@@ -186,8 +180,8 @@ def test_a_profile_published_while_the_worker_runs_judges_the_runs_that_start_af
 
         def start(run_id: str) -> str:
             worker.refresh()
-            worker.process({"kind": "start", "run_id": run_id, "rank": 0, "seq": 0,
-                            "_partition": 0, "_offset": next(offset)})  # fmt: skip
+            start = {"kind": "start", "run_id": run_id, "rank": 0, "seq": 0}
+            worker.process(Consumed(start, "foreshock.metrics", 0, next(offset)))
             return worker.runs[run_id].profile.name
 
         assert start("before") == "zero-shot"

@@ -38,6 +38,7 @@ from foreshock.storage.retention import export_run
 from foreshock.storage.rows import BatchBuilder, RecordError
 from foreshock.storage.sink import StorageSink, _decode_dead_letter, _decode_warning
 from foreshock.storage.store import DeltaStore, store_exists
+from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.wire import (
     MAX_INT,
@@ -605,8 +606,7 @@ def test_sink_warning_decoding_keeps_valid_events_beside_bad_ones(raws, n_valid)
         except WireError as exc:
             assert str(exc).strip()
             continue
-        message.update(_topic=sink.settings.warnings_topic, _partition=0, _offset=offset)
-        sink.add(message, 1.0)
+        sink.add(Consumed(message, sink.settings.warnings_topic, 0, offset), 1.0)
     tables = sink.builder.take()
     stored = {r["id"] for r in tables["warnings"].to_pylist()}
     assert {w["id"] for w in valid} <= stored
@@ -628,7 +628,7 @@ def test_sink_add_stores_valid_and_dead_letters_the_rest(bad, good):
         except WireError:
             dead += 1  # the consumer dead-letters it; stored from the dead-letter topic
             continue
-        sink.add({**decoded, "_partition": 0, "_offset": offset}, 1.0)
+        sink.add(Consumed(decoded, "foreshock.metrics", 0, offset), 1.0)
     tables = sink.builder.take()
     stored = {(r["run_id"], r["rank"], r["seq"]) for r in tables["steps"].to_pylist()}
     assert {(m["run_id"], m.get("rank", 0), m["seq"]) for m in good} <= stored
@@ -658,8 +658,7 @@ def test_sink_add_stores_valid_and_dead_letters_the_rest(bad, good):
 def test_dead_letter_topic_decoding_never_fails(value, headers):
     sink = _bare_sink()
     message = _decode_dead_letter(FakeRaw(value, headers))
-    message.update(_topic=sink.settings.deadletter_topic, _partition=0, _offset=1)
-    sink.add(message, 1.0)
+    sink.add(Consumed(message, sink.settings.deadletter_topic, 0, 1), 1.0)
     rows = sink.builder.take()["dead_letters"].to_pylist()
     assert len(rows) == 1 and rows[0]["reason"] and rows[0]["raw"] == value
 
@@ -677,11 +676,11 @@ def test_dead_letter_topic_decoding_never_fails(value, headers):
     )
 )
 def test_notifier_decoding_handles_or_rejects_with_a_reason(raw):
-    event = decode_warning(FakeRaw(raw))
-    if "_invalid" in event:
-        assert isinstance(event["_invalid"], str) and event["_invalid"].strip()
+    try:
+        event = decode_warning(FakeRaw(raw))
+    except SkippedMessageError as exc:  # skipped, counted as invalid, with a reason
+        assert str(exc).strip()
         return
-    event = {k: v for k, v in event.items() if not k.startswith("_")}
     Ledger().admit(event, at=1.0, partition=0)
     for payload in (
         webhook_payload(event, "http://d"),

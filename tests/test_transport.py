@@ -63,7 +63,8 @@ def test_sink_delivers_start_metrics_end_in_order(kafka_settings):
         assert mine[-1]["kind"] == "end" and mine[-1]["last_seq"] == 51
         assert mine[-1]["status"] == "closed"  # nobody said how the run ended
         assert [m["step"] for m in mine[1:-1]] == list(range(0, 500, 10))
-        assert len({m["_partition"] for m in mine}) == 1
+        mine_at = [c for c in collector.consumed if c.message["run_id"] == run]
+        assert len({c.partition for c in mine_at}) == 1
     assert sink.delivered == 104 and sink.spooled == 0
 
 
@@ -278,13 +279,13 @@ def test_consumer_rereads_a_partition_it_read_past(kafka_settings):
     deadline = time.monotonic() + 30
     while len(got) < 2 and time.monotonic() < deadline:
         got += consumer.poll_batch(max_messages=1, timeout=0.5)
-    assert [m["seq"] for m in got] == [0, 1]
-    partition = got[0]["_partition"]
+    assert [c.message["seq"] for c in got] == [0, 1]
+    partition = got[0].partition
     consumer._consumer.seek(
-        TopicPartition(kafka_settings.metrics_topic, partition, got[1]["_offset"] + 2)
+        TopicPartition(kafka_settings.metrics_topic, partition, got[1].offset + 2)
     )  # skip seq 2
     while len(got) < 6 and time.monotonic() < deadline:
         got += consumer.poll_batch(max_messages=10, timeout=0.5)
     consumer.close()
-    assert sorted(m["seq"] for m in got) == list(range(6))
+    assert sorted(c.message["seq"] for c in got) == list(range(6))
     assert consumer.rereads >= 1

@@ -284,7 +284,7 @@ def test_a_gap_after_a_broker_restart_is_not_searched_for_at_the_old_logs_offset
     def consume_until(count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and len(got) < count:
-            got.extend(m["seq"] for m in consumer.poll_batch(500, timeout=0.2))
+            got.extend(c.message["seq"] for c in consumer.poll_batch(500, timeout=0.2))
             consumer.commit()
 
     try:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .envelope import Consumed, SkippedMessageError
 from .settings import RDKAFKA_LOG, KafkaSettings
 from .topics import ensure_topics
 from .wire import WireError, decode, stream_of
@@ -106,8 +107,9 @@ class Deduplicator:
 class MetricsConsumer:
     """A consumer-group member of the metrics topic (or ``topics``).
 
-    ``decoders`` maps other topics to their own decoder (raw Kafka message → dict, or
-    :class:`WireError`): their messages skip the seq bookkeeping and come out with ``_topic``.
+    ``decoders`` maps other topics to their own decoder (raw Kafka message → dict; raises
+    :class:`WireError` to dead-letter, ``envelope.SkippedMessageError`` to skip): their
+    messages skip the seq bookkeeping. Every message comes out in its envelope (``Consumed``).
     ``on_assign(consumer, partitions)`` runs after each assignment, ``on_revoke(consumer,
     partitions, lost)`` before partitions go to another member (``lost``: they already have).
     ``on_rewind(found)`` is called after a rewind with the (partition, committed offset) pairs
@@ -202,8 +204,8 @@ class MetricsConsumer:
         if err.name() in ("_ALL_BROKERS_DOWN", "_TRANSPORT"):
             self._rewind = True
 
-    def poll_batch(self, max_messages: int = 500, timeout: float = 1.0) -> list[dict[str, Any]]:
-        """Valid, first-seen messages (each with ``_partition`` and ``_offset``)."""
+    def poll_batch(self, max_messages: int = 500, timeout: float = 1.0) -> list[Consumed]:
+        """Valid, first-seen messages, each in its envelope (:class:`Consumed`)."""
         if self._rewind:
             self._rewind_to_committed()
         out = []
@@ -213,19 +215,20 @@ class MetricsConsumer:
                     log.debug("foreshock consumer: %s", raw.error())
                 continue
             decoder = self.decoders.get(raw.topic())
+            where = (raw.topic(), raw.partition(), raw.offset(), _broker_time(raw))
             try:
                 message = decoder(raw) if decoder else decode(raw.value())
             except WireError as exc:
                 self.dead_letter(raw, str(exc))
                 continue
+            except SkippedMessageError as exc:
+                out.append(Consumed({}, *where, invalid=str(exc)))
+                continue
             if decoder:
-                message["_topic"], message["_partition"] = raw.topic(), raw.partition()
-                message["_offset"] = raw.offset()
-                out.append(message)
+                out.append(Consumed(message, *where))
             elif self.dedup.admit(message):
-                message["_partition"], message["_offset"] = raw.partition(), raw.offset()
-                out.append(message)
-                self._track_gap(message, raw.topic())
+                out.append(Consumed(message, *where))
+                self._track_gap(message, raw.topic(), raw.partition(), raw.offset())
                 if message["kind"] == "start":
                     self._claims[stream_of(message)] = _claim(message)
             elif message["kind"] == "start":
@@ -247,14 +250,14 @@ class MetricsConsumer:
                 "the second one's messages are dropped as duplicates",
             )
 
-    def _track_gap(self, message: dict[str, Any], topic: str) -> None:
+    def _track_gap(self, message: dict[str, Any], topic: str, partition: int, offset: int) -> None:
         """Remember where each stream was last contiguous, and since when it has a gap."""
         stream = stream_of(message)
         if self.dedup.has_gap(stream):
             self._gaps.setdefault(stream, [time.monotonic(), 0])
         else:
             self._gaps.pop(stream, None)
-            self._anchor[stream] = (topic, message["_partition"], message["_offset"])
+            self._anchor[stream] = (topic, partition, offset)
 
     def _reread_gaps(self) -> None:
         """Seek back to re-read a partition whose stream kept a gap for ``gap_wait`` seconds.
@@ -361,3 +364,9 @@ def _claim(start: dict[str, Any]) -> tuple[str, Any]:
     """Who sent a ``start``: its producer (host, pid) and time; a redelivery is identical."""
     producer = start.get("producer") or {}
     return f"{producer.get('host', '?')}:{producer.get('pid', '?')}", start.get("time")
+
+
+def _broker_time(raw: Any) -> float | None:
+    """The message's broker (or producer) timestamp in seconds; None where it has none."""
+    kind, ms = raw.timestamp()
+    return ms / 1000 if kind and ms > 0 else None
