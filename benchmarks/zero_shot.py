@@ -58,6 +58,7 @@ GROUPS = {
     "mixtral+h192": RECORDED_DIR / "mixtral+h192",  # another size: held out with every Mixtral
     "llama": RECORDED_DIR / "llama",
     "deepseek-v3": RECORDED_DIR / "deepseek-v3",
+    "qwen3-moe": RECORDED_DIR / "qwen3-moe",  # QK-norm; every run held out (none calibrates)
 }
 SCENARIOS = ("healthy", "fa-lowprec", "lr-high")
 PROFILE_FILE = Path(__file__).parents[1] / "detectors" / "calibrated" / "zero-shot.json"
