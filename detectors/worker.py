@@ -34,11 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import as_config
+from foreshock.transport.service_loop import run_service
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
@@ -185,25 +185,28 @@ class DetectorWorker:
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         """Consume until ``stop`` is set (or ``idle_exit`` seconds pass with nothing new)."""
-        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
-        while not stop.is_set():
-            trimmer.maybe_trim()
-            self.refresh()
-            t0 = time.perf_counter()
-            batch = self.consumer.poll_batch(1000, timeout=0.5)
-            t1 = time.perf_counter()
-            for consumed in batch:
-                self.warnings += self.process(consumed)
-            t2 = time.perf_counter()
-            if batch:
-                self.checkpoint.commit()
-                idle_since = time.monotonic()
-                self.seconds["consume+decode"] += t1 - t0
-                self.seconds["detect"] += t2 - t1
-                self.seconds["produce+commit"] += time.perf_counter() - t2
-            elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
-                break
-            self._report()
+        run_service(self, stop, idle_exit)
+
+    def turn(self) -> bool:
+        """One batch: detect, emit, commit (:func:`~foreshock.transport.service_loop.
+        run_service` turns it); True when a message came."""
+        self.refresh()
+        t0 = time.perf_counter()
+        batch = self.consumer.poll_batch(1000, timeout=0.5)
+        t1 = time.perf_counter()
+        for consumed in batch:
+            self.warnings += self.process(consumed)
+        t2 = time.perf_counter()
+        if batch:
+            self.checkpoint.commit()
+            self.seconds["consume+decode"] += t1 - t0
+            self.seconds["detect"] += t2 - t1
+            self.seconds["produce+commit"] += time.perf_counter() - t2
+        self._report()
+        return bool(batch)
+
+    def close(self) -> None:
+        """Commit what is emitted, report, release the consumer and the metrics server."""
         self.checkpoint.commit(final=True)
         self._report(final=True)
         self.consumer.close()

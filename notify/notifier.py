@@ -72,6 +72,7 @@ from typing import Any
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed, SkippedMessageError
+from foreshock.transport.service_loop import run_service
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import ACTIONS, decode
@@ -407,21 +408,18 @@ class Notifier:
         On the way out each courier gets ``drain`` s to try what it holds once; what is left
         stays uncommitted, for the next notifier.
         """
-        idle_since = time.monotonic()
-        try:
-            while not stop.is_set():
-                batch = self.consumer.poll_batch(self.config.batch, timeout=0.5)
-                for consumed in batch:
-                    self.handle(consumed)
-                self.commit()
-                if batch:
-                    idle_since = time.monotonic()
-                elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
-                    break
-                if self.refresh and time.monotonic() - self._refreshed >= self.refresh:
-                    self.refresh_open()
-        finally:
-            self.close()
+        run_service(self, stop, idle_exit)
+
+    def turn(self) -> bool:
+        """One batch: queue it for the couriers, commit what they settled, re-post the open
+        warnings when due; True when a message came."""
+        batch = self.consumer.poll_batch(self.config.batch, timeout=0.5)
+        for consumed in batch:
+            self.handle(consumed)
+        self.commit()
+        if self.refresh and time.monotonic() - self._refreshed >= self.refresh:
+            self.refresh_open()
+        return bool(batch)
 
     def close(self) -> None:
         """Stop the couriers (``drain`` s, one try each), commit what they settled, leave."""

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foreshock.memory import MemoryTrimmer
 from foreshock.transport.checkpoint import Checkpoint
 from foreshock.transport.consumer import Deduplicator, MetricsConsumer
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import ServiceRefusedError, ServiceUnavailableError, as_config
+from foreshock.transport.service_loop import StopServiceError, run_service
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.warning import decode
@@ -458,22 +458,22 @@ class StorageSink:
 
         thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
         thread.start()
-        idle_since, trimmer = time.monotonic(), MemoryTrimmer()
         try:
-            while not stop.is_set():
-                trimmer.maybe_trim()
-                if self.step():
-                    idle_since = time.monotonic()
-                elif idle_exit is not None and self.consumer.idle(idle_exit, idle_since):
-                    break
-        except _StoppedError:  # told to stop while the store failed: leave it to the broker
-            log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
-            self.builder.take()
-            self.held.drop()
+            run_service(self, stop, idle_exit)
         finally:
             stop_maintenance.set()
             thread.join()
-            self.close()
+
+    def turn(self) -> bool:
+        """One loop (:meth:`step`) for :func:`~foreshock.transport.service_loop.run_service`;
+        told to stop while the store fails, it leaves what is uncommitted to the broker."""
+        try:
+            return self.step() > 0
+        except _StoppedError:
+            log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
+            self.builder.take()
+            self.held.drop()
+            raise StopServiceError from None
 
     def close(self) -> None:
         try:
