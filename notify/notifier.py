@@ -285,7 +285,7 @@ class Notifier:
                 with self._lock:
                     self._handled[partition] = max(self._handled.get(partition, 0), offset + 1)
 
-    def _handle(self, consumed: Consumed, partition: int | None, offset: int) -> None:
+    def _handle(self, consumed: Consumed, partition: int, offset: int) -> None:
         history = self.cursor.history(partition, offset)  # sent (or given up on) before
         if consumed.invalid is not None:
             self._count("invalid")
@@ -325,7 +325,7 @@ class Notifier:
                 self._count("failed")
         self._dispatch(jobs, partition, offset)
 
-    def _dispatch(self, jobs: list[tuple[Target, Job]], partition: int | None, offset: int) -> None:
+    def _dispatch(self, jobs: list[tuple[Target, Job]], partition: int, offset: int) -> None:
         """Queue ``jobs``; the message's offset stays uncommitted until all are settled."""
         if partition is not None and jobs:
             with self._lock:
@@ -334,7 +334,7 @@ class Notifier:
             job.done = self._settler(job.done, partition, offset)
             self.couriers[target].submit(job)
 
-    def _settler(self, inner: Any, partition: int | None, offset: int) -> Any:
+    def _settler(self, inner: Any, partition: int, offset: int) -> Any:
         def settle(delivered: bool, answer: Any) -> None:
             if inner is not None:
                 inner(delivered, answer)

@@ -136,7 +136,7 @@ class Target:
         return Target(
             self.kind,
             self.url,
-            {**headers, **dict(self.headers)},
+            tuple({**headers, **dict(self.headers)}.items()),
             self.secret if self.secret is not None else secret,
         )
 
@@ -187,7 +187,7 @@ def _receivers(section: dict[str, Any], env: Mapping[str, str], path: Any) -> li
                 Target(
                     str(entry["kind"]),
                     _value(entry["url"], env, f"url in {where}"),
-                    headers,
+                    tuple(headers.items()),
                     None if secret is None else _value(secret, env, f"secret in {where}"),
                 )
             )

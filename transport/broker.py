@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .settings import RDKAFKA_LOG
 
@@ -78,13 +79,12 @@ def _answers(host: str, port: int, timeout: float) -> bool:
     """True when the broker completes a Kafka metadata round trip, not just a TCP accept."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(
-        {
-            "bootstrap.servers": f"{host}:{port}",
-            "socket.timeout.ms": 1000,
-            "logger": RDKAFKA_LOG,
-        }
-    )
+    config: dict[str, Any] = {
+        "bootstrap.servers": f"{host}:{port}",
+        "socket.timeout.ms": 1000,
+        "logger": RDKAFKA_LOG,
+    }
+    admin = AdminClient(config)
     try:
         admin.list_topics(timeout=timeout)
         return True
@@ -170,7 +170,8 @@ class EmbeddedBroker:
 
     def memory_mb(self) -> float:
         """Tansu's resident memory (MB); 0.0 when it is not running."""
-        return rss_mb(self.process.pid) if self.running else 0.0
+        process = self.process
+        return rss_mb(process.pid) if process is not None and process.poll() is None else 0.0
 
     def recycle_if_over(self) -> bool:
         """Restart the broker empty, on the same port, if its RSS passed ``max_memory_mb``.

@@ -65,7 +65,7 @@ class ReplayCursor:
             else:
                 self._resume.pop(partition, None)
 
-    def history(self, partition: int | None, offset: int) -> bool:
+    def history(self, partition: int, offset: int) -> bool:
         """Is this message history (below the committed offset)? Reaching the offset before
         the mark — or passing it — ends that partition's replay."""
         resume = self._resume.get(partition, 0)

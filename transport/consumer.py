@@ -210,12 +210,15 @@ class MetricsConsumer:
             self._rewind_to_committed()
         out = []
         for raw in self._consumer.consume(max_messages, timeout):
-            if raw.error():
-                if raw.error().name() not in ("_PARTITION_EOF",):
-                    log.debug("foreshock consumer: %s", raw.error())
+            error = raw.error()
+            if error is not None:
+                if error.name() not in ("_PARTITION_EOF",):
+                    log.debug("foreshock consumer: %s", error)
                 continue
-            decoder = self.decoders.get(raw.topic())
-            where = (raw.topic(), raw.partition(), raw.offset(), _broker_time(raw))
+            # a consumed message always has all three (None only on a producer's message)
+            topic, partition, offset = str(raw.topic()), raw.partition() or 0, raw.offset() or 0
+            decoder = self.decoders.get(topic)
+            where = (topic, partition, offset, _broker_time(raw))
             try:
                 message = decoder(raw) if decoder else decode(raw.value())
             except WireError as exc:
@@ -228,7 +231,7 @@ class MetricsConsumer:
                 out.append(Consumed(message, *where))
             elif self.dedup.admit(message):
                 out.append(Consumed(message, *where))
-                self._track_gap(message, raw.topic(), raw.partition(), raw.offset())
+                self._track_gap(message, topic, partition, offset)
                 if message["kind"] == "start":
                     self._claims[stream_of(message)] = _claim(message)
             elif message["kind"] == "start":

@@ -89,7 +89,7 @@ def serve(
     stop, delay = stop_on_signals(), 1.0
     while True:
         try:
-            service = service(load_settings(args.config), config)
+            running = service(load_settings(args.config), config)
             break
         except (MetricsPortError, ServiceRefusedError) as exc:
             print(f"foreshock {name}: {exc}", file=sys.stderr)
@@ -100,12 +100,12 @@ def serve(
                 print(f"foreshock {name}: stopped before it could start", flush=True)
                 return 0
             delay = min(delay * 2, 30.0)
-    print(f"foreshock {name}: {started(service)}", flush=True)
-    telemetry = getattr(service, "telemetry", None)
+    print(f"foreshock {name}: {started(running)}", flush=True)
+    telemetry = getattr(running, "telemetry", None)
     if telemetry is not None:
         print(f"foreshock {name}: metrics at {telemetry.url}", flush=True)
-    service.run(stop, idle_exit=args.idle_exit)
-    print(f"foreshock {name}: {finished(service)}", flush=True)
+    running.run(stop, idle_exit=args.idle_exit)
+    print(f"foreshock {name}: {finished(running)}", flush=True)
     return 0
 
 
