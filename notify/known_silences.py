@@ -8,7 +8,7 @@ muting that module's alerts — real warnings of later runs included — for the
 
 Alertmanager is where the silences live, so it is where their ids are read back: one
 ``GET <am>/api/v2/silences`` per Alertmanager at start. A silence is this notifier's when its
-comment is the one :func:`~foreshock.notify.delivery.alertmanager_silence` writes
+comment is the one :func:`~foreshock.notify.payloads.alertmanager_silence` writes
 (``"<acknowledged|silenced> in foreshock: warning <id>…"``); expired ones are ignored. No file
 or topic holds the ids, so a notifier moved to another host finds them too.
 """

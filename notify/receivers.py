@@ -23,15 +23,9 @@ from urllib.parse import quote
 from foreshock.transport.warning import ACTIONS
 
 from .courier import Job
-from .delivery import (
-    Target,
-    alertmanager_alert,
-    alertmanager_silence,
-    encode,
-    slack_payload,
-    webhook_payload,
-)
+from .delivery import Target, encode
 from .known_silences import read_silences
+from .payloads import alertmanager_alert, alertmanager_silence, slack_payload, webhook_payload
 
 __all__ = ["RECEIVERS", "AlertmanagerReceiver", "PostReceiver", "Receiver", "receiver_for"]
 

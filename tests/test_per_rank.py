@@ -274,7 +274,7 @@ def test_a_segment_store_without_warning_ranks_migrates(tmp_path):
 
 
 def test_a_ranks_warning_is_its_own_alert_and_names_its_rank() -> None:
-    from foreshock.notify.delivery import alertmanager_alert, slack_payload, summary
+    from foreshock.notify.payloads import alertmanager_alert, slack_payload, summary
 
     event = {
         "id": "a1",
