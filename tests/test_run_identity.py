@@ -267,7 +267,7 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     for record in records[:cut]:
         first.write({**record, "run_id": "restarted"})
     assert first.wait_delivered(30)
-    first._closing.set()  # dies: no end message (what a SIGKILL leaves)
+    first._sender.closing.set()  # dies: no end message (what a SIGKILL leaves)
     second = KafkaSink(kafka_settings, name="second", confirm_group=None)
     second.write({**run.start, "run_id": "restarted"})
     for record in [*records[cut - 10 :]]:
