@@ -80,85 +80,14 @@ from foreshock.transport.wire import WireError
 
 from .courier import Courier, Job
 from .delivery import Target
+from .ledger import Ledger
 from .receivers import Receiver, receiver_for
 
-__all__ = ["DEFAULT_DASHBOARD", "Ledger", "Notifier", "NotifyConfig", "decode_warning"]
+__all__ = ["DEFAULT_DASHBOARD", "Notifier", "NotifyConfig", "decode_warning"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8501"
-
-
-class Ledger:
-    """Which events went out: open warnings (event and start time), resolved ids, updates, and
-    people's acknowledgements and silences.
-
-    >>> ledger = Ledger()
-    >>> a = {"id": "a", "event": "opened"}
-    >>> [ledger.admit(e, at=1.0) for e in (a, a, {"id": "a", "event": "updated",
-    ...     "divergence_step": 9}, {"id": "a", "event": "cleared"}, {"id": "a", "event": "cleared"},
-    ...     a)]
-    [True, False, True, True, False, False]
-    >>> ledger.open, ledger.cleared
-    ({}, {'a'})
-    >>> ledger.admit({"id": "b", "event": "cleared"}, at=2.0)  # its opening predates retention
-    True
-    >>> ack = {"id": "c", "event": "acknowledged", "evidence": {"action_id": "x1", "by": "ana"}}
-    >>> ledger.admit(ack, at=3.0), ledger.admit(ack, at=3.0), sorted(ledger.acked)
-    (True, False, ['c'])
-    """
-
-    def __init__(self) -> None:
-        self.open: dict[str, tuple[dict[str, Any], float, int | None]] = {}  # event, at, partition
-        self.cleared: set[str] = set()
-        self.updated: dict[str, Any] = {}  # id -> divergence step last sent
-        self.acked: dict[str, dict[str, Any]] = {}  # id -> its latest acknowledgement
-        self.silenced: dict[str, dict[str, Any]] = {}  # id -> its latest silence
-        self.actions: set[str] = set()  # action ids seen
-
-    def admit(self, event: dict[str, Any], at: float, partition: int | None = None) -> bool:
-        """True the first time ``event`` should go out (and remember it); False for a repeat."""
-        wid, kind = event["id"], event["event"]
-        if kind == "opened":
-            if wid in self.open or wid in self.cleared:
-                return False
-            self.open[wid] = (event, at, partition)
-            return True
-        if kind == "cleared":
-            if wid in self.cleared:
-                return False
-            self.open.pop(wid, None)
-            self.acked.pop(wid, None)
-            self.silenced.pop(wid, None)
-            self.cleared.add(wid)
-            return True
-        if kind == "updated":
-            if wid in self.updated and self.updated[wid] == event.get("divergence_step"):
-                return False
-            self.updated[wid] = event.get("divergence_step")
-            if wid in self.open:
-                _, started, where = self.open[wid]
-                self.open[wid] = (event, started, where)
-            return True
-        if kind in ACTIONS:
-            evidence = event.get("evidence")
-            action = str(evidence.get("action_id") if isinstance(evidence, dict) else None)
-            if action in self.actions or wid in self.cleared:
-                return False
-            self.actions.add(action)
-            (self.acked if kind == "acknowledged" else self.silenced)[wid] = event
-            return True
-        return False
-
-    def started(self, wid: str) -> float | None:
-        """When the open warning ``wid`` opened (epoch seconds), if it is open."""
-        entry = self.open.get(wid)
-        return None if entry is None else entry[1]
-
-    def muted(self, wid: str, now: float) -> bool:
-        """Is ``wid`` silenced at ``now``?"""
-        until = (self.silenced.get(wid, {}).get("evidence") or {}).get("until")
-        return isinstance(until, int | float) and until > now
 
 
 def decode_warning(raw: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ same order of collectives:
 
 FSDP1 (``FullyShardedDataParallel``: Lightning's ``FSDPStrategy``) holds no DTensors: its
 parameters are views into each rank's shard of a flat parameter outside forward. There every
-rank enters ``whole_parameters`` around its whole measurement (``summon_full_params``, an
+rank enters ``fsdp1.whole_parameters`` around its whole measurement (``summon_full_params``, an
 all-gather, on every rank in the same order), so the specs read whole plain tensors and step 2
 gathers nothing.
 
@@ -33,7 +33,6 @@ and refuses what only the group could read.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -41,7 +40,6 @@ import logging
 import pickle
 import time
 from collections import Counter
-from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
@@ -49,9 +47,9 @@ import torch
 from torch import nn
 
 from .layouts import TENSOR_FIELDS, AttentionSpec
-from .sharding import PlainShard, is_dtensor, local_values, megatron_replicas, plain_shard
+from .sharding import PlainShard, is_dtensor, local_values, plain_shard
 
-__all__ = ["Peers", "gathers_of", "square_sum", "whole_parameters"]
+__all__ = ["Peers", "gathers_of"]
 
 log = logging.getLogger("foreshock.monitor")
 
@@ -203,51 +201,6 @@ class Peers:
             return None
         self.bytes_received += (shard.size - 1) * local.numel() * local.element_size()
         return torch.cat(buffers, dim=shard.dim)
-
-
-def fsdp1_roots(modules: list[nn.Module]) -> list[nn.Module]:
-    """The outermost FSDP1 instances in ``modules`` and their submodules, in module order."""
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # torch without distributed support
-        return []
-    found: list[nn.Module] = []
-    inside: set[int] = set()
-    for top in modules:
-        for module in top.modules():
-            if isinstance(module, FullyShardedDataParallel) and id(module) not in inside:
-                found.append(module)
-                inside.update(id(m) for m in module.modules())
-    return found
-
-
-@contextlib.contextmanager
-def whole_parameters(
-    model: nn.Module, roots: list[nn.Module] | tuple[nn.Module, ...] = ()
-) -> Iterator[None]:
-    """Every FSDP1 parameter of ``model`` whole while inside (its ``roots``, the FSDP1 wrappers
-    around it, first); nothing to do for any other model.
-
-    Why: FSDP1 keeps each rank's shard of a flat parameter; outside forward the model's
-    parameters are views into that shard (1-D pieces, or empty). ``summon_full_params`` makes
-    them the whole tensors, the same ``Parameter`` objects (``use_orig_params=True``, Lightning's
-    default), with their whole gradients; ``writeback=False``: measuring never changes the model.
-    It is a collective: every rank enters it, in the same order. An instance not yet lazily
-    initialised is entered only when it is a root given here: entering a nested instance first
-    would make it a root and break the training's own first forward."""
-    wrappers = fsdp1_roots([*roots, model])
-    given = {id(r) for r in roots}
-    with contextlib.ExitStack() as stack:
-        for fsdp in wrappers:
-            if fsdp._is_root is None and id(fsdp) not in given and fsdp is not model:
-                log.warning("foreshock: FSDP1 wrapper not initialised yet: left sharded")
-                continue
-            stack.enter_context(
-                type(fsdp).summon_full_params(
-                    fsdp, writeback=False, with_grads=bool(fsdp._use_orig_params)
-                )
-            )
-        yield
 
 
 def _plan_digest(plan: list[tuple[str, int]]) -> int:
@@ -433,50 +386,3 @@ def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | No
     if buffers is None:
         return None
     return torch.cat([b.narrow(dim, 0, n) for b, n in zip(buffers, sizes, strict=True)], dim)
-
-
-def _replicas(tensor: torch.Tensor, holders: int) -> int:
-    """On how many ranks the same local values sit, given how many ranks hold a parameter of
-    this name (``holders``: every rank under DDP, FSDP or tensor parallel; a stage's ranks
-    under pipeline parallelism). A DTensor: its mesh's replicated dimensions, times the
-    holders outside its mesh (FSDP over tensor parallel: a parameter sharded on the
-    data-parallel sub-mesh alone is held alike by every tensor-parallel peer). A Megatron
-    parameter: as its attributes and groups say (``sharding.megatron_replicas``: a
-    tensor-parallel partition or an expert's own parameter counts once). Any other plain
-    tensor: replicated on every holder (DDP, tensor parallel's unsharded parameters, a
-    pipeline stage's data-parallel replicas). Alone (``holders`` 1): once."""
-    if holders == 1:
-        return 1
-    if not is_dtensor(tensor):
-        return megatron_replicas(tensor) or holders
-    mesh = tensor.device_mesh
-    replicas = max(holders // mesh.size(), 1)
-    for dim, placement in enumerate(tensor.placements):
-        if placement.is_replicate():
-            replicas *= mesh.size(dim)
-    return replicas
-
-
-def square_sum(
-    tensors: list[torch.Tensor], holders: list[int], params: list[torch.Tensor] | None = None
-) -> torch.Tensor | None:
-    """This rank's share of Σ‖t‖² (float32): its local values divided by their replica count,
-    so that the sum of every rank's share is the global sum of squares, each value once.
-    ``holders``: per tensor, how many ranks hold its parameter (``_replicas``). ``params``:
-    the parameters the tensors belong to (a gradient or a detached copy does not carry
-    Megatron's partition attributes); default the tensors themselves."""
-    if not tensors:
-        return None
-    local = [local_values(t) for t in tensors]
-    layouts = tensors if params is None else params
-    weights = [1.0 / _replicas(t, n) for t, n in zip(layouts, holders, strict=True)]
-    device = local[0].device
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(local):
-        by_device.setdefault(t.device, []).append(i)
-    total = torch.zeros((), device=device, dtype=torch.float32)
-    for indices in by_device.values():
-        norms = torch._foreach_norm([local[i] for i in indices], 2, dtype=torch.float32)
-        w = torch.tensor([weights[i] for i in indices], device=norms[0].device)
-        total = total + (torch.stack(norms).square() * w).sum().to(device)
-    return total

@@ -17,8 +17,9 @@ import torch
 
 from foreshock.transport.records import parse_series_key, series_key
 
-from .collective import Peers, square_sum
+from .collective import Peers
 from .layouts import AttentionSpec, RouterSpec
+from .norm_shares import square_sum
 from .partials import RankPart
 
 __all__ = ["holders_of", "owned_by_me", "sort_values", "symptom_chunk", "to_host"]

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from foreshock.detectors.config import DEFAULT_RULES, DetectorConfig
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.ordering import SeqOrderer
-from foreshock.notify.notifier import Ledger, decode_warning
+from foreshock.notify.ledger import Ledger
+from foreshock.notify.notifier import decode_warning
 from foreshock.notify.payloads import alertmanager_alert, slack_payload, webhook_payload
 from foreshock.storage import queries
 from foreshock.storage.attempts import AttemptTracker

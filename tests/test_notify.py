@@ -21,8 +21,8 @@ from _kafka import service_env
 from confluent_kafka import Producer
 
 from foreshock.cli import main
-from foreshock.detectors.engine import alert_id
-from foreshock.notify import notifier, payloads, signing, targets
+from foreshock.detectors.warning_facts import alert_id
+from foreshock.notify import ledger, payloads, signing, targets
 from foreshock.notify.courier import Courier, Job
 from foreshock.notify.delivery import Target
 from foreshock.notify.notifier import Notifier, NotifyConfig
@@ -435,7 +435,7 @@ def test_a_courier_never_blocks_bounds_its_queue_and_leaves_what_it_could_not_se
         receiver.close()
 
 
-@pytest.mark.parametrize("module", [payloads, notifier, targets, signing])
+@pytest.mark.parametrize("module", [payloads, ledger, targets, signing])
 def test_payload_builders_and_ledger_examples(module) -> None:
     result = doctest.testmod(module)
     assert result.attempted > 3 and result.failed == 0

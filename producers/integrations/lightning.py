@@ -33,7 +33,7 @@ Monitor and measures with its peers (``producers.collective``). ``ModelParallelS
 wraps the LightningModule from outside in a root whose flat shards the module's parameters
 view: the callback hands that root (``trainer.strategy.model``) to the Monitor's peers, and
 discovery and each monitoring step read the parameters whole inside ``summon_full_params``
-(``collective.whole_parameters``; ``use_orig_params=True``, Lightning's default). Series of
+(``fsdp1.whole_parameters``; ``use_orig_params=True``, Lightning's default). Series of
 an FSDP1-wrapped block carry its ``_fsdp_wrapped_module`` in their module names.
 
 The trackers (``trackers=True``): at every monitoring step foreshock's scalars
@@ -251,7 +251,7 @@ def _outer_wrappers(trainer: Any, pl_module: Any) -> list[Any]:
 
 
 def _whole_parameters(pl_module: Any, wrappers: list[Any]) -> contextlib.ExitStack:
-    """``collective.whole_parameters`` under a process group (FSDP1 keeps flat shards outside
+    """``fsdp1.whole_parameters`` under a process group (FSDP1 keeps flat shards outside
     forward; summoning them is a collective every rank enters from ``on_fit_start``). A
     failure to enter is logged, never raised: the Monitor then sees the shards."""
     import torch
@@ -261,7 +261,7 @@ def _whole_parameters(pl_module: Any, wrappers: list[Any]) -> contextlib.ExitSta
     if not (wrappers and dist.is_available() and dist.is_initialized()):
         return stack
     try:
-        from foreshock.producers.collective import whole_parameters
+        from foreshock.producers.fsdp1 import whole_parameters
 
         stack.enter_context(whole_parameters(pl_module, wrappers))
     except Exception:
