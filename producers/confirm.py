@@ -1,13 +1,15 @@
-"""Closing: which recent messages the storage sink's consumer group has not yet stored.
+"""The recent acknowledged messages, and at close which of them the storage sink has stored.
 
 Why: an acknowledgement is not storage (the embedded broker keeps messages in memory and
 forgets them when it restarts), but the storage sink commits its group's offsets only past
-what it stored durably. So a closing producer waits, up to ``timeout`` s, until that group has
-committed past every message of its recent window, and spools the rest.
+what it stored durably. So a producer keeps a window of its recent acknowledged messages
+(:class:`RecentWindow`: re-sent whole to a broker found restarted), and at close waits, up to
+``timeout`` s, until that group has committed past every message of it, and spools the rest.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -15,9 +17,27 @@ from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 
 from .spool import SpooledMessage
 
-__all__ = ["unconfirmed"]
+__all__ = ["RecentWindow", "unconfirmed"]
 
 Sent = tuple[SpooledMessage, int, int]  # a message with its (partition, offset)
+
+
+class RecentWindow:
+    """The last acknowledged messages with their (partition, offset), up to ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.size = max_bytes, 0
+        self.items: collections.deque[tuple[SpooledMessage, int, int]] = collections.deque()
+
+    def add(self, item: SpooledMessage, partition: int, offset: int) -> None:
+        self.items.append((item, partition, offset))
+        self.size += len(item.value)
+        while self.size > self.max_bytes and self.items:
+            self.size -= len(self.items.popleft()[0].value)
+
+    def take(self) -> list[SpooledMessage]:
+        items, self.items, self.size = [i for i, _, _ in self.items], collections.deque(), 0
+        return items
 
 
 def unconfirmed(

@@ -18,7 +18,6 @@ counted and the next turn goes on.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
@@ -31,14 +30,14 @@ from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import MAX_MESSAGE_BYTES
 
-from .confirm import unconfirmed
+from .confirm import RecentWindow, unconfirmed
 from .rejects import Rejects
 from .sink_encoding import RECORD_OVERHEAD, Encoder
 from .sink_spool import SinkSpool
 from .spool import MemorySpool, Spool, SpooledMessage
 from .stranded import strand
 
-__all__ = ["PRODUCER_DEFAULTS", "RecentWindow", "Sender", "client_max_bytes"]
+__all__ = ["PRODUCER_DEFAULTS", "Sender", "client_max_bytes"]
 
 log = logging.getLogger("foreshock.producers.kafka_sink")
 
@@ -60,24 +59,6 @@ _DOWN = {"_ALL_BROKERS_DOWN", "_TRANSPORT", "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_
 # delivery errors about the message itself: sending it again fails again
 _REFUSED = {"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD"}
 _BATCH = 500  # spooled messages re-sent, then committed, at a time
-
-
-class RecentWindow:
-    """The last acknowledged messages with their (partition, offset), up to ``max_bytes``."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes, self.size = max_bytes, 0
-        self.items: collections.deque[tuple[SpooledMessage, int, int]] = collections.deque()
-
-    def add(self, item: SpooledMessage, partition: int, offset: int) -> None:
-        self.items.append((item, partition, offset))
-        self.size += len(item.value)
-        while self.size > self.max_bytes and self.items:
-            self.size -= len(self.items.popleft()[0].value)
-
-    def take(self) -> list[SpooledMessage]:
-        items, self.items, self.size = [i for i, _, _ in self.items], collections.deque(), 0
-        return items
 
 
 class Sender:
