@@ -4,7 +4,7 @@
 # through the editable install's import hook: a temporary tree of links gives it those names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOMS=(transport notify)
+ROOMS=(transport notify storage)
 root=$PWD
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT

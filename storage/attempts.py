@@ -55,7 +55,8 @@ class AttemptTracker:
                 continue
             if restart_of(other) != restart_of(attempt):  # one resumed the other's checkpoint
                 continue
-            pair = (*key, *sorted((attempt, other)))
+            low, high = sorted((attempt, other))
+            pair = (key[0], key[1], low, high)
             if pair not in self._reported:
                 self._reported.add(pair)
                 return (

@@ -103,13 +103,16 @@ class FileCache:
                 total -= size
 
 
+def _default_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "foreshock" / "store-files"
+
+
 def default_cache() -> FileCache | None:
     """The cache the environment asks for (see the module docstring); None when ``off``."""
-    folder = os.environ.get("FORESHOCK_READ_CACHE", "")
-    if folder.lower() == "off":
+    asked = os.environ.get("FORESHOCK_READ_CACHE", "")
+    if asked.lower() == "off":
         return None
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        folder = Path(base) / "foreshock" / "store-files"
+    folder = Path(asked) if asked else _default_folder()
     gigabytes = float(os.environ.get("FORESHOCK_READ_CACHE_GB", DEFAULT_GB))
     return FileCache(folder, int(gigabytes * 2**30))

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from foreshock.transport.wire import RUN_ID_PATTERN
 
 from . import queries
+from .location import StoreLocation
 from .reader import open_history
 from .schema import TABLES
 from .store import DeltaStore
@@ -25,7 +26,7 @@ from .store import DeltaStore
 __all__ = ["export_query", "export_run", "old_runs", "prune"]
 
 
-def old_runs(root: str | Path, days: float, now: float | None = None) -> list[str]:
+def old_runs(root: str | Path | StoreLocation, days: float, now: float | None = None) -> list[str]:
     cutoff = (time.time() if now is None else now) - days * 86400
     with open_history(root) as history:
         return queries.idle_runs(history, cutoff)

@@ -79,6 +79,10 @@ class BatchBuilder:
     """
 
     def __init__(self) -> None:
+        self._columns: dict[str, dict[str, list[Any]]] = {}
+        self._clear()
+
+    def _clear(self) -> None:
         self._columns = {t: {f: [] for f in schema.names} for t, schema in TABLES.items()}
         self.values = 0
 
@@ -205,7 +209,7 @@ class BatchBuilder:
 
     def take(self) -> dict[str, pa.Table]:
         tables = {t: pa.table(cols, schema=TABLES[t]) for t, cols in self._columns.items()}
-        self.__init__()
+        self._clear()
         return tables
 
 

@@ -139,7 +139,8 @@ def _add_new_columns(name: str, table: DeltaTable) -> None:
         return
     types = {pa.int64(): "long", pa.string(): "string", pa.float64(): "double"}
     try:
-        table.alter.add_columns([Field(f.name, PrimitiveType(types[f.type]), True) for f in new])
+        columns = [Field(f.name, PrimitiveType(types[f.type]), nullable=True) for f in new]
+        table.alter.add_columns(columns)
     except Exception:  # another writer added them first
         table.update_incremental()
         if {f.name for f in table.schema().fields} < {f.name for f in TABLES[name]}:

@@ -14,10 +14,11 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["as_config", "config_from_args", "serve", "stop_on_signals"]
 
+Config = TypeVar("Config")
 FLAGS = {"group_id": "group", "refresh": "am_refresh"}  # config field -> its flag's dest
 
 
@@ -42,7 +43,7 @@ def config_from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     return cls(**values)
 
 
-def as_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
+def as_config(cls: type[Config], config: Any, options: dict[str, Any]) -> Config:
     """``config`` if it is a ``cls`` already, else ``cls(config, **options)``: a service also
     takes its config's first field and the rest as keywords (the callers written before the
     config dataclasses).
@@ -56,7 +57,7 @@ def as_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
     (Config(root='/s', batch=5), Config(root='/t', batch=50))
     """
     if not isinstance(config, cls):
-        return cls(config, **options)
+        return cls(config, **options)  # type: ignore[call-arg]  # a config class: its fields
     if options:
         raise TypeError(f"options beside a {cls.__name__}: {sorted(options)}")
     return config
