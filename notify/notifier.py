@@ -156,7 +156,7 @@ class Notifier:
         refresh = self.refresh = config.refresh
         self.ack_horizon = max(3 * refresh, 600.0) if refresh else 86_400.0
         self.ledger = Ledger()
-        names = ("delivered", "failed", "duplicates", "skipped", "replayed", "invalid", "refreshed")
+        names = ("delivered", "failed", "duplicates", "skipped", "replayed", "invalid")
         self._stats = dict.fromkeys(names, 0)
         self._lock = threading.Lock()  # couriers settle jobs from their own threads
         self.cursor = ReplayCursor()

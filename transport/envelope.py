@@ -13,7 +13,7 @@ service counts it and moves on, where a dead letter would only be noise).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Consumed", "SkippedMessageError"]
@@ -39,4 +39,4 @@ class Consumed:
     partition: int
     offset: int
     time: float | None = None
-    invalid: str | None = field(default=None)
+    invalid: str | None = None
