@@ -95,8 +95,17 @@ def _zero_shot(r: dict) -> list[tuple[str, str]]:
             value += f"; median lead {row['median lead']}"
         if row.get("envelope lead") is not None:
             value += f" (envelope {row['envelope lead']})"
+        if row.get("tightest") is not None:
+            value += f"; tightest thresholds: {_tightest(row)}"
         rows.append((f"{row['held out']} held out: {row['scenario']} ({row['runs']} runs)", value))
     return rows
+
+
+def _tightest(row: dict) -> str:
+    """The zero-shot row's ceiling (every margin 0: see ``benchmarks.zero_shot``)."""
+    if row["scenario"] == "healthy":
+        return f"{row['tightest']} quiet"
+    return f"lead {row['tightest']}"
 
 
 def _flapping(r: dict) -> list[tuple[str, str]]:

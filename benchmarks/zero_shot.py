@@ -15,13 +15,18 @@ Mixtral). Per held-out group and scenario:
 * lead: median steps from the first mechanism warning to the divergence; for fa-lowprec
   beside it the envelope lead, the ceiling (``foreshock.lab.envelope``: the median over
   diverged runs of how early any attention series leaves the [min, max] of the group's
-  healthy runs for good — it peeks at the future).
+  healthy runs for good — it peeks at the future);
+* tightest: the same judged under the *tightest* thresholds the other architectures' healthy
+  runs allow (every margin 0: the largest healthy peak itself) — healthy runs quiet under it,
+  and the fa-lowprec median lead of attention-numerics' first warning. No threshold on these
+  statistics set without the held-out architecture's runs can warn earlier than this lead
+  without warning on some healthy run of the architectures that set it.
 
 Every run is judged by the one judge, :func:`foreshock.detectors.judge.judge`.
 
 ``--groups`` picks folders under ``lab/runs`` (the top folder is ``gpt-moe``).
 
-    python -m benchmarks.zero_shot                 # every group (~30 s)
+    python -m benchmarks.zero_shot                 # every group (~1 min)
     python -m benchmarks.zero_shot --save-profile  # also write the shipped zero-shot profile
 
 ``--save-profile`` writes ``detectors/calibrated/zero-shot.json``: the profile calibrated on
@@ -130,7 +135,23 @@ def _attention_series(key: str) -> str | None:
     return rule.family if rule is not None and rule.family == "attention-numerics" else None
 
 
-def summarise(group: str, verdicts: list[dict[str, Any]], runs: dict[str, list]) -> list[dict]:
+def tightest(mine: list[dict[str, Any]], scenario: str) -> Any:
+    """Under the tightest thresholds: healthy runs quiet, or fa-lowprec's median attention lead
+    (diverged runs; a run attention never warned before divergence counts as lead 0)."""
+    if scenario == "healthy":
+        return f"{sum(v['quiet'] for v in mine)}/{len(mine)}"
+    if scenario == "fa-lowprec":
+        leads = [v["attention_lead"] or 0 for v in mine if v["diverged"]]
+        return statistics.median(leads) if leads else None
+    return None
+
+
+def summarise(
+    group: str,
+    verdicts: list[dict[str, Any]],
+    runs: dict[str, list],
+    tight: list[dict[str, Any]],
+) -> list[dict]:
     rows = []
     for scenario in SCENARIOS:
         mine = [v for v in verdicts if v["scenario"] == scenario]
@@ -152,6 +173,7 @@ def summarise(group: str, verdicts: list[dict[str, Any]], runs: dict[str, list])
                 "rate": round(ok / len(judged), 3) if judged else None,
                 "median lead": statistics.median(leads) if leads else None,
                 "envelope lead": ceiling,
+                "tightest": tightest([v for v in tight if v["scenario"] == scenario], scenario),
             }
         )
     return rows
@@ -172,8 +194,10 @@ def main() -> None:
         configs[held] = config.version
         judged = [r for r in runs[held] if r.scenario in SCENARIOS]  # none calibrated it
         verdicts = [verdict(replay_run(r, config), r.scenario) for r in judged]
+        limit = calibrate_zero_shot(by_architecture(others), replay_run, margin=0.0)
+        tight = [verdict(replay_run(r, limit), r.scenario) for r in judged]
         by_scenario = {sc: [r for r in judged if r.scenario == sc] for sc in SCENARIOS}
-        rows += summarise(held, verdicts, by_scenario)
+        rows += summarise(held, verdicts, by_scenario, tight)
     headers = list(rows[0]) if rows else []
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))
     if args.save_profile:

@@ -105,9 +105,13 @@ def calibrate_zero_shot(
     groups: Mapping[str, Sequence[Any]],
     replay: Callable[[Any, DetectorConfig], Any],
     base: DetectorConfig | None = None,
+    margin: float | None = None,
 ) -> DetectorConfig:
     """The zero-shot config from healthy runs of several architectures (see above).
-    ``replay(run, config)`` gives a report with ``peaks``; runs have ``records``."""
+    ``replay(run, config)`` gives a report with ``peaks``; runs have ``records``.
+    ``margin``: every metric's margin (and the optimizer test's shift) fixed instead of chosen
+    leaving one architecture out — 0 gives the *tightest* thresholds the runs allow, the
+    ceiling of what any threshold on these statistics could warn (``benchmarks.zero_shot``)."""
     if not groups or not all(groups.values()):
         raise ValueError("a zero-shot profile needs healthy runs of each group given")
     base = base or zero_shot_base()
@@ -120,8 +124,11 @@ def calibrate_zero_shot(
     per_group = {
         m: {g: [r.peaks.get(m, 0.0) for r in rs] for g, rs in reports.items()} for m in metrics
     }
-    margins = {m: _group_margin(per_group[m]) for m in metrics[:-1]}
-    shift = _group_margin(per_group[OPTIMIZER_TEST], SHIFTS, additive=True)
+    if margin is None:
+        margins = {m: _group_margin(per_group[m]) for m in metrics[:-1]}
+        shift = _group_margin(per_group[OPTIMIZER_TEST], SHIFTS, additive=True)
+    else:
+        margins, shift = dict.fromkeys(metrics[:-1], margin), margin
     pooled = [r for rs in reports.values() for r in rs]
     config = calibrate(pooled, base, margin=margins)
     top = max(r.peaks[OPTIMIZER_TEST] for r in pooled)
