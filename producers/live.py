@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from .layouts import TENSOR_FIELDS, AttentionSpec, RouterSpec
+from .names import named_modules
 
-__all__ = ["Binding", "parameter_origins"]
+__all__ = ["Binding", "LiveModel", "named_origins", "parameter_origins"]
 
 Origin = tuple[nn.Module, str]
 Spec = TypeVar("Spec", AttentionSpec, RouterSpec)
@@ -34,6 +35,20 @@ def parameter_origins(model: nn.Module) -> dict[int, Origin]:
             if param is not None:
                 origins.setdefault(id(param), (module, name))
     return origins
+
+
+def named_origins(
+    model: nn.Module, origins: dict[int, tuple[nn.Module, str]]
+) -> list[tuple[str, tuple[nn.Module, str]]]:
+    """Each parameter's origin with its name as the unwrapped model names it (``names``): the
+    same on every rank that holds it, which is how ranks count a parameter's holders."""
+    prefix = {}
+    for name, module in named_modules(model):
+        prefix.setdefault(id(module), name)
+    return [
+        (f"{prefix[id(module)]}.{attr}".lstrip("."), (module, attr))
+        for module, attr in origins.values()
+    ]
 
 
 def _live(origin: Origin) -> Any:
@@ -77,3 +92,34 @@ class Binding:
         if changes:
             self.spec = dataclasses.replace(self.spec, **changes)
         return self.spec
+
+
+class LiveModel:
+    """A model read through its live parameters: specs rebound where a wrapper swapped them
+    (``Binding``), and every parameter by the name the unwrapped model gives it. The module
+    walk is done once, here (``named_modules()`` is slow on a large model)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._origins = parameter_origins(model)
+        self._named = named_origins(model, self._origins)
+        self._bindings: dict[str, Binding] = {}
+
+    def spec(self, spec: Spec) -> Spec:
+        """``spec`` read from the live parameters (the same object while nothing changed)."""
+        binding = self._bindings.get(spec.name)
+        if binding is None or binding.original is not spec:
+            binding = self._bindings[spec.name] = Binding(spec, self._origins)
+        return binding.current()
+
+    def specs(
+        self, attention: list[AttentionSpec], routers: list[RouterSpec]
+    ) -> tuple[list[AttentionSpec], list[RouterSpec]]:
+        return [self.spec(a) for a in attention], [self.spec(r) for r in routers]
+
+    def named_params(self) -> list[tuple[str, torch.Tensor]]:
+        """(name as the unwrapped model names it, live parameter), for every parameter."""
+        live = ((n, module._parameters.get(a)) for n, (module, a) in self._named)
+        return [(name, p) for name, p in live if isinstance(p, torch.Tensor)]
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for _, p in self.named_params()]

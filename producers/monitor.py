@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import traceback
 import uuid
 from collections.abc import Callable
@@ -35,15 +34,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from foreshock.transport.attempts import restart_of
-from foreshock.transport.records import MetricsRecord, parse_series_key
 from foreshock.transport.wire import check_run_id
 
-from .collective import Peers, gathers_of
+from .alone import Refusals
+from .checkpoint_state import load_monitoring_state, monitoring_state
+from .collective import Peers, gathers_of, rank_and_world
 from .discovery import Discovery, discover
-from .fsdp1 import fsdp1_roots, whole_parameters
+from .fsdp1 import whole_parameters
 from .layouts import AttentionSpec, RouterSpec
-from .live import Binding, parameter_origins
+from .live import LiveModel
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
 from .monitor_config import MonitorConfig
@@ -51,19 +50,14 @@ from .names import named_modules
 from .observations import StepObservations
 from .partials import RankPart, combine
 from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
-from .sharding import is_dtensor, sharded_tensors
+from .record_out import error_record, finite_record
+from .sharding import is_dtensor
 from .signature import model_signature
 from .sinks import Sink
 
 __all__ = ["Monitor", "MonitorConfig"]
 
 log = logging.getLogger("foreshock.monitor")
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 class Monitor:
@@ -80,17 +74,14 @@ class Monitor:
         self.model, self.sink = model, sink
         self.config = config or MonitorConfig()
         self.run_id = check_run_id(run_id or uuid.uuid4().hex[:12])  # fail now, not per record
-        self.rank, self.world_size = _rank_and_world()
+        self.rank, self.world_size = rank_and_world()
         self.peers = Peers.join(self.config.join_timeout_s)
         # active: this rank writes records; participating: it measures (hooks, collectives)
         self.active = self.config.emit_ranks == "all" or self.rank == 0
         self.participating = self.active or self.peers is not None
         self.discovery = discover(model) if auto_discover else Discovery()
-        self._origins = parameter_origins(model)  # walked once: named_modules() is slow
-        self._param_origins = _named_origins(model, self._origins)
-        self._bindings: dict[str, Binding] = {}
-        self.refused: list[str] = []
-        self._norms_refused = False  # FSDP1 measured alone: its flat shards are no norm
+        self.live = LiveModel(model)  # the model read through its live parameters
+        self._refusals = Refusals()
         self.errors = 0
         self.records_written = 0
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
@@ -107,61 +98,25 @@ class Monitor:
             log.warning("foreshock found no attention or router:\n%s", self.discovery.summary())
 
     def _refuse_alone(self) -> None:
-        """A rank measuring alone drops what only the group could read (DTensor parameters,
-        Megatron's tensor-parallel partitions), loudly: touching a DTensor alone issues
-        collectives its peers never join, and the job aborts (gloo) or hangs (NCCL). The
-        refused parts are in ``describe()``."""
-        if self.peers is not None:
-            return
-        attention, routers = self._current_specs()
-        refused = [a.name for a in attention if sharded_tensors(a.tensors())]
-        refused += [r.name for r in routers if sharded_tensors(r.tensors())]
-        if not self._norms_refused and sharded_tensors(self._live_params()):
-            self._norms_refused = True  # a rank's own shards are no norm of the model
-            refused.append("symptoms (sharded parameters: grad_norm, weight_norm)")
-        self._refuse(refused, "sharded parameters, and this rank measures alone")
-        if fsdp1_roots([self.model]):  # flat shards: no part of them is a whole weight
-            self._norms_refused = True
-            parts = [a.name for a in attention] + [r.name for r in routers]
-            self._refuse([*parts, "symptoms (grad_norm, weight_norm)"], "FSDP1, measured alone")
+        """A rank measuring alone drops what only the group could read (``alone``)."""
+        if self.peers is None:
+            attention, routers = self._current_specs()
+            self._refusals.check(self.model, self.discovery, attention, routers, self._live_params)
 
-    def _refuse(self, parts: list[str], why: str) -> None:
-        """Stop measuring ``parts`` (specs by name), with one ERROR line and ``refused``."""
-        new = [name for name in parts if name not in self.refused]
-        if not new:
-            return
-        self.refused += new
-        names = set(parts)
-        self.discovery.attention = [a for a in self.discovery.attention if a.name not in names]
-        self.discovery.routers = [r for r in self.discovery.routers if r.name not in names]
-        log.error(
-            "foreshock: the model is sharded (%s); these parts are NOT measured, so that "
-            "monitoring never reports a shard as the whole or hangs the job: %s",
-            why,
-            ", ".join(new),
-        )
+    @property
+    def refused(self) -> list[str]:
+        """The parts not measured, by name (``alone``): in ``describe()`` too."""
+        return self._refusals.refused
 
     def _current_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
         """The discovered specs, read from the model's live parameters (see ``live``)."""
-
-        def current(spec: Any) -> Any:
-            binding = self._bindings.get(spec.name)
-            if binding is None or binding.original is not spec:
-                binding = self._bindings[spec.name] = Binding(spec, self._origins)
-            return binding.current()
-
-        return (
-            [current(a) for a in self.discovery.attention],
-            [current(r) for r in self.discovery.routers],
-        )
+        return self.live.specs(self.discovery.attention, self.discovery.routers)
 
     def _live_named_params(self) -> list[tuple[str, torch.Tensor]]:
-        """(name as the unwrapped model names it, live parameter), for every parameter."""
-        live = ((n, module._parameters.get(a)) for n, (module, a) in self._param_origins)
-        return [(name, p) for name, p in live if isinstance(p, torch.Tensor)]
+        return self.live.named_params()
 
     def _live_params(self) -> list[torch.Tensor]:
-        return [p for _, p in self._live_named_params()]
+        return self.live.params()
 
     # ---- registration -------------------------------------------------------------------
     def register_attention(
@@ -356,7 +311,7 @@ class Monitor:
 
     def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
         """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
-        named = [] if self._norms_refused else self._live_named_params()
+        named = [] if self._refusals.norms else self._live_named_params()
         if self.peers is None:
             named = [(n, p) for n, p in named if not is_dtensor(p)]
         observed = self._observed
@@ -365,16 +320,12 @@ class Monitor:
         )
 
     def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
-        """The metrics record: non-finite values become null with a ``nonfinite`` flag."""
-        out: dict[str, float | None] = {}
-        for key, value in values.items():
-            if value != value or value in (float("inf"), float("-inf")):
-                module = parse_series_key(key).module
-                flags.add(f"nonfinite@{module}" if module else f"nonfinite:{key}")
-                out[key] = None
-            else:
-                out[key] = value
-        nonfinite = sorted(f for f in flags if f.startswith("nonfinite"))
+        """The metrics record: non-finite values become null with a ``nonfinite`` flag
+        (``record_out``), logged the first time."""
+        c = self.config
+        message, nonfinite = finite_record(
+            self.run_id, step, values, flags, self.rank, self.world_size, c.emit_ranks
+        )
         if nonfinite:
             self.nonfinite_records += 1
             if self.nonfinite_records == 1:
@@ -384,16 +335,7 @@ class Monitor:
                     step,
                     ", ".join(nonfinite),
                 )
-        record = MetricsRecord(
-            self.run_id,
-            int(step),
-            out,
-            tuple(flags),
-            self.rank,
-            self.world_size,
-            emit_ranks=self.config.emit_ranks,
-        )
-        return record.to_message()
+        return message
 
     def _fail_part(self, step: int, part: str, exc: Exception) -> None:
         self.errors += 1
@@ -406,30 +348,14 @@ class Monitor:
         self._fail_part(self._last_step + 1, f"{module} (forward hook)", exc)
 
     def _fail(self, step: Any, exc: Exception) -> None:
-        """A monitoring step failed as a whole: log, count, and write an error record.
-
-        The record is a valid metrics message (the wire format wants step >= 0): stamped with
-        ``step``, or with the last step seen when ``step`` is not a usable step number."""
+        """A monitoring step failed as a whole: log, count, and write an error record
+        (``record_out.error_record``)."""
         self.errors += 1
         if self.errors <= 3:
             log.warning("foreshock monitor error at step %s:\n%s", step, traceback.format_exc())
         with contextlib.suppress(Exception):
-            try:
-                stamp = int(step)
-            except Exception:
-                stamp = -1
-            if stamp < 0:
-                stamp = max(self._last_step, 0)
-            failed = MetricsRecord(
-                self.run_id,
-                stamp,
-                {},
-                ("monitor_error",),
-                self.rank,
-                self.world_size,
-                error=repr(exc)[:500],
-            )
-            self.sink.write(failed.to_message())
+            last = self._last_step
+            self.sink.write(error_record(self.run_id, step, last, exc, self.rank, self.world_size))
 
     # ---- lifecycle ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -458,26 +384,16 @@ class Monitor:
             return None
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the monitoring: the attempt that wrote it and its restart
-        count. Save it with the model's; ``load_state_dict`` on resume makes the new attempt
-        order after this one whatever the hosts' clocks (:mod:`foreshock.transport.attempts`).
-        The Hugging Face and Lightning callbacks do both with the trainer's checkpoints."""
-        attempt = getattr(self.sink, "attempt", None)
-        restart = restart_of(attempt) if isinstance(attempt, int) else 0
-        return {"run_id": self.run_id, "attempt": attempt, "restart": restart}
+        """What a checkpoint keeps of the monitoring (``checkpoint_state``): save it with the
+        model's, ``load_state_dict`` on resume. The Hugging Face and Lightning callbacks do
+        both with the trainer's checkpoints."""
+        return monitoring_state(self.run_id, self.sink)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resuming from a checkpoint whose ``state_dict()`` this is: this attempt is one
-        restart later. Call it before training goes on (before the sink's first message).
-        A state that cannot be read is logged and ignored: monitoring never stops a resume."""
-        try:
-            restart = int(state.get("restart") or 0) + 1
-            resume = getattr(self.sink, "resume", None)
-            if resume is not None:
-                resume(restart)
-        except Exception as exc:
+        restart later. Call it before the sink's first message; never raises."""
+        if not load_monitoring_state(self.sink, state):
             self.errors += 1
-            log.warning("foreshock monitor: checkpoint state not loaded: %r", exc)
 
     def close(self) -> None:
         """Remove the hooks and close the sink. Safe to call twice."""
@@ -496,17 +412,3 @@ class Monitor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _named_origins(
-    model: nn.Module, origins: dict[int, tuple[nn.Module, str]]
-) -> list[tuple[str, tuple[nn.Module, str]]]:
-    """Each parameter's origin with its name as the unwrapped model names it (``names``): the
-    same on every rank that holds it, which is how ranks count a parameter's holders."""
-    prefix = {}
-    for name, module in named_modules(model):
-        prefix.setdefault(id(module), name)
-    return [
-        (f"{prefix[id(module)]}.{attr}".lstrip("."), (module, attr))
-        for module, attr in origins.values()
-    ]
