@@ -18,7 +18,8 @@ Recognised layouts (by child names and attributes, the conventions of the common
   (E ≥ 2) — an nn.Linear gate or any router module with a ``weight`` (transformers'
   ``*TopKRouter``), with ``top_k`` from it, its parent or their ``config``; sigmoid scoring
   where it says so (``e_score_correction_bias``, a ``score_func``/``scoring_func`` of
-  "sigmoid"). A gate with one output (Qwen2-MoE's shared-expert gate) is not a router.
+  "sigmoid"). A gate with one output (Qwen2-MoE's shared-expert gate) is not a router
+  (``router_discovery``).
 
 Framework modules the rules above can't read go to their adapters (``adapters``): Megatron-
 core (``linear_qkv`` per group [q… k v] with per-partition counts, MLA, the ``TopKRouter``'s
@@ -34,14 +35,15 @@ alias property) is reported once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
 
 from .adapters import FINDERS
 from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
+from .module_attrs import config_int as _attr
 from .names import named_modules
+from .router_discovery import router_spec
 
 __all__ = ["Discovery", "discover"]
 
@@ -55,18 +57,7 @@ _QK_NORMS = (
 )
 _HEADS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "n_query_groups")
-_TOP_K = (
-    "top_k",
-    "num_experts_per_tok",
-    "topk",
-    "k",
-    "num_selected_experts",
-    "moe_router_topk",
-    "n_expert_per_token",
-)
 _HEAD_DIM = ("head_dim", "head_size")
-_N_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "n_experts", "n_expert")
-_SCORING = ("score_func", "scoring_func", "score_function", "moe_router_score_function")
 
 
 @dataclass
@@ -94,16 +85,6 @@ class Discovery:
                 "register_router (see README, 'Explicit registration')"
             )
         return "\n".join(lines)
-
-
-def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
-    config = getattr(module, "config", None)
-    for source in (module, config):
-        for name in names:
-            value = getattr(source, name, None) if source is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
 
 
 def _weight_of(module: nn.Module) -> tuple[torch.Tensor, bool] | None:
@@ -307,82 +288,6 @@ def _attention_spec(name: str, module: nn.Module) -> AttentionSpec | str | None:
     return None
 
 
-def _expert_count(module: nn.Module, experts: object) -> int | None:
-    """E from the experts container: an attribute, its length, or a stacked 3-D weight."""
-    for source in (experts, module):
-        if isinstance(source, nn.Module) and (count := _attr(source, _N_EXPERTS)):
-            return count
-    if isinstance(experts, nn.ModuleList | nn.ModuleDict | nn.Sequential):
-        return len(experts)
-    if isinstance(experts, nn.Module):
-        stacked = [p.shape[0] for p in experts.parameters(recurse=False) if p.dim() == 3]
-        if stacked and len(set(stacked)) == 1:
-            return stacked[0]
-    return None
-
-
-def _scoring(*sources: nn.Module) -> Literal["softmax", "sigmoid"]:
-    """ "sigmoid" where a router or its config says so, else "softmax"."""
-    for source in sources:
-        if isinstance(getattr(source, "e_score_correction_bias", None), torch.Tensor):
-            return "sigmoid"
-        for holder in (source, getattr(source, "config", None)):
-            for attr in _SCORING:
-                value = getattr(holder, attr, None) if holder is not None else None
-                if isinstance(value, str) and "sigmoid" in value.lower():
-                    return "sigmoid"
-    return "softmax"
-
-
-def _router_bias(gate: nn.Module, n_experts: int) -> torch.Tensor | None:
-    bias = getattr(gate, "bias", None)
-    if isinstance(bias, torch.Tensor) and tuple(bias.shape) == (n_experts,):
-        return bias
-    return None
-
-
-def _router_spec(name: str, module: nn.Module) -> RouterSpec | str | None:
-    """A child with one weight row per expert, beside ``experts`` (see the module docstring)."""
-    experts = getattr(module, "experts", None)
-    if experts is None:
-        return None
-    n_experts = _expert_count(module, experts)
-    prefix = f"{name}." if name else ""
-    named = ("gate", "router")
-    candidates = []
-    for child_name, child in module.named_children():
-        if child is experts or "shared" in child_name:
-            continue
-        weight = getattr(child, "weight", None)
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < 2:
-            continue
-        if (n_experts is None and child_name in named) or weight.shape[0] == n_experts:
-            candidates.append((child_name not in named, child_name, child, weight))
-    if not candidates:
-        children = dict(module.named_children())  # not aliases: those are reported where they live
-        for gate_name in named:
-            if isinstance(children.get(gate_name), nn.Module):
-                return (
-                    f"{prefix}{gate_name}: no 2-D weight with one row per expert "
-                    f"({n_experts} experts); register it with Monitor.register_router"
-                )
-        return None
-    _, gate_name, gate, weight = min(candidates, key=lambda c: c[:2])
-    count = weight.shape[0]
-    top_k = _attr(gate, _TOP_K) or _attr(module, _TOP_K)
-    if top_k is not None and top_k > count:
-        return f"{prefix}{gate_name}: top_k={top_k} exceeds its {count} experts"
-    return RouterSpec(
-        f"{prefix}{gate_name}",
-        gate,
-        weight,
-        count,
-        top_k,
-        bias=_router_bias(gate, count),
-        scoring=_scoring(gate, module),
-    )
-
-
 def _centring_norm_note(name: str, module: nn.Module) -> str | None:
     for q_name, _ in _QK_NORMS:
         norm = getattr(module, q_name, None)
@@ -435,7 +340,7 @@ def _find(name: str, module: nn.Module) -> list[AttentionSpec | RouterSpec | str
         if claimed is not None:
             return claimed
     found = []
-    for find in (_attention_spec, _router_spec):
+    for find in (_attention_spec, router_spec):
         try:
             spec = find(name, module)
         except ValueError as exc:  # shapes that contradict the attributes
