@@ -213,16 +213,16 @@ def _sink_process(
         if sink.first_message_at is not None and not shared[base]:
             shared[base] = sink.first_message_at
             at_first = {**spent, "cpu_seconds": time.process_time() - cpu0}
-        if sink.stats["values"] != stored:
-            stored = sink.stats["values"]
+        if sink.stats.values != stored:
+            stored = sink.stats.values
             at_last = {**spent, "cpu_seconds": time.process_time() - cpu0}
             shared[base + 2] = time.perf_counter()  # before the count: the parent reads it
-            shared[base + 3] = sink.stats["batches"]
+            shared[base + 3] = sink.stats.batches
             shared[base + 1] = stored
     halt.set()
     thread.join(120)
     since_first = {k: v - at_first.get(k, 0.0) for k, v in at_last.items()}  # the join left out
-    results.put({"index": index, **sink.stats, **since_first})
+    results.put({"index": index, **sink.stats.as_dict(), **since_first})
 
 
 def _cpu_ticks(pid: int | None = None) -> tuple[int, int]:

@@ -37,7 +37,7 @@ def _sink(args: argparse.Namespace) -> int:
 
 
 def _sunk(sink) -> str:
-    return json.dumps(sink.stats)
+    return json.dumps(sink.stats.as_dict())
 
 
 def _damaged(args: argparse.Namespace, command: str) -> bool:

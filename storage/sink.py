@@ -43,54 +43,30 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint
-from foreshock.transport.consumer import Deduplicator, MetricsConsumer
+from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed
-from foreshock.transport.service import ServiceRefusedError, ServiceUnavailableError, as_config
+from foreshock.transport.service import ServiceUnavailableError, as_config
 from foreshock.transport.service_loop import StopServiceError, run_service
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.warning import decode
 
-from . import queries
 from .acks import event_key
 from .attempts import AttemptTracker
 from .held import HeldBatches
 from .location import RETAIN_HOURS, StoreLocation
-from .reader import open_history
 from .retention import prune
 from .rows import BatchBuilder, RecordError
+from .second_writer import SecondWriterError, refuse_a_second_writer
+from .sink_decoders import decode_dead_letter, decode_warning, header_int
+from .sink_stats import SinkStats
 from .store import DeltaStore, first_line
+from .stored_state import StoredState
 
 __all__ = ["MAX_HELD", "SecondWriterError", "SinkConfig", "StorageSink"]
 
 MAX_HELD = 1_000  # batches held for a table that fails (warnings-only ones hold no values)
 
 log = logging.getLogger(__name__)
-
-
-def _decode_warning(raw: Any) -> dict[str, Any]:
-    """A ``foreshock.warning/1`` event, or :class:`WireError` (the consumer dead-letters it).
-
-    Only what the dedup key needs is checked here (``key_only``); :meth:`BatchBuilder.
-    add_warning` checks the rest.
-    """
-    return decode(raw.value(), key_only=True)
-
-
-def _decode_dead_letter(raw: Any) -> dict[str, Any]:
-    """Never fails: a dead letter is stored as it is, with the reason its header gives."""
-    headers = {}
-    for key, value in raw.headers() or []:
-        if isinstance(value, str):
-            value = value.encode("utf-8", "replace")
-        headers[str(key)] = (value or b"").decode("utf-8", "replace")
-    return {
-        "raw": raw.value(),
-        "reason": headers.get("reason") or "(no reason header)",
-        "source": headers.get("topic", "?"),
-        "origin_partition": headers.get("partition"),
-        "origin_offset": headers.get("offset"),
-    }
 
 
 @dataclass(frozen=True)
@@ -148,7 +124,14 @@ class StorageSink:
                 f"({first_line(error)}; `foreshock store check` names a damaged commit)"
             )
         self.location = self.store.location
-        self._refuse_a_second_writer()
+        try:
+            c = config
+            refuse_a_second_writer(
+                self.store, self.location.uri, c.group_id, c.writer_window, c.take_over
+            )
+        except SecondWriterError:
+            self.store.close()
+            raise
         self.telemetry = None
         if config.metrics_port is not None:
             from foreshock.telemetry import ServiceTelemetry
@@ -163,32 +146,21 @@ class StorageSink:
             settings,
             config.group_id,
             decoders={
-                settings.warnings_topic: _decode_warning,
-                settings.deadletter_topic: _decode_dead_letter,
+                settings.warnings_topic: decode_warning,
+                settings.deadletter_topic: decode_dead_letter,
             },
             on_assign=self._assigned,
             on_revoke=self._revoked,
         )
         self.checkpoint = Checkpoint(self.consumer, "sink", flush=self._write_batch)
-        self._seen_events: set[tuple] = set()
-        self._values_stored: set[tuple[str, int, int, int]] = set()
+        self.stored = StoredState()  # what the store holds already (read back)
         self.attempts = AttemptTracker()
         self.builder = BatchBuilder()
         self.held = HeldBatches()  # batches some table of the store has not taken yet
         self._held_since: float | None = None
         self._held_said = -math.inf
         self.first_message_at: float | None = None  # perf_counter of the first message polled
-        self.stats = {
-            "messages": 0,
-            "values": 0,
-            "batches": 0,
-            "dead_letters": 0,
-            "duplicates": 0,
-            "write_retries": 0,
-            "read_backs": 0,
-            "read_back_retries": 0,
-            "collisions": 0,
-        }
+        self.stats = SinkStats()
         try:
             self._read_back()
         except Exception as exc:
@@ -196,46 +168,11 @@ class StorageSink:
             self.store.close()
             raise ServiceUnavailableError(f"the store {root} cannot be read ({exc})") from exc
 
-    def _refuse_a_second_writer(self) -> None:
-        """One writer group per store. Two groups each read every message, and each sink
-        dedups against what *it* has seen: both write every record (58 seqs gave 116 step
-        rows) — a renamed group at a redeploy, two compose stacks on one bucket. So a sink
-        whose store another group committed to in the last ``writer_window`` seconds
-        refuses to start (``SecondWriterError``), unless told to ``take_over``."""
-        window = self.config.writer_window
-        others = {
-            group: ago
-            for group, ago in self.store.recent_writers(window).items()
-            if group != self.config.group_id
-        }
-        if not others or self.config.take_over:
-            if others:
-                log.warning("foreshock sink: taking the store over from %s", sorted(others))
-            return
-        group, ago = min(others.items(), key=lambda item: item[1])
-        self.store.close()
-        raise SecondWriterError(
-            f"the store {self.location.uri} is written by sink group {group!r} (its last commit "
-            f"{ago:.0f} s ago); a second group would store every record twice. Stop it and "
-            f"use --group {group}, or, once it is stopped, --take-over (or wait "
-            f"{window / 60:.0f} min)"
-        )
-
     def _read_back(self) -> None:
-        """Rebuild the dedup state from the store (see "Exactly once" above)."""
-        dedup, seen = Deduplicator(), set()
-        with open_history(self.location) as history:
-            for s in queries.stored_streams(history):
-                key = (s["run_id"], s["rank"], s["attempt"])
-                if s["n"] == s["top"] + 1:
-                    dedup.seed_prefix(key, s["n"])
-                else:
-                    dedup.seed(key, queries.stream_seqs(history, *key))
-            seen.update(queries.stored_event_keys(history))
-            orphans = set(queries.orphan_values(history))
-        dedup.duplicates = self.consumer.dedup.duplicates
-        self.consumer.dedup, self._seen_events, self._values_stored = dedup, seen, orphans
-        self.stats["read_backs"] += 1
+        """Rebuild the dedup state from the store (``stored_state``; "Exactly once" above)."""
+        duplicates = self.consumer.dedup.duplicates
+        self.consumer.dedup = self.stored.read_back(self.location, duplicates)
+        self.stats.read_backs += 1
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         """Read the store back before anything of the new partitions is polled; while the
@@ -246,7 +183,7 @@ class StorageSink:
                 self._read_back()
                 return
             except Exception as exc:  # the store is away or unreadable
-                self.stats["read_back_retries"] += 1
+                self.stats.read_back_retries += 1
                 log.error(
                     "foreshock sink: reading the store back failed (%s); retrying in %.1f s",
                     exc,
@@ -279,26 +216,26 @@ class StorageSink:
             key = (
                 "d",
                 message["source"],
-                _int(message["origin_partition"]),
-                _int(message["origin_offset"]),
+                header_int(message["origin_partition"]),
+                header_int(message["origin_offset"]),
             )
-            if key[2] is None or key not in self._seen_events:
-                self._seen_events.add(key)
+            if key[2] is None or key not in self.stored.seen:
+                self.stored.seen.add(key)
                 self.builder.add_dead_letter(
                     message["raw"], message["reason"], key[1], key[2], key[3], now
                 )
-                self.stats["dead_letters"] += 1
+                self.stats.dead_letters += 1
             return
         try:
             if topic == self.settings.warnings_topic:
                 key = ("w", *event_key(message))
-                if key in self._seen_events:
-                    self.stats["duplicates"] += 1
+                if key in self.stored.seen:
+                    self.stats.duplicates += 1
                     return
                 self.builder.add_warning(message, now)
-                self._seen_events.add(key)
+                self.stored.seen.add(key)
             elif message["kind"] == "metrics":
-                self.builder.add_metrics(message, now, self._has_values(message))
+                self.builder.add_metrics(message, now, self.stored.has_values(message))
                 self._check_identity(message, partition, offset, now)
             else:
                 self.builder.add_lifecycle(message, now)
@@ -307,7 +244,7 @@ class StorageSink:
             where = "metrics" if topic == self.settings.metrics_topic else topic
             self._reject(message, str(exc), f"sink:{where}", partition, offset, now)
             return
-        self.stats["messages"] += 1
+        self.stats.messages += 1
 
     def _check_identity(
         self, message: dict[str, Any], partition: int | None, offset: int | None, now: float
@@ -315,23 +252,8 @@ class StorageSink:
         """Two jobs under one run id: report it (the data stay apart, one stream each)."""
         reason = self.attempts.observe(message)
         if reason is not None:
-            self.stats["collisions"] += 1
+            self.stats.collisions += 1
             self._reject(message, reason, "sink:identity", partition, offset, now)
-
-    def _has_values(self, message: dict[str, Any]) -> bool:
-        """Are this record's values already stored (a writer died before its step row)?"""
-        if not self._values_stored:
-            return False
-        try:
-            key = (
-                message.get("run_id"),
-                message.get("rank") or 0,
-                message.get("attempt") or 0,
-                message.get("step"),
-            )
-            return key in self._values_stored
-        except TypeError:  # an unhashable field: the builder rejects the record anyway
-            return False
 
     def _reject(
         self,
@@ -346,16 +268,16 @@ class StorageSink:
         import json
 
         key = ("d", source, partition, offset)
-        if key in self._seen_events:
-            self.stats["duplicates"] += 1
+        if key in self.stored.seen:
+            self.stats.duplicates += 1
             return
-        self._seen_events.add(key)
+        self.stored.seen.add(key)
         try:
             raw = json.dumps(message, default=str).encode()
         except (TypeError, ValueError, RecursionError):
             raw = repr(message)[:100_000].encode("utf-8", "replace")
         self.builder.add_dead_letter(raw, reason, source, partition, offset, now)
-        self.stats["dead_letters"] += 1
+        self.stats.dead_letters += 1
         log.warning("foreshock sink: stored as dead letter: %s", reason)
 
     def step(self) -> int:
@@ -389,8 +311,8 @@ class StorageSink:
         if len(self.builder):
             values = self.builder.values
             self.held.add(self.store.next_batch(), self.builder.take(), values)
-            self.stats["values"] += values
-            self.stats["batches"] += 1
+            self.stats.values += values
+            self.stats.batches += 1
         delay = 0.5
         while failed := self.held.write(self.store):
             self._say_held(failed)
@@ -405,7 +327,7 @@ class StorageSink:
 
     def _say_held(self, failed: dict[str, BaseException]) -> None:
         """Count a failed write; say which tables wait and why (at most every 30 s)."""
-        self.stats["write_retries"] += 1
+        self.stats.write_retries += 1
         now = time.monotonic()
         if self._held_since is None:
             self._held_since = now
@@ -430,13 +352,13 @@ class StorageSink:
         s = self.stats
         self.telemetry.update(
             self.consumer,
-            messages=s["messages"],
-            values=s["values"],
-            batches=s["batches"],
+            messages=s.messages,
+            values=s.values,
+            batches=s.batches,
             dead_letters=self.consumer.dead_letters,
-            dead_letters_stored=s["dead_letters"],
-            duplicates=self.consumer.dedup.duplicates + s["duplicates"],
-            write_retries=s["write_retries"],
+            dead_letters_stored=s.dead_letters,
+            duplicates=self.consumer.dedup.duplicates + s.duplicates,
+            write_retries=s.write_retries,
         )
 
     def maintain(self) -> None:
@@ -487,18 +409,5 @@ class StorageSink:
             self.telemetry.close()
 
 
-class SecondWriterError(ServiceRefusedError):
-    """Another sink group writes this store (see ``StorageSink._refuse_a_second_writer``)."""
-
-
 class _StoppedError(Exception):
     """The sink was told to stop while waiting for its store."""
-
-
-def _int(value: Any) -> int | None:
-    """A header's partition or offset; None unless it is an int64."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return None
-    return number if -(2**63) <= number < 2**63 else None

@@ -37,8 +37,12 @@ from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history
 from foreshock.storage.retention import export_run
 from foreshock.storage.rows import BatchBuilder, RecordError
-from foreshock.storage.sink import StorageSink, _decode_dead_letter, _decode_warning
+from foreshock.storage.sink import StorageSink
+from foreshock.storage.sink_decoders import decode_dead_letter
+from foreshock.storage.sink_decoders import decode_warning as sink_decode_warning
+from foreshock.storage.sink_stats import SinkStats
 from foreshock.storage.store import DeltaStore, store_exists
+from foreshock.storage.stored_state import StoredState
 from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.wire import (
@@ -479,17 +483,9 @@ def _bare_sink() -> StorageSink:
     sink = object.__new__(StorageSink)
     sink.settings = KafkaSettings(spool_dir="unused")
     sink.builder = BatchBuilder()
-    sink._seen_events, sink._values_stored = set(), set()
+    sink.stored = StoredState()
     sink.attempts = AttemptTracker()
-    sink.stats = {
-        "messages": 0,
-        "values": 0,
-        "batches": 0,
-        "dead_letters": 0,
-        "duplicates": 0,
-        "write_retries": 0,
-        "collisions": 0,
-    }
+    sink.stats = SinkStats()
     return sink
 
 
@@ -603,7 +599,7 @@ def test_sink_warning_decoding_keeps_valid_events_beside_bad_ones(raws, n_valid)
     valid = [_valid_warning(i) for i in range(n_valid)]
     for offset, raw in enumerate([_dumps(w) for w in valid] + raws):
         try:
-            message = _decode_warning(FakeRaw(raw))
+            message = sink_decode_warning(FakeRaw(raw))
         except WireError as exc:
             assert str(exc).strip()
             continue
@@ -658,7 +654,7 @@ def test_sink_add_stores_valid_and_dead_letters_the_rest(bad, good):
 )
 def test_dead_letter_topic_decoding_never_fails(value, headers):
     sink = _bare_sink()
-    message = _decode_dead_letter(FakeRaw(value, headers))
+    message = decode_dead_letter(FakeRaw(value, headers))
     sink.add(Consumed(message, sink.settings.deadletter_topic, 0, 1), 1.0)
     rows = sink.builder.take()["dead_letters"].to_pylist()
     assert len(rows) == 1 and rows[0]["reason"] and rows[0]["raw"] == value

@@ -85,7 +85,7 @@ def test_sink_stores_everything_once_and_keeps_bad_messages(kafka_settings, tmp_
     # stores nothing twice
     again = StorageSink(kafka_settings, root, group_id="sink-b", take_over=True)
     again.run(threading.Event(), idle_exit=4)
-    assert again.stats["messages"] == 0 and _stored_steps(root) == _expected_steps(RUNS)
+    assert again.stats.messages == 0 and _stored_steps(root) == _expected_steps(RUNS)
     with open_history(root) as history:
         assert history.sql("SELECT count(*) AS n FROM warnings").to_pylist()[0]["n"] == len(events)
         kinds = history.sql("SELECT run_id, kind FROM run_events ORDER BY ALL").to_pylist()
@@ -251,9 +251,9 @@ def test_a_store_unwritable_for_a_while_loses_and_repeats_nothing(kafka_settings
     log_dir.write_text("not a folder: every commit to steps fails")
     _publish(kafka_settings, RUNS[1:2])
     deadline = time.monotonic() + 60
-    while sink.stats["write_retries"] < 2 and time.monotonic() < deadline:
+    while sink.stats.write_retries < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert sink.stats["write_retries"] >= 2, "the sink never hit the unwritable table"
+    assert sink.stats.write_retries >= 2, "the sink never hit the unwritable table"
     log_dir.unlink()
     away.rename(log_dir)
     thread.join(120)
@@ -357,7 +357,7 @@ def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
     _wait_for(lambda: (_rows(root / "warnings"), _rows(root / "dead_letters")) == (len(events), 1))
     stop.set()
     live.join(60)
-    assert not live.is_alive() and sink.stats["write_retries"] > 0
+    assert not live.is_alive() and sink.stats.write_retries > 0
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "foreshock.cli", "store", *argv, "--store", str(root)]

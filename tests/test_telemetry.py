@@ -121,10 +121,10 @@ def test_sink_metrics_count_what_it_stored(kafka_settings, tmp_path):
 
     s = _serve_until(sink, done)
     assert _value(s, "foreshock_messages_consumed_total", "sink") == messages
-    assert sink.stats["messages"] == messages
-    assert _value(s, "foreshock_metric_values_total", "sink") == values == sink.stats["values"]
+    assert sink.stats.messages == messages
+    assert _value(s, "foreshock_metric_values_total", "sink") == values == sink.stats.values
     batches = _value(s, "foreshock_batches_written_total", "sink")
-    assert batches == sink.stats["batches"] and batches >= 1
+    assert batches == sink.stats.batches and batches >= 1
     # the malformed message: sent to the dead-letter topic by the sink, then stored from there
     assert _value(s, "foreshock_dead_letters_total", "sink") == 1
     assert _value(s, "foreshock_dead_letters_stored_total", "sink") == 1
