@@ -81,7 +81,7 @@ import pyarrow as pa
 from deltalake import WriterProperties
 
 from foreshock.lab.recorded import load_run, shipped_runs
-from foreshock.storage import queries
+from foreshock.storage import queries, stream_queries
 from foreshock.storage.file_cache import FileCache
 from foreshock.storage.reader import History, open_history
 from foreshock.storage.rows import BatchBuilder, split_key
@@ -236,13 +236,13 @@ def _cpu_ticks(pid: int | None = None) -> tuple[int, int]:
 
 def _stored_counts(root: Path) -> dict[str, int]:
     """What the store holds: metric values, step rows, and records stored more than once
-    (``queries.duplicate_records``, what ``foreshock store check`` fails on)."""
+    (``stream_queries.duplicate_records``, what ``foreshock store check`` fails on)."""
     with open_history(root) as h:
         row = h.sql(
             "SELECT (SELECT count(*) FROM metric_values) AS values_in_store, "
             "(SELECT count(*) FROM steps) AS records_in_store"
         ).to_pylist()[0]
-        twice = sum(r["extra"] for r in queries.duplicate_records(h))
+        twice = sum(r["extra"] for r in stream_queries.duplicate_records(h))
     return {**{k: int(v) for k, v in row.items()}, "records_stored_twice": int(twice)}
 
 
@@ -579,9 +579,9 @@ def _run_page(h: History, run_id: str) -> None:
 
 def _read_back(h: History) -> None:
     """What ``StorageSink._read_back`` asks on start and on every partition assignment."""
-    queries.stored_streams(h)
-    queries.stored_event_keys(h)
-    queries.orphan_values(h)
+    stream_queries.stored_streams(h)
+    stream_queries.stored_event_keys(h)
+    stream_queries.orphan_values(h)
 
 
 def time_queries(

@@ -96,7 +96,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """Every stream complete? Exit 1 if one ended with seqs missing (see storage.reconcile)."""
-    from . import queries
+    from . import stream_queries
     from .reader import open_history
     from .reconcile import check_streams
 
@@ -104,8 +104,8 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     with open_history(location_of(args)) as history:
         checks = check_streams(history)
-        doubled = queries.duplicate_records(history)
-        mismatched = queries.value_count_mismatches(history)
+        doubled = stream_queries.duplicate_records(history)
+        mismatched = stream_queries.value_count_mismatches(history)
     if args.json:
         print(
             json.dumps(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from . import queries
+from . import stream_queries
 from .reader import History
 
 __all__ = ["StreamCheck", "check_streams", "missing_ranges"]
@@ -63,12 +63,12 @@ def missing_ranges(seqs: list[int], upto: int, limit: int = 20) -> list[tuple[in
 def check_streams(history: History) -> list[StreamCheck]:
     """Every stream in the store, with its status (see the module docstring)."""
     out = []
-    for row in queries.stream_completeness(history):
+    for row in stream_queries.stream_completeness(history):
         ended = row["last_seq"] is not None
         expected = (row["last_seq"] if ended else row["top"]) + 1
         missing = []
         if row["stored"] < expected:
-            seqs = queries.stream_seqs(history, row["run_id"], row["rank"], row["attempt"])
+            seqs = stream_queries.stream_seqs(history, row["run_id"], row["rank"], row["attempt"])
             missing = missing_ranges(seqs, expected)
         status = "complete" if ended and not missing else "incomplete" if ended else "open"
         out.append(

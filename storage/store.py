@@ -18,9 +18,9 @@ a local folder or object storage. What this module adds is the project's own rul
    commit used (``ConcurrentTransaction``), so two handles with one ``app_id`` cannot both
    land the same batch.
 3. **A crash between tables** leaves the batch's rows in the tables before the crash point
-   only. The sink that takes the partition over reads them back (``queries.orphan_values``:
-   values with no ``steps`` row) and writes only the missing rows — see
-   :mod:`foreshock.storage.sink`.
+   only. The sink that takes the partition over reads them back
+   (``stream_queries.orphan_values``: values with no ``steps`` row) and writes only the
+   missing rows — see :mod:`foreshock.storage.sink`.
 
 Maintenance (:meth:`DeltaStore.maintain`): ``optimize`` bin-packs a table's small files (one per
 batch) into large ones, ``vacuum`` deletes files no version newer than ``retain_hours`` needs —

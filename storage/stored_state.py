@@ -13,7 +13,7 @@ from typing import Any
 
 from foreshock.transport.consumer import Deduplicator
 
-from . import queries
+from . import stream_queries
 from .location import StoreLocation
 from .reader import open_history
 
@@ -33,14 +33,14 @@ class StoredState:
         carrying on the ``duplicates`` count of the one it replaces."""
         dedup, seen = Deduplicator(), set()
         with open_history(location) as history:
-            for s in queries.stored_streams(history):
+            for s in stream_queries.stored_streams(history):
                 key = (s["run_id"], s["rank"], s["attempt"])
                 if s["n"] == s["top"] + 1:
                     dedup.seed_prefix(key, s["n"])
                 else:
-                    dedup.seed(key, queries.stream_seqs(history, *key))
-            seen.update(queries.stored_event_keys(history))
-            orphans = set(queries.orphan_values(history))
+                    dedup.seed(key, stream_queries.stream_seqs(history, *key))
+            seen.update(stream_queries.stored_event_keys(history))
+            orphans = set(stream_queries.orphan_values(history))
         dedup.duplicates = duplicates
         self.seen, self.values = seen, orphans
         return dedup

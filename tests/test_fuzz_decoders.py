@@ -32,7 +32,7 @@ from foreshock.detectors.ordering import SeqOrderer
 from foreshock.notify.ledger import Ledger
 from foreshock.notify.notifier import decode_warning
 from foreshock.notify.payloads import alertmanager_alert, slack_payload, webhook_payload
-from foreshock.storage import queries
+from foreshock.storage import queries, stream_queries
 from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history
 from foreshock.storage.retention import export_run
@@ -833,7 +833,7 @@ def _no_rows_for(history, run_id: str) -> None:
     assert queries.series_across_runs(history, [run_id], run_id) == []
     assert queries.run_warnings(history, run_id) == []
     assert queries.run_records(history, run_id) == (None, [], None)
-    assert queries.stream_seqs(history, run_id, 0) == []
+    assert stream_queries.stream_seqs(history, run_id, 0) == []
     assert queries.run_rows(history, "steps", run_id).num_rows == 0
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 from _delta import commit_lands_then_fails_once, records_batch
 
-from foreshock.storage import queries
+from foreshock.storage import queries, stream_queries
 from foreshock.storage.location import StoreLocation
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
@@ -259,7 +259,7 @@ def test_a_store_on_s3_round_trips_compacts_and_vacuums(s3, location):
         got = (row["run_id"], row["project"], row["records"], row["last_step"])
         assert got == ("r", "p", 30, 30)
         assert row["status"] == "healthy" and queries.fleet(history, project="other") == []
-        assert queries.duplicate_records(history) == []
+        assert stream_queries.duplicate_records(history) == []
     assert len(_objects(client, location, "steps", ".parquet")) == 3
 
     report = store.maintain(retain_hours=0)
@@ -319,8 +319,8 @@ def test_two_processes_append_to_the_same_s3_tables_at_once(s3, location, tmp_pa
         ).to_pylist()
         assert per_run == [{"run_id": r, "n": 5 * n, "d": 5 * n} for r in ("ra", "rb")]
         assert _count(location, "metric_values") == 2 * 2 * 5 * n
-        assert queries.duplicate_records(history) == []
-        assert queries.value_count_mismatches(history) == []
+        assert stream_queries.duplicate_records(history) == []
+        assert stream_queries.value_count_mismatches(history) == []
         # the creation plus each writer's n commits: none overwritten by a racing one
         assert history.versions["steps"] == history.versions["metric_values"] == 2 * n
     # how often the two raced for one version (412s the server answered): informational
@@ -375,8 +375,8 @@ def test_a_writer_that_loses_the_race_for_a_version_commits_the_next(s3, locatio
     with open_history(location) as history:
         per_run = history.sql("SELECT run_id, count(*) AS n FROM steps GROUP BY ALL ORDER BY 1")
         assert per_run.to_pylist() == [{"run_id": "ra", "n": 10}, {"run_id": "rb", "n": 10}]
-        assert queries.duplicate_records(history) == []
-        assert queries.value_count_mismatches(history) == []
+        assert stream_queries.duplicate_records(history) == []
+        assert stream_queries.value_count_mismatches(history) == []
 
 
 def test_a_retried_batch_is_stored_once_on_s3(location, monkeypatch):

@@ -18,7 +18,7 @@ from _kafka import service_env
 from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.lab.recorded import load_run, shipped_runs
-from foreshock.storage import queries
+from foreshock.storage import queries, stream_queries
 from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history
 from foreshock.storage.reconcile import check_streams
@@ -94,7 +94,7 @@ def test_two_attempts_are_two_streams_in_the_store_and_overlap_is_flagged(tmp_pa
     DeltaStore(tmp_path / "s").write(b.take())
     with open_history(tmp_path / "s") as history:
         attempts = queries.run_attempts(history, "r")
-        assert queries.duplicate_records(history) == []
+        assert stream_queries.duplicate_records(history) == []
         _, records, _ = queries.run_records(history, "r")
     assert [
         (a["attempt"], a["number"], a["first_step"], a["last_step"], a["overlaps"])
@@ -169,8 +169,8 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
     StorageSink(kafka_settings, store, group_id="sink-resume").run(threading.Event(), idle_exit=4)
     with open_history(store) as history:
         attempts = queries.run_attempts(history, "resumed")
-        assert queries.duplicate_records(history) == []
-        assert queries.value_count_mismatches(history) == []
+        assert stream_queries.duplicate_records(history) == []
+        assert stream_queries.value_count_mismatches(history) == []
         checks = {c.attempt: c for c in check_streams(history)}
         steps = history.sql(
             "SELECT attempt, step FROM steps WHERE run_id = 'resumed' ORDER BY ALL"
@@ -216,7 +216,7 @@ def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, t
     with open_history(store) as history:
         attempts = queries.run_attempts(history, "twin")
         letters = [d["reason"] for d in queries.dead_letters(history)]
-        assert queries.duplicate_records(history) == []
+        assert stream_queries.duplicate_records(history) == []
     assert sorted(a["attempt"] for a in attempts) == sorted(j.attempt for j in jobs)
     assert all(a["records"] == 30 and a["overlaps"] for a in attempts)
     assert [r for r in letters if "run id collision" in r] == [letters[0]] and len(letters) == 1

@@ -21,7 +21,7 @@ from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.producers.kafka_sink import KafkaSink
-from foreshock.storage import queries
+from foreshock.storage import queries, stream_queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.sink import SecondWriterError, StorageSink
@@ -125,9 +125,9 @@ def _exactly_once(root, names: list[str]) -> None:
     """Every record and lifecycle message of ``names`` stored once, with all its values."""
     assert _stored_steps(root) == _expected_steps(names)
     with open_history(root) as history:
-        assert queries.duplicate_records(history) == []
-        assert queries.value_count_mismatches(history) == []
-        assert queries.orphan_values(history) == []
+        assert stream_queries.duplicate_records(history) == []
+        assert stream_queries.value_count_mismatches(history) == []
+        assert stream_queries.orphan_values(history) == []
         kinds = history.sql("SELECT run_id, kind FROM run_events ORDER BY ALL").to_pylist()
     assert [(k["run_id"], k["kind"]) for k in kinds] == sorted(
         (n, k) for n in names for k in ("end", "start")
@@ -221,7 +221,7 @@ def test_a_writer_that_died_between_tables_is_completed_not_repeated(kafka_setti
         b.add_metrics({**record, "run_id": RUNS[0], "seq": seq, "attempt": 5}, time.time())
     DeltaStore(root).write({"metric_values": b.take()["metric_values"]})  # steps: never
     with open_history(root) as history:
-        assert len(queries.orphan_values(history)) == 10
+        assert len(stream_queries.orphan_values(history)) == 10
     producer = KafkaSink(kafka_settings, attempt=5)  # the producer of those records
     producer.write({**run.start, "run_id": RUNS[0]})
     for record in run.records:

@@ -19,7 +19,7 @@ from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import load_run, shipped_runs
-from foreshock.storage import migrations, queries
+from foreshock.storage import migrations, queries, stream_queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.retention import export_query, export_run, prune
 from foreshock.storage.rows import BatchBuilder, RecordError
@@ -167,8 +167,8 @@ def test_two_writers_append_to_one_store_at_once(tmp_path):
     with open_history(tmp_path / "s") as history:
         per_run = history.sql("SELECT run_id, count(*) AS n FROM steps GROUP BY ALL ORDER BY 1")
         assert per_run.to_pylist() == [{"run_id": "ra", "n": 50}, {"run_id": "rb", "n": 50}]
-        assert queries.duplicate_records(history) == []
-        assert queries.value_count_mismatches(history) == []
+        assert stream_queries.duplicate_records(history) == []
+        assert stream_queries.value_count_mismatches(history) == []
 
 
 def test_maintenance_compacts_keeps_pinned_versions_and_time_travels(tmp_path):
