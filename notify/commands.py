@@ -31,7 +31,7 @@ def _notify(args: argparse.Namespace) -> int:
 
 def _notified(notifier) -> str:
     return "{delivered} delivered, {failed} failed, {duplicates} duplicates".format(
-        **notifier.stats
+        **notifier.stats.as_dict()
     )
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .delivery import backoff_delay, request
+from .stats import CourierStats
 from .targets import Target
 
 __all__ = ["Courier", "Job"]
@@ -77,7 +78,7 @@ class Courier:
             capacity,
             jitter,
         )
-        self.stats = {"delivered": 0, "failed": 0, "dropped": 0, "retries": 0, "abandoned": 0}
+        self.stats = CourierStats()
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
         self._busy = False
@@ -95,7 +96,7 @@ class Courier:
         with self._cv:
             if len(self._queue) >= self.capacity:
                 dropped = self._queue.popleft()
-                self.stats["dropped"] += 1
+                self.stats.dropped += 1
             self._queue.append(job)
             self._cv.notify()
         if dropped is not None:
@@ -145,7 +146,7 @@ class Courier:
                 if not self._queue:
                     return
                 if self._closing.is_set() and time.monotonic() > self._deadline:
-                    self.stats["abandoned"] += len(self._queue)
+                    self.stats.abandoned += len(self._queue)
                     self._queue.clear()
                     self._cv.notify_all()
                     return
@@ -172,7 +173,7 @@ class Courier:
                         time.monotonic() - self._down_since,
                     )
                     self._down_since = None
-                self.stats["delivered"] += 1
+                self.stats.delivered += 1
                 _settle(job, True, outcome.answer)
                 return
             if not outcome.retry:
@@ -182,7 +183,7 @@ class Courier:
                     job.what,
                     outcome.reason,
                 )
-                self.stats["failed"] += 1
+                self.stats.failed += 1
                 _settle(job, False, None)
                 return
             if self._down_since is None:
@@ -193,7 +194,7 @@ class Courier:
                     outcome.reason,
                 )
             if self._closing.is_set():
-                self.stats["abandoned"] += 1  # unsettled: the next notifier sends it again
+                self.stats.abandoned += 1  # unsettled: the next notifier sends it again
                 return
             waited = time.monotonic() - job.queued
             if (self.retries is not None and tries > self.retries) or waited >= self.patience:
@@ -205,7 +206,7 @@ class Courier:
                     waited,
                     job.what,
                 )
-                self.stats["failed"] += 1
+                self.stats.failed += 1
                 _settle(job, False, None)
                 return
             delay = max(
@@ -218,7 +219,7 @@ class Courier:
                 outcome.reason,
                 delay,
             )
-            self.stats["retries"] += 1
+            self.stats.retries += 1
             self._closing.wait(delay)
 
 

@@ -66,7 +66,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
@@ -82,6 +82,7 @@ from .courier import Courier, Job
 from .delivery import Target
 from .ledger import Ledger
 from .receivers import Receiver, receiver_for
+from .stats import NotifierStats
 
 __all__ = ["DEFAULT_DASHBOARD", "Notifier", "NotifyConfig", "decode_warning"]
 
@@ -142,11 +143,7 @@ class NotifyConfig:
 class Notifier:
     """The notify service: ``run(stop)`` delivers until ``stop`` is set (or ``idle_exit``).
 
-    ``stats``: ``delivered`` and ``failed`` count (event, target) pairs settled (failed: refused,
-    given up on, or dropped from a full queue), ``duplicates`` events dropped as repeats,
-    ``skipped`` updates not sent (``updates=False``) and people's events on resolved warnings,
-    ``replayed`` history events read to rebuild the ledger, ``invalid`` messages that are not
-    warning events, ``refreshed`` Alertmanager re-posts queued. Per receiver:
+    ``stats``: a snapshot of its counts (``stats.NotifierStats``). Per receiver:
     ``couriers[target].stats``.
     """
 
@@ -156,8 +153,7 @@ class Notifier:
         refresh = self.refresh = config.refresh
         self.ack_horizon = max(3 * refresh, 600.0) if refresh else 86_400.0
         self.ledger = Ledger()
-        names = ("delivered", "failed", "duplicates", "skipped", "replayed", "invalid")
-        self._stats = dict.fromkeys(names, 0)
+        self._stats = NotifierStats()
         self._lock = threading.Lock()  # couriers settle jobs from their own threads
         self.cursor = ReplayCursor()
         self._assigned: set[int] = set()
@@ -190,10 +186,10 @@ class Notifier:
                 recover(self.config.timeout)
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> NotifierStats:
         reposts = sum(getattr(r, "reposts", 0) for r in self.receivers.values())
         with self._lock:
-            return {**self._stats, "refreshed": reposts}
+            return replace(self._stats, refreshed=reposts)
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where delivery resumes; read each partition from its beginning."""
@@ -268,7 +264,10 @@ class Notifier:
             if inner is not None:
                 inner(delivered, answer)
             with self._lock:
-                self._stats["delivered" if delivered else "failed"] += 1
+                if delivered:
+                    self._stats.delivered += 1
+                else:
+                    self._stats.failed += 1
                 waiting = self._pending.get(partition, {})
                 if offset in waiting:
                     waiting[offset] -= 1
@@ -278,8 +277,9 @@ class Notifier:
         return settle
 
     def _count(self, name: str) -> None:
+        """One more of ``name`` (a ``NotifierStats`` field), under the couriers' lock."""
         with self._lock:
-            self._stats[name] += 1
+            setattr(self._stats, name, getattr(self._stats, name) + 1)
 
     def commit(self) -> None:
         """Commit, per partition, up to the first message some courier has not settled."""

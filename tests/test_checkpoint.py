@@ -78,7 +78,7 @@ def test_the_notifier_leaves_replay_when_retention_removed_committed_minus_one(
         b = {**base, "id": "b", "event": "opened"}
         notify.handle(Consumed(b, "foreshock.warnings", 0, 6, time.time()))
         assert not notify.cursor.replaying
-        assert notify.stats["replayed"] == 1
+        assert notify.stats.replayed == 1
         assert notify.refresh_open() == 2  # both open warnings, re-posted
     finally:
         for courier in notify.couriers.values():

@@ -248,7 +248,7 @@ def test_each_warning_reaches_every_target_once_through_duplicates_and_a_restart
     _produce(kafka_settings, [A, B, A, A_UPDATED, A_CLEARED, A_CLEARED], garbage=True)
     first = _run_notifier(kafka_settings, receiver, down)
     sent = sorted([(A["id"], "opened"), (A["id"], "cleared"), (B["id"], "opened")])
-    assert first.stats == {
+    assert first.stats.as_dict() == {
         "delivered": 3 * 4,
         "failed": 3 * 2,
         "duplicates": 2,
@@ -301,7 +301,7 @@ def test_each_warning_reaches_every_target_once_through_duplicates_and_a_restart
     before = len(receiver.requests)
     _produce(kafka_settings, [B, A, B_CLEARED, C])
     second = _run_notifier(kafka_settings, receiver, down, refresh=0.5)
-    stats = second.stats
+    stats = second.stats.as_dict()
     refreshed = stats.pop("refreshed")
     assert stats == {
         "delivered": 2 * 4,
@@ -371,7 +371,7 @@ def test_updates_are_sent_once_per_divergence_and_spare_resolved_alerts(kafka_se
         ]
         assert "diverged 450 steps after" in am[1]["annotations"]["description"]
         assert am[2]["endsAt"] == "1970-01-01T00:16:43.000Z"
-        assert notify.stats["duplicates"] == 1 and notify.stats["delivered"] == 7
+        assert notify.stats.duplicates == 1 and notify.stats.delivered == 7
     finally:
         receiver.close()
 
@@ -394,7 +394,7 @@ def test_a_courier_retries_what_may_pass_and_not_what_cannot() -> None:
     try:
         courier, settled = _courier(receiver.url("/flaky"), retries=3)
         assert settled == [(True, None)] and receiver.statuses("/flaky") == [503, 503, 200]
-        assert courier.stats["retries"] == 2 and courier.stats["delivered"] == 1
+        assert courier.stats.retries == 2 and courier.stats.delivered == 1
         _courier(receiver.url("/busy"), retries=3)
         busy = [d["time"] for d in receiver.details if d["path"] == "/busy"]
         assert len(busy) == 2 and busy[1] - busy[0] >= 0.95  # the 429's Retry-After, not 0.1
@@ -403,7 +403,7 @@ def test_a_courier_retries_what_may_pass_and_not_what_cannot() -> None:
         courier, settled = _courier(receiver.url("/down"), retries=2)
         assert settled == [(False, None)] and receiver.statuses("/down") == [500] * 3
         courier, settled = _courier(f"http://127.0.0.1:{_closed_port()}/", retries=2)
-        assert settled == [(False, None)] and courier.stats["retries"] == 2  # refused: retried
+        assert settled == [(False, None)] and courier.stats.retries == 2  # refused: retried
         courier, settled = _courier(receiver.url("/later"), patience=0.0)
         assert settled == [(True, None)]  # patience bounds retries, not the first try
     finally:
@@ -425,7 +425,7 @@ def test_a_courier_never_blocks_bounds_its_queue_and_leaves_what_it_could_not_se
         assert time.monotonic() - started < 0.1  # queued, not sent: a hung receiver holds nobody
         time.sleep(0.5)
         courier.close(grace=0.2)
-        stats = courier.stats
+        stats = courier.stats.as_dict()
         # job 0 in flight, 1 dropped for 3, then 2 dropped for... the queue holds 2
         assert stats["dropped"] >= 1 and stats["abandoned"] >= 1 and stats["delivered"] == 0
         dropped = [i for i, ok in settled if not ok]
