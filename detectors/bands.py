@@ -30,7 +30,7 @@ are named otherwise (a wrapper's prefix: ``base_model.model.…``) finds its ban
 library or a wrapper names things; across sizes it is never used (a profile applies to its
 own signature only, :mod:`foreshock.detectors.profiles`).
 
-The weight norm's band raises no warning; it decides a cause (``engine``: the weights left
+The weight norm's band raises no warning; it decides a cause (``attribution``: the weights left
 what healthy runs do before any mechanism moved → ``optimizer``). Its threshold is the same
 leave-one-out excursion with the same margin but *without* the floor,
 
@@ -91,7 +91,7 @@ def healthy_bands(runs: Sequence[Recorded], metrics: set[str] | None = None) -> 
             for key, x in record.get("values", {}).items():
                 if x is not None and _module_level(key, metrics):
                     values[key][int(record["step"])].append(x)
-    bands = {}
+    bands: Bands = {}
     for key, by_step in sorted(values.items()):
         steps = sorted(s for s, xs in by_step.items() if len(xs) >= MIN_RUNS)
         bands[key] = {
@@ -205,9 +205,9 @@ def _sustained_peak(
 
 def sustained_peak(run: Recorded, reference: Any, confirm: int) -> float:
     """The largest excursion of the total weight norm above ``reference`` (a standardizer:
-    ``update(step, value)`` → x or None) held for ``confirm`` records: what the engine's
-    optimizer test reads (``RunDetector._track_inflation``), against a healthy band or the
-    run's own trend."""
+    ``update(step, value)`` → x or None) held for ``confirm`` records: what the optimizer
+    test reads (:mod:`~foreshock.detectors.inflation`), against a healthy band or the run's
+    own trend."""
     level = SustainedLevel("up", math.inf, confirm)
     for record in run.records:
         x = reference.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))

@@ -16,11 +16,10 @@ is and is reported as such.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from .config import FAMILIES, OPTIMIZER_TEST, DetectorConfig, SeriesRule
-from .replay import RunReport
 
 __all__ = ["MARGINS", "calibrate", "calibrate_profile", "leave_one_out_margin"]
 
@@ -28,8 +27,19 @@ MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)
 LEVEL_FLOOR = 0.01
 
 
+class Replayed(Protocol):
+    """What calibration reads of a healthy run replayed without thresholds: its id and its
+    peaks (a :class:`~foreshock.detectors.replay.RunReport` is one; so is any pair of them)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def peaks(self) -> Mapping[str, float]: ...
+
+
 def calibrate(
-    healthy: Sequence[RunReport],
+    healthy: Sequence[Replayed],
     config: DetectorConfig,
     k: int = 1,
     margin: float | dict[str, float] = 0.1,
@@ -63,7 +73,7 @@ def calibrate(
 
 
 def leave_one_out_margin(
-    healthy: Sequence[RunReport],
+    healthy: Sequence[Replayed],
     config: DetectorConfig,
     k: int = 1,
     margins: Sequence[float] = MARGINS,

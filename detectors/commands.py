@@ -78,13 +78,12 @@ def _replay(args: argparse.Namespace) -> int:
                 )
             )
         return 0
-    rows = []
+    rows: list[list[object]] = []
     for report in reports:
         div = report.divergence_step
-        for alert in report.alerts or [None]:
-            if alert is None:
-                rows.append([report.run_id, report.profile, "-", "-", "-", "-", "-", "-", div, "-"])
-                continue
+        if not report.alerts:
+            rows.append([report.run_id, report.profile, "-", "-", "-", "-", "-", "-", div, "-"])
+        for alert in report.alerts:
             lead = None if div is None else div - alert.step
             rule = f"{alert.evidence.get('detector')} {alert.series.split('@')[0]}"
             rows.append(
@@ -131,7 +130,7 @@ def _live(args: argparse.Namespace) -> int:
 
 
 def _detected(worker) -> str:
-    return f"{worker.messages} messages, {worker.warnings} events"
+    return f"{worker.stats.messages} messages, {worker.stats.warnings} events"
 
 
 def _detect(args: argparse.Namespace) -> int:
@@ -150,6 +149,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         runs = _healthy_runs(args)
         base = DetectorConfig.load(args.detector_config) if args.detector_config else None
         config, signatures = make_profile(runs, replay_run, args.allow_few, base)
+        where: str | Path
         if args.name:
             where = save_profile(profiles_folder_of(args), args.name, config, signatures)
         else:

@@ -4,10 +4,11 @@ The same code runs live (the Kafka worker) and offline (``foreshock detect --rep
 sees a run's wire messages in seq order and returns events. A run written per rank has one of
 these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that rank's stream.
 
-* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``) is measured
-  against the run's own warm-up and fed, per direction, to a one-sided CUSUM of its residual
-  from its own trend (``cusum`` rules: a change in rate) or to a sustained-level test of its
-  log ratio to the warm-up level (``level`` rules: a slide too far).
+* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``:
+  :mod:`~foreshock.detectors.series`) is measured against the run's own warm-up and fed, per
+  direction, to a one-sided CUSUM of its residual from its own trend (``cusum`` rules: a
+  change in rate) or to a sustained-level test of its log ratio to the warm-up level
+  (``level`` rules: a slide too far).
 * A family fires for a module when one of its series' statistics has stayed above that
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
   per (run, family, module) until every one of its statistics has stayed back below h for
@@ -15,15 +16,13 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
   run ends (every rank that wrote to it sent its ``end``): then a ``cleared`` event (resolved,
   in what people read) whose ``evidence.resolved_by`` says which, ``"statistic"`` or ``"run
   ended"``. A run that ended leaves no warning open: nothing else would ever close it.
-* Attribution is earned, not assumed: the lab shows the families are *not* orthogonal (a
-  learning-rate ramp moves the attention entropies too, some 500 steps after the router), so
-  what names the cause is which family moves first. The first mechanism family to fire is
-  the ``cause`` when the other family is calm at that record (each of its sustained
-  statistics below ``calm_ratio`` × h; 1.0 = has not crossed what healthy runs never
-  cross); warnings of the other family that follow are ``secondary`` (a consequence). When
-  both cross on the same record nothing tells them apart and every mechanism warning of the
-  run is ``ambiguous``. A record is read whole before any warning opens, so the order of
-  its values never decides. Symptom warnings are ``symptom``.
+* Attribution is earned, not assumed (:mod:`~foreshock.detectors.attribution`): the first
+  mechanism family to fire is the ``cause`` when the other family is calm at that record
+  (each of its sustained statistics below ``calm_ratio`` × h), ``optimizer`` when every
+  weight grew first (:mod:`~foreshock.detectors.inflation`); warnings of the other family
+  that follow are ``secondary``. When both cross on the same record every mechanism warning
+  of the run is ``ambiguous``. A record is read whole before any warning opens, so the order
+  of its values never decides. Symptom warnings are ``symptom``.
 * The loss divergence (the lab's rule, :mod:`foreshock.detectors.divergence`, or the run's own
   ``end.divergence_step`` when the producer knew it) gives each warning its lead time, sent as
   an ``updated`` event once known.
@@ -32,50 +31,25 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
 from __future__ import annotations
 
 import logging
-import math
-from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
-from foreshock.catalogue import SERIES
-from foreshock.transport.records import parse_series_key
-from foreshock.transport.warning import EventKind, Role, RunWarning
+from foreshock.transport.warning import EventKind, RunWarning
 
-from .bands import INFLATION_METRIC, BandStandardizer, band_key
+from .attribution import cause_of, role
+from .bands import INFLATION_METRIC
 from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
-from .kinds import BUILDERS
-from .level import SustainedLevel
+from .inflation import WeightInflation
 from .profiles import ProfileConfigs, choose_profile
 from .rewind import Rewind, restore
-from .standardize import (
-    LogTrendStandardizer,
-    TrendStandardizer,
-    WarmupStandardizer,
-)
+from .series import Fired, Series, build_series
 from .warning_facts import CHECK, alert_id
 
 __all__ = ["RunDetector"]
 
 log = logging.getLogger(__name__)
-
-# The catalogue's series: the metrics a rule may read (the rest are evidence only).
-RULED_METRICS = frozenset(s.metric for s in SERIES)
-
-# LogRatioStandardizer is a Warmup one
-Standardizer = WarmupStandardizer | TrendStandardizer | BandStandardizer
-
-
-@dataclass
-class _Series:
-    key: str
-    metric: str
-    family: str
-    module: str | None
-    standardizer: Standardizer
-    cusums: dict[str, OneSidedCUSUM]  # direction -> its detector (or a SustainedLevel)
-    recent: deque = field(default_factory=lambda: deque(maxlen=6))  # (step, value, z)
 
 
 class RunDetector:
@@ -133,7 +107,7 @@ class RunDetector:
 
     def _reset(self) -> None:
         """Every piece of state a run's records build (not its config or kept records)."""
-        self._series: dict[str, _Series] = {}
+        self._series: dict[str, Series] = {}
         self._ignored: set[str] = set()  # series keys no rule reads
         self.unruled: dict[str, str] = {}  # module-level metric no rule reads -> why
         self._open: dict[tuple[str, str | None], RunWarning] = {}
@@ -144,9 +118,7 @@ class RunDetector:
         self.divergence = LossDivergence()
         self.divergence_step: int | None = None
         self.last_step = -1
-        self._inflation: tuple[BandStandardizer | LogTrendStandardizer, SustainedLevel] | None = (
-            None
-        )
+        self._inflation: WeightInflation | None = None  # the optimizer test, once armed
 
     def superseded(self, message: dict[str, Any]) -> bool:
         """Is ``message`` of an attempt older than the one followed (never followed)?"""
@@ -261,91 +233,35 @@ class RunDetector:
                 events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)
 
-    def _track_inflation(self, step: int, value: Any) -> list[tuple[_Series, str, Any]]:
-        """The total weight norm against its healthy band where the profile has one, else
-        against the run's own warm-up trend (``LogTrendStandardizer``: a zero-shot profile
-        reads no other model's weights): see ``_attribute``. Where the profile's rules hold
-        the optimizer test (``OPTIMIZER_TEST``) the same lead is also a series of family
-        ``optimizer`` that warns past its own threshold (``thresholds[OPTIMIZER_TEST]``, at
-        least ``inflation_h``: naming a cause may come early, paging needs more); what fired
-        is returned, as ``_metrics`` collects it."""
-        c = self.config
-        if c.inflation_h is None:
+    def _track_inflation(self, step: int, value: Any) -> list[Fired]:
+        """The weight-inflation test (:mod:`~foreshock.detectors.inflation`), armed on the
+        first record where the profile has ``inflation_h``; its optimizer series, where the
+        profile's rules hold it, joins the run's series. What fired is returned, as
+        ``_metrics`` collects it."""
+        if self.config.inflation_h is None:
             return []
         if self._inflation is None:
-            reference: BandStandardizer | LogTrendStandardizer = (
-                BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
-                if INFLATION_METRIC in c.bands
-                else LogTrendStandardizer(c.warmup_start, c.warmup_records)
-            )
-            self._inflation = (reference, SustainedLevel("up", c.inflation_h, c.confirm))
-            if c.rule_for(OPTIMIZER_TEST) is not None:  # its warning: h of its own
-                warns = SustainedLevel("up", c.thresholds.get(OPTIMIZER_TEST, math.inf), c.confirm)
-                self._series[OPTIMIZER_TEST] = _Series(
-                    OPTIMIZER_TEST, OPTIMIZER_TEST, "optimizer", None, reference, {"up": warns}
-                )
-        band, level = self._inflation
-        z = band.update(step, value)
-        if z is None:
-            return []
-        level.update(z)
-        series = self._series.get(OPTIMIZER_TEST)
-        if series is None:
-            return []
-        warns = series.cusums["up"]
-        warns.update(z)
-        series.recent.append((step, value, round(z, 3)))
-        self.peaks[OPTIMIZER_TEST] = max(self.peaks.get(OPTIMIZER_TEST, 0.0), warns.peak)
-        return [(series, "up", warns)] if warns.drift_detected else []
+            self._inflation = WeightInflation(self.config, self.config.inflation_h)
+            if self._inflation.optimizer is not None:
+                self._series[OPTIMIZER_TEST] = self._inflation.optimizer
+        return self._inflation.track(step, value, self.peaks)
 
-    def _weights_inflated(self) -> bool:
-        return self._inflation is not None and self._inflation[1].sustained > self._inflation[1].h
-
-    def _new_series(self, key: str) -> _Series | None:
-        try:
-            metric, module, head = parse_series_key(key)
-        except ValueError:
-            return None
-        if head is not None:
-            return None  # per-head series are evidence, not rules' input
-        rule = self.config.rule_for(metric)
-        if rule is None:
-            if metric in RULED_METRICS:  # a catalogue series this profile leaves unread
-                self.unruled.setdefault(metric, "no rule in this profile")
-            return None
-        kind = BUILDERS[rule.kind]
-        band = band_key(key, self.config.bands) if kind.needs_band else None
-        if kind.needs_band and band is None:
-            self.unruled.setdefault(metric, "no healthy band for this module")
-            return None  # no healthy reference for this series: nothing to compare with
-        h = self.config.thresholds.get(rule.metric, math.inf)
-        series = _Series(
-            key,
-            metric,
-            rule.family,
-            module,
-            kind.standardizer(self.config, None if band is None else self.config.bands[band]),
-            {d: kind.detector(self.config, rule, d, h) for d in rule.directions()},
-        )
-        self._series[key] = series
+    def _new_series(self, key: str) -> Series | None:
+        series = build_series(key, self.config, self.unruled)
+        if series is not None:
+            self._series[key] = series
         return series
 
     def _open_alert(
-        self, series: _Series, direction: str, cusum: OneSidedCUSUM, step: int
+        self, series: Series, direction: str, cusum: OneSidedCUSUM, step: int
     ) -> RunWarning:
+        """Open a warning; the run's first mechanism warning names its cause
+        (:mod:`~foreshock.detectors.attribution`: the whole record is read by now)."""
         family = series.family
-        if family in MECHANISMS:
-            if self.cause is None:
-                self.cause = self._attribute(family)
-            role = (
-                Role(self.cause)
-                if self.cause in (Role.AMBIGUOUS, Role.OPTIMIZER)
-                else Role.CAUSE
-                if self.cause == family
-                else Role.SECONDARY
-            )
-        else:
-            role = Role.SYMPTOM
+        if family in MECHANISMS and self.cause is None:
+            inflated = self._inflation is not None and self._inflation.inflated
+            self.cause = cause_of(family, self._series.values(), inflated, self.config.calm_ratio)
+        cause = self.cause if family in MECHANISMS else None
         rank = self.rank if self._named else None
         alert = RunWarning(
             id=self._alert_id(family, series.module, step),
@@ -355,19 +271,19 @@ class RunDetector:
             series=series.key,
             direction=direction,
             step=step,
-            role=role,
+            role=role(family, self.cause),
             statistic=round(cusum.statistic, 3),
             threshold=cusum.h,
             false_alarm_rate=self.config.false_alarm.get(family),
             config_version=self.config.version,
             evidence={
-                "detector": self.config.rule_for(series.metric).kind,
+                "detector": series.kind,
                 "profile": self.profile.name,
                 "warmup_mean": series.standardizer.mean,
                 "warmup_scale": series.standardizer.scale,
                 "recent": [list(r) for r in series.recent],
-                "cause": self.cause if family in MECHANISMS else None,
-                "check": CHECK.get(self.cause if family in MECHANISMS else family),
+                "cause": cause,
+                "check": CHECK.get(family if cause is None else cause),
             },
             divergence_step=self.divergence_step,
             lead_time=_lead(self.divergence_step, step),
@@ -376,25 +292,6 @@ class RunDetector:
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
         return RunWarning(**asdict(alert))  # the event is a snapshot; the alert itself lives on
-
-    def _attribute(self, family: str) -> str:
-        """The cause a first mechanism warning of ``family`` names (see the module docstring)."""
-        if self._weights_inflated():
-            return "optimizer"
-        others = [f for f in MECHANISMS if f != family]
-        calm = all(self._pressure(f) < self.config.calm_ratio for f in others)
-        return family if calm else "ambiguous"
-
-    def _pressure(self, family: str) -> float:
-        """How close ``family`` is to firing: its largest sustained statistic / threshold."""
-        ratios = [
-            c.sustained / c.h
-            for s in self._series.values()
-            if s.family == family
-            for c in s.cusums.values()
-            if math.isfinite(c.h)
-        ]
-        return max(ratios, default=0.0)
 
     def _clear(self, step: int, ended: str | None = None) -> list[RunWarning]:
         """Resolve the open warnings whose statistics are all back below h — or, once the run

@@ -23,7 +23,7 @@ may rightly name), so that no run is right for one and wrong for another. The an
   divergence or after.
 
 Torch-free: it reads any objects with ``family``, ``step``, ``role`` and ``evidence``
-(:class:`~foreshock.detectors.engine.RunWarning`).
+(:class:`~foreshock.transport.warning.RunWarning`).
 
 >>> from types import SimpleNamespace as W
 >>> ramp = [W(family="router", step=600, role="optimizer", evidence={"cause": "optimizer"}),
@@ -51,12 +51,20 @@ UNKNOWN = "unknown"  # the family a fault of unknown family is judged under: any
 
 
 class Warned(Protocol):
-    """What the judge reads of a warning."""
+    """What the judge reads of a warning (read-only: a ``RunWarning``, whose ``role`` is a
+    ``Role`` and ``evidence`` a dict, is one)."""
 
-    family: str
-    step: int
-    role: str
-    evidence: Mapping[str, Any]
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def evidence(self) -> Mapping[str, Any]: ...
 
 
 def own_families(name: str) -> tuple[str, ...] | None:
@@ -153,7 +161,7 @@ class Verdict:
     @property
     def own_first(self) -> Warned | None:
         """The first warning of one of the fault's own families before divergence."""
-        hits = [self.firsts[f] for f in self.own or () if self.firsts.get(f) is not None]
+        hits = [w for f in self.own or () if (w := self.firsts.get(f)) is not None]
         return min(hits, key=lambda a: a.step, default=None)
 
     @property

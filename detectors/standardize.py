@@ -100,7 +100,7 @@ class WarmupStandardizer(base.Base):
         x = _finite(x)
         if x is None or step < self.start:
             return None
-        if self.mean is None:
+        if self.mean is None or self.scale is None:  # warming up (both are set at its end)
             self._warmup.append(x)
             if len(self._warmup) == self.records:
                 self.mean = _mean(self._warmup)

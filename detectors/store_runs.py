@@ -10,13 +10,18 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
 from foreshock.transport.run_files import load_run
 
 from .config import DetectorConfig
+from .profiles import ProfileConfigs
 from .replay import replay_run
+
+if TYPE_CHECKING:
+    from foreshock.storage.location import StoreLocation
 
 __all__ = ["import_runs", "store_recorded_runs"]
 
@@ -24,7 +29,7 @@ __all__ = ["import_runs", "store_recorded_runs"]
 def store_recorded_runs(
     store: DeltaStore,
     paths: Iterable[str | Path],
-    config: DetectorConfig | None,
+    config: DetectorConfig | ProfileConfigs | None,
     received_at: float | None = None,
 ) -> int:
     """Write each run (start, records, end, and its warnings unless ``config`` is None) as
@@ -80,7 +85,7 @@ def import_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored_run_ids(location: object) -> set[str]:
+def _stored_run_ids(location: StoreLocation) -> set[str]:
     """The run ids a store holds (none for a store not yet written)."""
     from foreshock.storage.reader import open_history
 

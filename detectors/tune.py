@@ -9,42 +9,29 @@ every faulty run — judges: faulty runs never calibrate anything, so all of the
 
 For each point of a small grid of detector parameters (k, confirm, trend_beta by default),
 thresholds are calibrated on the calibration runs with leave-one-out margins
-(:mod:`foreshock.detectors.calibrate`) and every judged run is replayed once. Per family:
-
-* detection: the family's faulty runs (fa-lowprec → attention-numerics, lr-high and
-  gbs-small → router, combined → both) with a warning of that family before divergence;
-* false warnings: mechanism warnings of the family per held-out healthy (and fa-noise) run;
-* lead: divergence step − the first warning of the family before it (median, p10, p90);
-* attribution: of the runs warned before divergence, those whose first mechanism warning
-  names one of the scenario's right causes (the catalogue's: lr-high → optimizer or router).
-
-Every run is judged by :mod:`foreshock.detectors.judge`, as the detection benchmark judges
-it. A faulty scenario with no known family counts under ``unknown``: any mechanism warning
-before divergence detects it, attribution is not judged.
+(:mod:`foreshock.detectors.calibrate`) and every judged run is replayed once. Each point gets
+per-family figures (detection, false warnings, lead, attribution) and the point the rule
+ranks first is chosen (:mod:`foreshock.detectors.tune_score`: the figures, the rule).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import polars as pl
-
 from foreshock.catalogue import SCENARIOS
 
 from .calibrate import calibrate, leave_one_out_margin, uncalibrated
 from .config import DetectorConfig
-from .judge import judge
 from .replay import RunReport
 from .streams import RunStreams
+from .tune_score import RULE, families, score, verdicts
 
 __all__ = [
     "DEFAULT_GRID",
-    "RULE",
     "StoredRun",
     "TuneError",
     "TuneResult",
@@ -60,24 +47,7 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "confirm": (1, 2, 3),
     "trend_beta": (0.1, 0.2, 0.4),
 }
-RULE = (
-    "fewest held-out false warnings (zero when any point has none); then the highest "
-    "detection rate of the worst-detected family (ties: the next worst, and so on); then "
-    "the longest median lead of the family with the shortest (ties: the next); then "
-    "grid order"
-)
-
 Progress = Callable[[int, int], None]
-_VERDICT = {
-    "run": pl.String,
-    "scenario": pl.String,
-    "family": pl.String,
-    "faulty": pl.Boolean,
-    "detected": pl.Boolean,
-    "lead": pl.Int64,
-    "attribution_ok": pl.Boolean,
-    "false_warnings": pl.Int64,
-}
 
 
 class TuneError(ValueError):
@@ -123,8 +93,10 @@ def replay_messages(
         events += detector.update(record)
     if end is not None:
         events += detector.finish(end)
-    known = end is not None and "divergence_step" in end
-    divergence = end["divergence_step"] if known else detector.divergence_step
+    if end is not None and "divergence_step" in end:  # the producer's, even "none"
+        divergence = end["divergence_step"]
+    else:
+        divergence = detector.divergence_step
     labels = (start or {}).get("labels", {})
     return RunReport(run_id, labels, divergence, detector.alerts, detector.peaks, events)
 
@@ -140,7 +112,8 @@ def load_runs(
     from foreshock.storage import queries
     from foreshock.storage.reader import open_history
 
-    runs, skipped = [], {"unfinished": [], "unlabelled": []}
+    runs: list[StoredRun] = []
+    skipped: dict[str, list[str]] = {"unfinished": [], "unlabelled": []}
     with open_history(root, versions) as snapshot:
         read = dict(snapshot.versions)
         rows = sorted(queries.fleet(snapshot), key=lambda r: r["run_id"])
@@ -152,7 +125,7 @@ def load_runs(
             scenario, seed = labels.get("scenario"), labels.get("seed")
             if end is None:
                 skipped["unfinished"].append(row["run_id"])
-            elif not isinstance(scenario, str) or not isinstance(seed, int):
+            elif start is None or not isinstance(scenario, str) or not isinstance(seed, int):
                 skipped["unlabelled"].append(row["run_id"])
             else:
                 runs.append(StoredRun(row["run_id"], scenario, seed, start, records, end))
@@ -243,75 +216,6 @@ def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _verdicts(report: RunReport, run: StoredRun) -> list[dict[str, Any]]:
-    """One row per family the run is judged on (:func:`~foreshock.detectors.judge.judge`): a
-    fault's families, or every mechanism family (false warnings) for a quiet run (healthy
-    or a control)."""
-    verdict = judge(run.scenario, report.divergence_step, report.alerts)
-    if not verdict.faulty:
-        return [
-            {
-                "run": run.run_id,
-                "scenario": run.scenario,
-                "family": family,
-                "faulty": False,
-                "false_warnings": count,
-            }
-            for family, count in verdict.false_warnings.items()
-        ]
-    return [
-        {
-            "run": run.run_id,
-            "scenario": run.scenario,
-            "family": family,
-            "faulty": True,
-            "detected": verdict.detected_by(family),
-            "lead": verdict.lead(family),
-            "attribution_ok": verdict.attribution_ok,
-        }
-        for family in verdict.families
-    ]
-
-
-def family_table(verdicts: pl.DataFrame) -> pl.DataFrame:
-    """Per family: detection rate, leads (median, p10, p90), attribution, false warnings."""
-    faults = (
-        verdicts.filter(pl.col("faulty"))
-        .group_by("family")
-        .agg(
-            runs=pl.len(),
-            detected=pl.col("detected").sum(),
-            detection_rate=pl.col("detected").mean(),
-            lead_median=pl.col("lead").median(),
-            lead_p10=pl.col("lead").quantile(0.1, "linear"),
-            lead_p90=pl.col("lead").quantile(0.9, "linear"),
-            attribution_ok=pl.col("attribution_ok").mean(),
-        )
-    )
-    healthy = (
-        verdicts.filter(~pl.col("faulty"))
-        .group_by("family")
-        .agg(
-            healthy_runs=pl.len(),
-            false_warnings=pl.col("false_warnings").sum(),
-            false_warnings_per_run=pl.col("false_warnings").mean(),
-        )
-    )
-    return faults.join(healthy, on="family", how="full", coalesce=True).sort("family")
-
-
-def _score(families: list[dict[str, Any]]) -> tuple:
-    """Larger is better; the selection rule (:data:`RULE`) as a sort key."""
-    false = sum(f["false_warnings"] or 0 for f in families)
-    rates = sorted(f["detection_rate"] for f in families if f["detection_rate"] is not None)
-    leads = sorted(
-        -math.inf if f["lead_median"] is None else f["lead_median"]
-        for f in families
-        if f["detection_rate"] is not None
-    )
-    return (-false, rates, leads)
-
-
 def _judge_point(
     point: dict[str, Any],
     base: DetectorConfig,
@@ -330,10 +234,9 @@ def _judge_point(
     rows = []
     for run in judged:
         report = replay_messages(run.run_id, run.start, run.records, run.end, config)
-        rows += _verdicts(report, run)
+        rows += verdicts(report, run.run_id, run.scenario)
         tick()
-    table = family_table(pl.DataFrame(rows, schema=_VERDICT))
-    return config, margin, [_rounded(row) for row in table.to_dicts()]
+    return config, margin, families(rows)
 
 
 class _Counter:
@@ -357,10 +260,6 @@ class _Counter:
             self.progress(self.done, self.total)
 
 
-def _rounded(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-
-
 def tune(
     root: str | Path,
     grid: Mapping[str, Sequence[Any]] = DEFAULT_GRID,
@@ -370,7 +269,8 @@ def tune(
     versions: dict[str, int] | None = None,
     select: Mapping[str, str] | None = None,
 ) -> TuneResult:
-    """Choose detector parameters on a store's runs (the rule: :data:`RULE`).
+    """Choose detector parameters on a store's runs (the rule:
+    :data:`~foreshock.detectors.tune_score.RULE`).
 
     ``held_out``: the healthy seeds kept out of calibration (default: seed % 3 == 0);
     ``base``: the rules and other parameters the grid varies (default: the built-in ones);
@@ -393,7 +293,7 @@ def tune(
     calibration, judged = _split(runs, held_out)
     counter.skip(sum(map(len, skipped.values())))
     results = [_judge_point(p, base, calibration, judged, counter.tick) for p in points]
-    scores = [_score(families) for _, _, families in results]
+    scores = [score(figures) for _, _, figures in results]
     best = max(range(len(points)), key=lambda i: (scores[i], -i))
     report = {
         "rule": RULE,

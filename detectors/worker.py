@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
@@ -47,7 +47,7 @@ from .ordering import SeqOrderer
 from .profiles import ProfileConfigs
 from .streams import RunStreams
 
-__all__ = ["DetectorWorker", "WorkerConfig"]
+__all__ = ["DetectorWorker", "WorkerConfig", "WorkerStats"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,27 @@ class WorkerConfig:
     keep_ended: int = 64
 
 
+@dataclass
+class WorkerStats:
+    """Counts since the worker started, for its telemetry and its exit line. One dataclass, as
+    the sink's (:class:`~foreshock.storage.sink_stats.SinkStats`), rather than loose
+    attributes: a miscounted name is an AttributeError at once, not a new zero nobody reads.
+
+    >>> stats = WorkerStats(messages=3, values=120)
+    >>> stats.warnings += 2
+    >>> stats.as_dict()
+    {'messages': 3, 'values': 120, 'warnings': 2, 'resent': 0}
+    """
+
+    messages: int = 0  # messages fed to the detectors (history replayed on assignment too)
+    values: int = 0  # metric values in them
+    warnings: int = 0  # warning events produced
+    resent: int = 0  # warning events re-sent after the broker forgot its data
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
 class DetectorWorker:
     """The detect service: ``run(stop)`` consumes metrics and produces warning events.
 
@@ -103,7 +124,7 @@ class DetectorWorker:
         ensure_topics(settings)
         self.cursor = ReplayCursor()
         self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=config.resend_window)
-        self.resent = 0
+        self.stats = WorkerStats()  # before the consumer: its rewind callback counts re-sends
         self.consumer = MetricsConsumer(
             settings, config.group_id, on_assign=self._on_assign, on_rewind=self._on_rewind
         )
@@ -121,8 +142,20 @@ class DetectorWorker:
             self.consumer, "detect", flush=lambda: self.producer.flush(30) == 0
         )
         self.orderer: SeqOrderer[Consumed] = SeqOrderer(message_of=lambda c: c.message)
-        self.messages = self.values = self.warnings = 0
         self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
+
+    # The counts as they were read before ``stats`` held them (the benchmarks, the tests).
+    @property
+    def messages(self) -> int:
+        return self.stats.messages
+
+    @property
+    def values(self) -> int:
+        return self.stats.values
+
+    @property
+    def warnings(self) -> int:
+        return self.stats.warnings
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Remember where to resume emitting; read each partition from its beginning."""
@@ -135,7 +168,7 @@ class DetectorWorker:
         if any(offset < 0 for _, offset in found):
             for key, value in self._recent:
                 self._produce(key, value)
-            self.resent += len(self._recent)
+            self.stats.resent += len(self._recent)
             log.info(
                 "foreshock detect: broker restarted; re-sent %d recent warning events",
                 len(self._recent),
@@ -148,15 +181,15 @@ class DetectorWorker:
             ready = ready_at.message
             run_id = ready["run_id"]
             detectors = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, self._ended.pop(run_id, None) or RunStreams(run_id, self.detectors)
+                run_id, self._revived(run_id) or RunStreams(run_id, self.detectors)
             )
             events = detectors.update(ready)
             if detectors.ended:  # a fleet served for weeks must not keep every run it saw,
                 self._ended[run_id] = self.runs.pop(run_id)  # but a resume needs the last few
                 while len(self._ended) > self.config.keep_ended:
                     self._ended.popitem(last=False)
-            self.messages += 1
-            self.values += len(ready.get("values", ()))
+            self.stats.messages += 1
+            self.stats.values += len(ready.get("values", ()))
             if self.cursor.history(ready_at.partition, ready_at.offset):
                 continue  # replaying history: state only, these warnings were emitted before
             for event in events:
@@ -166,6 +199,10 @@ class DetectorWorker:
                 produced += 1
         self.producer.poll(0)
         return produced
+
+    def _revived(self, run_id: str) -> RunStreams | None:
+        """An ended run's detectors, taken back when the run goes on (a resume), else None."""
+        return self._ended.pop(run_id) if run_id in self._ended else None
 
     def _produce(self, key: bytes, value: bytes) -> None:
         """Queue one warning event; while the client refuses it (queue full, or the topic is
@@ -195,7 +232,7 @@ class DetectorWorker:
         batch = self.consumer.poll_batch(1000, timeout=0.5)
         t1 = time.perf_counter()
         for consumed in batch:
-            self.warnings += self.process(consumed)
+            self.stats.warnings += self.process(consumed)
         t2 = time.perf_counter()
         if batch:
             self.checkpoint.commit()
@@ -237,9 +274,9 @@ class DetectorWorker:
             self.telemetry.refresh_lag(self.consumer, force=True)
         self.telemetry.update(
             self.consumer,
-            messages=self.messages,
-            values=self.values,
-            warnings=self.warnings,
+            messages=self.stats.messages,
+            values=self.stats.values,
+            warnings=self.stats.warnings,
             dead_letters=self.consumer.dead_letters,
             duplicates=self.consumer.dedup.duplicates,
         )

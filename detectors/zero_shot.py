@@ -96,7 +96,7 @@ def zero_shot_base() -> DetectorConfig:
 
 def inflation_peak(run: Any, config: DetectorConfig) -> float:
     """A run's largest weight-norm lead over its own warm-up trend held for ``confirm``
-    records (nats): what the optimizer test reads (``engine.RunDetector._track_inflation``)."""
+    records (nats): what the optimizer test reads (:mod:`~foreshock.detectors.inflation`)."""
     trend = LogTrendStandardizer(config.warmup_start, config.warmup_records)
     return sustained_peak(run, trend, config.confirm)
 

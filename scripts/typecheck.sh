@@ -4,7 +4,7 @@
 # through the editable install's import hook: a temporary tree of links gives it those names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOMS=(transport notify storage)
+ROOMS=(${FORESHOCK_ROOMS:-transport notify storage detectors})
 root=$PWD
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT

@@ -13,7 +13,8 @@ from benchmarks.detection_table import _judge as table_judge
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.judge import UNKNOWN, judge
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.tune import StoredRun, _verdicts
+from foreshock.detectors.tune import StoredRun
+from foreshock.detectors.tune_score import verdicts
 from foreshock.lab.recorded import load_run, shipped_runs
 
 CALIBRATED = Path(__file__).parents[1] / "detectors" / "calibrated" / "gpt-moe.json"
@@ -79,7 +80,7 @@ def test_tune_and_the_detection_table_agree_on_lr_high_runs(seed: int) -> None:
     report = replay_run(run, DetectorConfig.load(CALIBRATED))
     table = table_judge(report, "lr-high")
     stored = StoredRun(run.run_id, "lr-high", seed, run.start, run.records, run.end or {})
-    (row,) = _verdicts(report, stored)  # lr-high is judged on its own family, the router
+    (row,) = verdicts(report, stored.run_id, stored.scenario)  # judged on its family, the router
     assert table["divergence"] == report.divergence_step is not None
     assert table["attribution"] == "correct" and table["cause"] == "optimizer"
     assert row["attribution_ok"] is True  # was False: the role is "optimizer", not "cause"

@@ -61,7 +61,7 @@ class EventKind(StrEnum):
 
 
 class Role(StrEnum):
-    """What a warning says about the run's fault (``detectors/engine.py``: attribution)."""
+    """What a warning says about the run's fault (``detectors/attribution.py``)."""
 
     CAUSE = "cause"  # the first mechanism family to move, the other calm
     SECONDARY = "secondary"  # a family that moved after the cause

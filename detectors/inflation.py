@@ -1,0 +1,96 @@
+"""The optimizer test: did every weight grow beyond what is healthy before a mechanism moved?
+
+Why apart from the engine: it is one test with its own reference, read two ways, and the
+engine only asks it two questions. An optimizer fault (a learning-rate ramp, a batch too
+small) moves the router and the attention entropies too, hundreds of steps after it has grown
+every weight; so a first mechanism warning whose run's weights are already inflated names the
+``optimizer`` as its cause (:mod:`~foreshock.detectors.attribution`), and where the profile's
+rules hold the test (``OPTIMIZER_TEST``) it also warns on its own, as family ``optimizer``.
+
+The total weight norm W (``weight_norm``) is read against its healthy band where the profile
+has one (z in band widths, :class:`~foreshock.detectors.bands.BandStandardizer`), else against
+the run's own warm-up trend (a zero-shot profile reads no other model's weights:
+:class:`~foreshock.detectors.standardize.LogTrendStandardizer`,
+
+    z = ln W − (a + b·step)   nats,
+
+a and b the least-squares line through the warm-up's (step, ln W)). The weights are
+*inflated* once z has stayed above ``inflation_h`` for ``confirm`` records (a
+``SustainedLevel``: min of the last ``confirm`` z above h). The warning reads the same z
+against a threshold of its own, ``thresholds[OPTIMIZER_TEST]`` (at least ``inflation_h``:
+naming a cause may come early, paging needs more; ∞ when uncalibrated).
+
+>>> from foreshock.detectors.config import DetectorConfig
+>>> test = WeightInflation(DetectorConfig(warmup_start=0, warmup_records=2), h=0.05)
+>>> peaks: dict[str, float] = {}
+>>> [test.track(step, math.exp(0.001 * step), peaks) for step in (0, 10, 20)], test.inflated
+([[], [], []], False)
+>>> _ = [test.track(step, math.exp(0.1 * step), peaks) for step in (30, 40)]
+>>> test.inflated, test.optimizer is None, peaks
+(True, True, {})
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .bands import INFLATION_METRIC, BandStandardizer
+from .config import OPTIMIZER_TEST, DetectorConfig
+from .level import SustainedLevel
+from .series import Fired, Series
+from .standardize import LogTrendStandardizer
+
+__all__ = ["WeightInflation"]
+
+
+class WeightInflation:
+    """The test for one run under ``config``, armed at ``h`` (the config's ``inflation_h``).
+
+    ``optimizer`` is the test's own warning series (family ``optimizer``, module None) when
+    the profile's rules hold it, else None; it shares ``reference`` with the test, and the
+    engine keeps it among the run's series (its statistics then count where every series'
+    do: which warnings are open, how close its family is to firing)."""
+
+    def __init__(self, config: DetectorConfig, h: float) -> None:
+        c = config
+        self.reference: BandStandardizer | LogTrendStandardizer = (
+            BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
+            if INFLATION_METRIC in c.bands
+            else LogTrendStandardizer(c.warmup_start, c.warmup_records)
+        )
+        self.level = SustainedLevel("up", h, c.confirm)
+        self.optimizer: Series | None = None
+        rule = c.rule_for(OPTIMIZER_TEST)
+        if rule is not None:  # its warning: h of its own
+            warns = SustainedLevel("up", c.thresholds.get(OPTIMIZER_TEST, math.inf), c.confirm)
+            self.optimizer = Series(
+                OPTIMIZER_TEST,
+                OPTIMIZER_TEST,
+                "optimizer",
+                None,
+                rule.kind,
+                self.reference,
+                {"up": warns},
+            )
+
+    @property
+    def inflated(self) -> bool:
+        """Have the weights stayed above ``h`` for ``confirm`` records, as of now?"""
+        return self.level.sustained > self.level.h
+
+    def track(self, step: int, value: Any, peaks: dict[str, float]) -> list[Fired]:
+        """Read one record's weight norm (``value``; None or missing: no news). The optimizer
+        series' peak goes into ``peaks`` (for calibration); it is returned when it fired."""
+        z = self.reference.update(step, value)
+        if z is None:
+            return []
+        self.level.update(z)
+        series = self.optimizer
+        if series is None:
+            return []
+        warns = series.cusums["up"]
+        warns.update(z)
+        series.recent.append((step, value, round(z, 3)))
+        peaks[OPTIMIZER_TEST] = max(peaks.get(OPTIMIZER_TEST, 0.0), warns.peak)
+        return [(series, "up", warns)] if warns.drift_detected else []
