@@ -34,6 +34,7 @@ import logging
 from dataclasses import asdict, replace
 from typing import Any
 
+from foreshock.transport.records import MetricsRecord
 from foreshock.transport.warning import EventKind, RunWarning
 
 from .attribution import cause_of, role
@@ -133,21 +134,7 @@ class RunDetector:
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
-            if self.rank is not None and _per_rank(message):
-                self._named = True
-            step = int(message["step"])
-            attempt = int(message.get("attempt") or 0)
-            if attempt != self._attempt and self._attempt is not None and not self._replaying:
-                events += self._follow(attempt, step)
-            self._attempt = attempt
-            self._rewind.keep(message, self._snapshot)
-            self.last_step = max(self.last_step, step)
-            values = message.get("values", {})
-            events += self._metrics(step, values)
-            if "loss" in values:  # null is a non-finite loss (a divergence); absent is no news
-                self.divergence.update(step, values["loss"])
-            if self.divergence.divergence_step is not None:
-                events += self._diverged(self.divergence.divergence_step)
+            events += self._on_metrics(message)
         elif kind == "start" and not self._series:
             self.profile = choose_profile(self._configs, message)
             self.config = self.profile.config
@@ -160,6 +147,26 @@ class RunDetector:
             self._ranks.discard(int(message.get("rank") or 0))
             if not self._ranks:
                 events += self._clear(self.last_step, ended=str(message.get("status") or "ended"))
+        return events
+
+    def _on_metrics(self, message: dict[str, Any]) -> list[RunWarning]:
+        """A monitoring record (read as a ``MetricsRecord``; the run id is this detector's)."""
+        record = MetricsRecord.from_message({"run_id": self.run_id, **message})
+        if self.rank is not None and record.per_rank:
+            self._named = True
+        step, attempt = record.step, record.attempt or 0
+        events: list[RunWarning] = []
+        if attempt != self._attempt and self._attempt is not None and not self._replaying:
+            events += self._follow(attempt, step)
+        self._attempt = attempt
+        self._rewind.keep(message, self._snapshot)
+        self.last_step = max(self.last_step, step)
+        values = dict(record.values)
+        events += self._metrics(step, values)
+        if "loss" in values:  # null is a non-finite loss (a divergence); absent is no news
+            self.divergence.update(step, values["loss"])
+        if self.divergence.divergence_step is not None:
+            events += self._diverged(self.divergence.divergence_step)
         return events
 
     def _follow(self, attempt: int, step: int) -> list[RunWarning]:
@@ -364,12 +371,3 @@ def _lead(divergence_step: int | None, step: int) -> int | None:
     if divergence_step is None or step > divergence_step:
         return None
     return divergence_step - step
-
-
-def _per_rank(record: dict[str, Any]) -> bool:
-    """A rank's own record in a run of several processes (not the one global record).
-
-    >>> _per_rank({"world_size": 4, "emit_ranks": "zero"}), _per_rank({"world_size": 4})
-    (False, True)
-    """
-    return int(record.get("world_size") or 1) > 1 and record.get("emit_ranks") != "zero"

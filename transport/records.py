@@ -85,6 +85,8 @@ class MetricsRecord:
     ``values`` maps series keys to floats, or None where a value was not finite (a flag then
     says which); ``emit_ranks`` is the Monitor's mode ("zero": one global record; "all": one
     per rank); ``error`` says why a step has no values (a monitoring step that failed whole).
+    ``attempt`` and ``seq`` are the sender's stamps (:mod:`foreshock.transport.attempts`, the
+    stream's sequence number): absent on a record the Monitor has just made.
 
     >>> r = MetricsRecord("r1", 120, {"loss": 2.31}, ("nonfinite:grad_norm",), time=0.0)
     >>> message = r.to_message()
@@ -103,6 +105,19 @@ class MetricsRecord:
     time: float = field(default_factory=time.time)
     emit_ranks: str | None = None
     error: str | None = None
+    attempt: int | None = None
+    seq: int | None = None
+
+    @property
+    def per_rank(self) -> bool:
+        """A rank's own record in a run of several processes (not the one global record).
+
+        >>> MetricsRecord("r", 1, {}, world_size=4, emit_ranks="zero").per_rank
+        False
+        >>> MetricsRecord("r", 1, {}, world_size=4).per_rank
+        True
+        """
+        return self.world_size > 1 and self.emit_ranks != "zero"
 
     def to_message(self) -> dict[str, Any]:
         """The record as it goes on the wire (flags sorted; absent fields left out)."""
@@ -120,6 +135,9 @@ class MetricsRecord:
         message["flags"] = sorted(self.flags)
         if self.error is not None:
             message["error"] = self.error
+        for stamp in ("attempt", "seq"):
+            if getattr(self, stamp) is not None:
+                message[stamp] = getattr(self, stamp)
         return message
 
     @classmethod
@@ -136,4 +154,10 @@ class MetricsRecord:
             time=float(message.get("time") or 0.0),
             emit_ranks=message.get("emit_ranks"),
             error=message.get("error"),
+            attempt=_int_or_none(message.get("attempt")),
+            seq=_int_or_none(message.get("seq")),
         )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
