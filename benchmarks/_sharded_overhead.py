@@ -315,3 +315,48 @@ def run_sharded(quick: bool, worlds: list[int], modes: list[str]) -> dict[str, A
         "loadavg_end": os.getloadavg()[0],
         "wall_s": wall,
     }
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for ``overhead --sharded``: the single process's monitor
+    time per monitoring step, its snapshots and transient memory; then per sharded run (the
+    single-process controls left out) its slowest rank's monitor time against the target and
+    the shared target, with the ranks that met each and the time's parts, and the bytes a rank
+    receives per monitoring step with its memory."""
+    m, s = result["model"], result["single"]
+    rows = [
+        (
+            f"single process: monitor per monitoring step, Llama {m['num_hidden_layers']} "
+            f"layers, d = {m['hidden_size']} ({m['num_attention_heads']} heads), δ = 1",
+            f"{s['monitor_ms']:.0f} ms (spectra {s['spectra_ms']:.0f} ms); snapshots "
+            f"{s['snapshot_bytes'] / 1e6:.1f} MB, transient "
+            f"+{s['heap_peak_delta_bytes'] / 1e6:.1f} MB",
+        )
+    ]
+    for run in result["runs"]:
+        ranks, world = run["ranks"], run["world"]
+        if run["mode"] == "single-control":
+            continue
+        slow = max(ranks, key=lambda x: x["monitor_ms"])
+        met = sum(x["meets_target"] for x in ranks)
+        met_shared = sum(x["meets_target_shared"] for x in ranks)
+        shared = f", {world} ranks on {result['cores']} cores" if run["oversubscribed"] else ""
+        partials = ranks[0]["bytes_per_step"] - min(x["bytes_per_step"] for x in ranks[1:])
+        rows += [
+            (
+                f"{run['mode']} × {world}: monitor per rank, slowest rank (median){shared}",
+                f"{slow['monitor_ms']:.0f} ms vs target {slow['target_ms']:.0f} ms (single / "
+                f"{world} + its gathers {slow['gather_ms']:.0f} ms): {met}/{world} ranks met; "
+                f"vs {slow['target_shared_ms']:.0f} ms with the single process sharing the "
+                f"cores alike: {met_shared}/{world} met; spectra {slow['spectra_ms']:.0f} ms, "
+                f"exchange {slow['exchange_ms']:.0f} ms",
+            ),
+            (
+                f"{run['mode']} × {world}: received per rank and monitoring step; memory",
+                f"{min(x['bytes_per_step'] for x in ranks) / 1e6:.2f} MB (rank 0 also "
+                f"{partials / 1e3:.1f} kB of partial records); snapshots "
+                f"{max(x['snapshot_bytes'] for x in ranks) / 1e6:.1f} MB, transient "
+                f"+{max(x['heap_peak_delta_bytes'] for x in ranks) / 1e6:.1f} MB per rank",
+            ),
+        ]
+    return rows

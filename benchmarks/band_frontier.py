@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from foreshock.detectors.bands import BAND_FLOOR, INFLATION_METRIC, band_thresholds
 from foreshock.detectors.config import BAND_RULES, DetectorConfig
@@ -143,6 +144,41 @@ def _row(variant: dict, profile: str, r: dict) -> list:
         collapse,
         r["wrong_cause"],
     ]
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: one per knob variant and profile (the
+    shipped variant marked): fa-lowprec's lead and its share of the envelope, false warnings on
+    the quiet runs, wrong causes; then per profile and band metric the persistence of healthy
+    excursions (held 1 and 2 records, their ratio)."""
+    rows = []
+    for v in result["variants"]:
+        shipped_knobs = result["shipped"]
+        shipped = " (shipped)" if all(v[k] == shipped_knobs[k] for k in shipped_knobs) else ""
+        share = "-" if v["share"] is None else f"{v['share']:.1%} of its envelope"
+        lead = (
+            ""
+            if v["fa_lowprec_lead"] is None
+            else f"fa-lowprec lead {v['fa_lowprec_lead']} ({share}), "
+        )
+        rows.append(
+            (
+                f"floor {v['floor']}, margin {v['margin']}, confirm {v['confirm']}{shipped}: "
+                f"{v['profile']}",
+                f"{lead}false warnings {v['false_warnings']}/{v['quiet_runs']}, "
+                f"wrong causes {v['wrong_cause']}",
+            )
+        )
+    for profile, table in result.get("persistence", {}).items():
+        for metric, p in table.items():
+            ratio = "" if p["ratio"] is None else f", ratio {p['ratio']}"
+            rows.append(
+                (
+                    f"persistence of healthy excursions: {metric} on {profile}",
+                    f"held 1 record {p['held_1']}, 2 records {p['held_2']} widths{ratio}",
+                )
+            )
+    return rows
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from foreshock.dashboard.data import TTL
 from foreshock.storage.store import store_exists
 from foreshock.transport.broker import free_port
 
@@ -74,6 +74,8 @@ def _load(page, url: str, ready: str) -> float:
 def measure(url: str, runs: int, repeats: int, shots: Path) -> dict:
     from playwright.sync_api import sync_playwright
 
+    from foreshock.dashboard.data import TTL  # streamlit's: not on importing this module
+
     run_id = f"fleet-{runs // 2:04d}"
     fleet_ready = f"document.querySelectorAll('table.fs-fleet tbody tr').length === {runs}"
     pages = {
@@ -101,6 +103,18 @@ def measure(url: str, runs: int, repeats: int, shots: Path) -> dict:
                 print(f"screenshot of {name} failed: {exc}", file=sys.stderr)
         browser.close()
     return {"cold": cold, "times": times}
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the fleet page's and the run page's render
+    times in Chromium (medians) against their targets."""
+    return [
+        (
+            f"fleet page in Chromium, {result['runs']} runs × {result['steps']:,} steps (median)",
+            f"{result['fleet_median_s']:.2f} s (target ≤ 2 s)",
+        ),
+        ("run page in Chromium (median)", f"{result['run_page_median_s']:.2f} s (target ≤ 3 s)"),
+    ]
 
 
 def main() -> None:

@@ -35,11 +35,14 @@ judged by :mod:`foreshock.detectors.judge`, the judge ``foreshock tune`` uses to
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from foreshock import catalogue
 from foreshock.detectors.calibrate import calibrate_profile
 from foreshock.detectors.config import BAND_RULES, DEFAULT_RULES, DetectorConfig
 from foreshock.detectors.judge import judge, own_families
@@ -264,6 +267,116 @@ def judge_profile(
         "envelope_rows": envelope_rows,
         "figures": figures,
     }
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the profile, calibration runs and config;
+    per quiet scenario (healthy, fa-noise, router-mild) its false warnings; per fault scenario
+    the runs its own family warned before divergence, the attribution (right, wrong,
+    ambiguous), the median leads (mechanism vs symptom) and own family before symptom, then each
+    mechanism family's envelope lead beside the detectors' (:func:`_envelope_leads`)."""
+    rows = [
+        (
+            "profile; calibration runs; config",
+            f"{result.get('profile', 'gpt-moe')}; "
+            f"{result['calibration_runs']} healthy; `{result['config_version']}`",
+        )
+    ]
+    for scenario, s in result["scenarios"].items():
+        if scenario in ("healthy", "fa-noise", "router-mild"):
+            rows.append(
+                (
+                    f"false warnings on held-out {scenario} runs",
+                    f"{s['detected']} of {s['runs']} runs",
+                )
+            )
+            continue
+        a = s["attribution"]
+        symptom = s["symptom_lead_median"] if s["symptom_lead_median"] is not None else "–"
+        lead = (
+            f"; median lead {s['mechanism_lead_median']} steps (mechanism) vs "
+            f"{symptom} (symptom: loss, grad norm, weight norm)"
+            if s["mechanism_lead_median"] is not None
+            else ""
+        )
+        earlier = (
+            f"; own family before any symptom warning in "
+            f"{s['own_family_before_symptom']}/{s['diverged']} diverged runs"
+            if s.get("diverged")
+            else ""
+        )
+        rows.append(
+            (
+                f"{scenario}: warned by its own family before divergence",
+                f"{s['detected']}/{s['runs']}; attribution right {a['correct']}, wrong "
+                f"{a['wrong']}, ambiguous {a['ambiguous']}{lead}{earlier}",
+            )
+        )
+        rows += _envelope_leads(scenario, s.get("envelope", {}))
+    return rows
+
+
+def _envelope_leads(scenario: str, envelope: dict) -> list[tuple[str, str]]:
+    """The own family's envelope lead (a ceiling) beside the detectors' lead."""
+    rows = []
+    for family, e in envelope.items():
+        if family == "symptom" or not e.get("family_best_median") or not e.get("diverged"):
+            continue
+        detectors = e.get("detector_lead_median")
+        share = f" ({detectors / e['family_best_median']:.0%})" if detectors else ""
+        rows.append(
+            (
+                f"{scenario}: {family} envelope lead (family best, median)",
+                f"{e['family_best_median']} steps; detectors {detectors}{share}",
+            )
+        )
+    return rows
+
+
+# The docs' detection table (docs/detectors.md) reads these stored results, one profile each.
+DETECTION_RESULTS = ("detection_table", "detection_table_capacity", "detection_table_mixtral")
+RESULTS = Path(__file__).parent / "results"  # where benchmarks.readme stores each result
+
+
+def detection_summary() -> str:
+    """The docs' detection table (``docs/detectors.md``): one row per (profile, held-out
+    scenario), from the stored detection_table results."""
+    header = (
+        "| profile | scenario (held out) | warned | cause right / wrong / ambiguous "
+        "| lead: mechanism | lead: symptom | own family before symptom "
+        "| envelope lead (best mechanism family) |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for name in DETECTION_RESULTS:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())["result"]
+        for scenario, s in r["scenarios"].items():
+            lines.append(_detection_row(r.get("profile", "gpt-moe"), scenario, s))
+    return "\n".join(lines)
+
+
+def _detection_row(profile: str, scenario: str, s: dict) -> str:
+    """One row of :func:`detection_summary`: a quiet scenario's runs warned are false ones."""
+    a, dash = s["attribution"], "–"
+    quiet = catalogue.scenario(scenario).quiet
+    warned = f"{s['detected']}/{s['runs']}" + (" false" if quiet else "")
+    cause = dash if quiet else f"{a['correct']} / {a['wrong']} / {a['ambiguous']}"
+    own = dash if quiet else f"{s['own_family_before_symptom']}/{s['diverged'] or s['runs']}"
+    envelope = [
+        e
+        for f, e in (s.get("envelope") or {}).items()
+        if f != "symptom" and e.get("family_best_median") is not None
+    ]
+    best = max(envelope, key=lambda e: e["family_best_median"], default=None)
+    env = dash if best is None or quiet else f"{best['family_best_median']}"
+    lead = s["mechanism_lead_median"] if s["mechanism_lead_median"] is not None else dash
+    sym = s["symptom_lead_median"] if s["symptom_lead_median"] is not None else dash
+    return (
+        f"| {profile} | {scenario} ({s['runs']}, {s['diverged']} diverged) | {warned} "
+        f"| {cause} | {lead} | {sym} | {own} | {env} |"
+    )
 
 
 def main() -> None:

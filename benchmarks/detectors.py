@@ -103,6 +103,21 @@ def _round(settings: KafkaSettings, workers: int, idle: float) -> dict[str, Any]
     }
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per round: the workers and values, the
+    values per second and where the time went."""
+    rows = []
+    for x in result["rounds"]:
+        split = ", ".join(f"{k} {v} s" for k, v in x["time_split_s"].items())
+        rows.append(
+            (
+                f"{x['workers']} worker(s), {x['values']:,} values",
+                f"{x['values_per_s']:,} values/s ({split})",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 copies, one worker")

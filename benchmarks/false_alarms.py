@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from typing import Any
 
 from foreshock.detectors.calibrate import MARGINS, calibrate, leave_one_out_margin, uncalibrated
 from foreshock.detectors.config import MECHANISMS, DetectorConfig
@@ -48,6 +49,22 @@ def false_warnings(
                         if r.family == family
                     )
     return counts
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per least margin (the shipped one
+    marked): the share of unseen healthy runs with a false warning, per family."""
+    rows = []
+    for least, rates in result["false_warning_rate"].items():
+        shipped = " (shipped)" if float(least) == result["shipped_least_margin"] else ""
+        rows.append(
+            (
+                f"unseen healthy runs with a false warning, least margin "
+                f"{float(least):.0%}{shipped}",
+                ", ".join(f"{f} {v:.1%}" for f, v in rates.items()),
+            )
+        )
+    return rows
 
 
 def main() -> None:

@@ -86,6 +86,25 @@ def choose(calibration: list[RecordedRun]) -> tuple[int, list[dict]]:
     return RELEASES[-1], tried
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the release chosen, then one per
+    profile's held-out fault runs: warnings opened and reopened at release 1 and at the chosen
+    release, and whether every run's first warning stayed the same."""
+    rows = [("release (records below h before a warning resolves)", str(result["release"]))]
+    for row in result["rows"]:
+        before = f"{row['opened (release 1)']} opened, {row['reopened (release 1)']} reopened"
+        chosen = f"release {result['release']}"
+        after = f"{row[f'opened ({chosen})']} opened, {row[f'reopened ({chosen})']} reopened"
+        same = "same" if row["first warnings unchanged"] else "CHANGED"
+        rows.append(
+            (
+                f"{row['profile']}: {row['held-out runs']} held-out fault runs",
+                f"release 1: {before}; {chosen}: {after}; first warnings {same}",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     runs = {name: fault_runs(folder) for name, folder in FOLDERS.items()}

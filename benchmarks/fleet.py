@@ -244,6 +244,33 @@ def run_case(base: KafkaSettings, n: int, workers: int, args: argparse.Namespace
     }
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: one per fleet size and worker count, the
+    sustained against the offered values/s, values lost, warning latency p50 / p95 / p99 and
+    the most backlog (detectors / sink); then the knee."""
+    rows = []
+    for c in result["cases"]:
+        lat = c["latency_s"]
+        backlog = c.get("backlog_max", c["lag_max"])
+        rows.append(
+            (
+                f"end to end, {c['runs']} runs, {c['workers']} detector worker(s)",
+                f"{c['sustained_values_per_s']:,} of {c['offered_values_per_s']:,} values/s "
+                f"offered, {c['lost_values']} lost; warning latency p50 {lat['p50']} s, "
+                f"p95 {lat['p95']} s, p99 {lat['p99']} s; max backlog "
+                f"{backlog['detectors']:,.0f} / {backlog['sink']:,.0f} messages "
+                f"(detectors / sink)",
+            )
+        )
+    rows.append(
+        (
+            "knee (smallest fleet below 90 % of its offered rate)",
+            str(result["knee_runs"] or "not reached"),
+        )
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 10, 100; 1 worker; 20 records")

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from foreshock.lab.recorded import load_run, shipped_runs
 
@@ -37,6 +38,20 @@ def _compare(path: Path, steps: int, scratch: Path) -> dict:
     checked = [s for s in sorted(recorded) if s < len(losses)]
     first_diff = next((s for s in checked if losses[s] != recorded[s]), None)
     return {"run": run.run_id, "scenario": run.labels["scenario"], "identical": first_diff is None}
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s row for this result: how many shipped runs retrain bit-identical
+    here over their first steps (CPU capability, torch version), and which differ (the first
+    8)."""
+    differing = ", ".join(result["differing"][:8]) + (" …" if len(result["differing"]) > 8 else "")
+    return [
+        (
+            f"shipped runs whose first {result['steps'] - 1} steps retrain bit-identical here "
+            f"(CPU {result['cpu_capability']}, torch {result['torch']})",
+            f"{result['identical']}/{result['runs']}; differing: {differing or 'none'}",
+        )
+    ]
 
 
 def main() -> None:

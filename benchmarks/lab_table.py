@@ -18,12 +18,14 @@ long. Without it the table reads recorded runs (default: the ones shipped in lab
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from foreshock.lab.bands import FAMILIES, family_exits
 from foreshock.lab.recorded import RecordedRun, load_run, seed_spans, shipped_runs
@@ -192,6 +194,61 @@ def generate(
 
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(run, commands))
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the runs read with the median CPU per run,
+    and the band rule (pad × width, checks in a row). The per-scenario table is
+    :func:`lab_summary`'s."""
+    return [
+        (
+            "runs read",
+            f"{result['runs']} (CPU per run: median {result['cpu_seconds_median']:.0f} s)",
+        ),
+        (
+            "band",
+            f"pad {result['band']['pad']} × width, {result['band']['consecutive']} checks in a row",
+        ),
+    ]
+
+
+RESULTS = Path(__file__).parent / "results"  # where benchmarks.readme stores each result
+LAB_FAMILIES = {  # lab_table's family -> its column in the docs' lab table
+    "d2_entropy": "Δ2 entropy",
+    "dw_entropy": "ΔW entropy",
+    "router_entropy": "router entropy",
+    "load_entropy": "load entropy",
+    "epsilon": "ε",
+    "loss": "loss",
+    "grad_norm": "grad norm",
+}
+ARROWS = {"below": "↓", "above": "↑", "null": "∅"}  # an exit's direction in the docs' lab table
+
+
+def lab_summary() -> str:
+    """The docs' lab table (``docs/lab.md``): per scenario, the divergence step and each
+    family's first exit from the healthy band (median step, direction, runs with an exit,
+    median raw lead), from the stored lab_table result."""
+    r = json.loads((RESULTS / "lab_table.json").read_text())["result"]
+    head = ["scenario", "diverged", "divergence step", *LAB_FAMILIES.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in r["scenarios"].items():
+        div = s["divergence"]
+        when = f"{statistics.median(div):g} [{min(div)}–{max(div)}]" if div else "–"
+        cells = [f"{name} ({s['runs']})", f"{s['diverged']}/{s['runs']}", when]
+        cells += [_lab_cell(s["families"][f], s["runs"]) for f in LAB_FAMILIES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _lab_cell(fig: dict, runs: int) -> str:
+    """One family's cell of :func:`lab_summary`: median exit step, the commonest direction,
+    runs with an exit, median raw lead."""
+    if not fig["exits"]:
+        return "–"
+    arrow = ARROWS[max(set(fig["directions"]), key=fig["directions"].count)]
+    lead = f"; lead {statistics.median(fig['leads']):g}" if fig["leads"] else ""
+    return f"{statistics.median(fig['exits']):g} {arrow} ({len(fig['exits'])}/{runs}{lead})"
 
 
 def main() -> None:

@@ -440,8 +440,8 @@ def store(name: str, result: dict[str, Any], argv: list[str]) -> Path:
     """Keep the result in ``benchmarks/results`` in ``benchmarks.readme``'s record format."""
     from . import readme
 
-    readme.MODULE.setdefault(name, "overhead")  # the command it names: benchmarks.overhead
-    readme.save(name, result, [a for a in argv if a != "--save"])
+    # the command it names: benchmarks.overhead, whatever the name
+    readme.save(name, result, [a for a in argv if a != "--save"], module="overhead")
     return readme.RESULTS / f"{name}.json"
 
 
@@ -454,6 +454,34 @@ def sharded(args: argparse.Namespace, argv: list[str]) -> None:
     if args.save:
         print(f"stored {store('overhead_sharded', result, argv)}")
     emit_json(result)
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result (a ``--sharded`` one, ``"sharded": true``:
+    :func:`benchmarks._sharded_overhead.figures`'s): for the model, the monitor's time per
+    training step inside the monitor at δ = 10 and δ = 100 (with the target share beside the
+    target δ), then the end-to-end step-time difference at δ = 10."""
+    if result.get("sharded"):
+        from . import _sharded_overhead
+
+        return _sharded_overhead.figures(result)
+    model = result["model"].get("name", "lab")
+    every, share = result.get("target_every"), result.get("target_share")
+    rows = [
+        (
+            f"{model}: monitor time per training step at δ = {d} (inside the monitor)",
+            f"{result[f'direct_every{d}']:.2%}"
+            + (f" (target ≤ {share:.0%})" if share is not None and d == every else ""),
+        )
+        for d in (10, 100)
+    ]
+    rows.append(
+        (
+            f"{model}: end-to-end step-time difference at δ = 10 (noise of a few %)",
+            f"{result['overhead_every10']:+.2%}",
+        )
+    )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,7 +47,7 @@ def judged_runs(name: str, runs: list) -> list:
     return [r for r in runs if r.scenario in SCENARIOS and r.run_id not in calibration]
 
 
-def figures(label: str, group: str, config: Any, runs: list) -> dict[str, Any]:
+def profile_row(label: str, group: str, config: Any, runs: list) -> dict[str, Any]:
     """One profile's row: right of judged per scenario, and the fa-lowprec median lead."""
     verdicts = [verdict(replay_run(r, config), r.scenario) for r in runs]
     row: dict[str, Any] = {"group": group, "profile": label}
@@ -58,6 +58,20 @@ def figures(label: str, group: str, config: Any, runs: list) -> dict[str, Any]:
     leads = [v["lead"] for v in verdicts if v["scenario"] == "fa-lowprec" and v["lead"]]
     row["fa lead"] = statistics.median(leads) if leads else None
     return row
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per group and profile: healthy runs
+    kept quiet, fa-lowprec runs with attention named, lr-high runs warned, fa-lowprec's
+    lead."""
+    return [
+        (
+            f"{row['group']}: {row['profile']}",
+            f"healthy quiet {row['healthy']}; fa-lowprec named {row['fa-lowprec']}; "
+            f"lr-high warned {row['lr-high']}; fa lead {row['fa lead']}",
+        )
+        for row in result["rows"]
+    ]
 
 
 def main() -> None:
@@ -77,7 +91,7 @@ def main() -> None:
             if architecture(g) != architecture(group)
         }
         zero = calibrate_zero_shot(by_architecture(others), replay_run)
-        rows.append(figures("zero-shot (0 of its runs)", group, zero, judged))
+        rows.append(profile_row("zero-shot (0 of its runs)", group, zero, judged))
         pool = calibration_runs(group, runs)
         for size in (int(s) for s in args.sizes.split(",")):
             for draw in range(args.draws):
@@ -85,7 +99,7 @@ def main() -> None:
                 healthy = (pool[first:] + pool[:first])[:size]
                 config, _ = make_profile(healthy, replay_run, allow_few=True)
                 rows.append(
-                    figures(f"{size} healthy runs (draw {draw + 1})", group, config, judged)
+                    profile_row(f"{size} healthy runs (draw {draw + 1})", group, config, judged)
                 )
     headers = list(rows[0])
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))

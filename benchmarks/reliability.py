@@ -20,10 +20,33 @@ import json
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from foreshock.faults import DEFAULT_RUNS, FAULTS, Plan, run_fault
 
 from ._table import emit_json, format_table
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per fault (the control first): the
+    recovery time, records and warning events stored of those produced and expected,
+    duplicates and values lost."""
+    rows = []
+    for f in result["faults"]:
+        lost = f["records_produced"] - f["records_stored"] + len(f["missed_warning_events"])
+        recovery = "–" if f["recovery_s"] is None else f"recovered in {f['recovery_s']} s"
+        rows.append(
+            (
+                f"{f['fault']} killed (SIGKILL) and restarted mid-fleet"
+                if f["fault"] != "none"
+                else "control: no fault",
+                f"{recovery}; records {f['records_stored']}/{f['records_produced']}, "
+                f"warning events {f['warning_events_stored']}/"
+                f"{f['warning_events_expected']}, duplicates "
+                f"{f['duplicate_records'] + f['duplicate_warning_events']}, lost {lost}",
+            )
+        )
+    return rows
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import argparse
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from foreshock.detectors.profiles import profile_of
 from foreshock.lab.recorded import RECORDED_DIR, RecordedRun, load_run, shipped_runs
@@ -78,6 +79,24 @@ def profile_figures(folder: Path, quick: bool) -> tuple[str, dict[str, dict]]:
         gap = None if healthy is None or entry["loss"] is None else entry["loss"] - healthy
         entry["loss_gap"] = None if gap is None else round(gap, 4)
     return profile or "?", figures
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per profile and scenario: runs and
+    diverged ones, the loss at the horizon and its gap to the profile's healthy runs, the token
+    entropy, and the dropped fraction where the dispatch drops tokens."""
+    rows = []
+    for profile, by_scenario in result["profiles"].items():
+        for scenario, f in by_scenario.items():
+            dropped = "" if f["dropped"] is None else f", dropped fraction {f['dropped']}"
+            rows.append(
+                (
+                    f"{profile}, {scenario} ({f['runs']} runs, {f['diverged']} diverged)",
+                    f"loss {f['loss']} (gap {f['loss_gap']:+}), token entropy "
+                    f"{f['token_entropy']}{dropped}",
+                )
+            )
+    return rows
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from foreshock.catalogue import family_of
 from foreshock.transport.records import parse_series_key
@@ -108,6 +109,27 @@ def worst(got: list[dict], want: list[dict]) -> dict:
         "families": {f: {"worst": d, "series": k} for f, (d, k) in sorted(families.items())},
         "worst": max(d for d, _ in families.values()),
     }
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per parallelism and rank count: the
+    worst difference of its global records from the single process's (relative on a scale
+    ≥ 1), per family (attention, router, symptoms), with the values and records compared and
+    the records missing."""
+    rows = []
+    for m in result["modes"]:
+        fam = {f: v["worst"] for f, v in m["families"].items()}
+        rows.append(
+            (
+                f"{m['parallelism']}, {m['ranks']} ranks: worst difference, "
+                "relative on a scale ≥ 1",
+                f"{m['worst']:.1e} (attention {fam.get('attention-numerics', 0):.1e}, router "
+                f"{fam.get('router', 0):.1e}, symptoms {fam.get('symptom', 0):.1e}); "
+                f"{m['values_compared']} values in {m['records']} records, "
+                f"{len(m['missing'])} missing",
+            )
+        )
+    return rows
 
 
 def main() -> None:

@@ -655,6 +655,74 @@ def print_tables(r: dict[str, Any]) -> None:
     print(format_table(["figure", "value"], rows))
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the load (duration, offered rate and its
+    share of saturation, runs) with values lost and stored; per service with a growth figure,
+    its RSS from the warm-up to the end of the load (the broker's recycles) and the verdict;
+    the consumer lag and the backlog (max / end of load / drained) of the detector and the
+    sink; the dashboard renders' medians."""
+    lag = result["lag"]
+    renders = result["dashboard"]["renders"]
+    rows = [
+        (
+            f"{result['duration_s']:.0f} s at {result['offered_values_per_s']:,} values/s "
+            f"offered ({result['offered_values_per_s'] / result['saturation_values_per_s']:.0%} "
+            "of saturation), "
+            f"{result['runs_started']:,} runs ({result['concurrent_runs']} at a time)",
+            f"{result['lost_values']:,} values lost of {result['offered_values']:,}; stored "
+            f"{result['stored_values_per_s_steady']:,} values/s in the steady state",
+        )
+    ]
+    for service, m in result["memory"].items():
+        if m["growth"] is None:
+            continue
+        verdict = {True: "flat", False: "not flat", None: "for information"}[m["flat"]]
+        rows.append(
+            (
+                f"RSS {service}, after {result['warmup_s']:.0f} s warm-up → end of load",
+                f"{m['rss_start_mb']:.0f} → {m['rss_end_mb']:.0f} MB ({m['growth']:+.0%}, "
+                f"{m['slope_mb_per_min']:+.1f} MB/min, max {m['rss_max_mb']:.0f} MB"
+                f"{_recycled(result) if service == 'broker' else ''}): {verdict}",
+            )
+        )
+    rows.append(
+        (
+            "consumer lag max / at end of load / drained (detector; sink)",
+            f"{lag['detector']['lag_max']:.0f} / {lag['detector']['lag_end_of_load']:.0f} / "
+            f"{lag['detector']['lag_drained']:.0f}; {lag['sink']['lag_max']:.0f} / "
+            f"{lag['sink']['lag_end_of_load']:.0f} / {lag['sink']['lag_drained']:.0f} "
+            "messages",
+        )
+    )
+    rows.append(
+        (
+            "backlog: written − consumed (detector); − stored (sink): max / end / drained",
+            f"{_backlog(lag['detector'])}; {_backlog(lag['sink'])} messages",
+        )
+    )
+    rows.append(
+        (
+            "dashboard renders over the agent API (fleet; run page), median",
+            f"{renders['fleet']['median_s']} s; {renders['run']['median_s']} s "
+            f"({len(result['dashboard']['failures'])} failures)",
+        )
+    )
+    return rows
+
+
+def _backlog(lag: dict) -> str:
+    return (
+        f"{lag['backlog_max']:,.0f} / {lag['backlog_end_of_load']:,.0f} / "
+        f"{lag['backlog_drained']:,.0f}"
+    )
+
+
+def _recycled(result: dict) -> str:
+    if not result.get("broker_max_mb"):
+        return ""
+    return f"; recycled {result['broker_recycles']}× at {result['broker_max_mb']:.0f} MB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s; runs of 20 s")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -256,6 +257,21 @@ def table(rows: list[dict[str, object]]) -> str:
             ]
         )
     return format_table(headers, body)
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per layer width d: how many times
+    faster the compressed cores are than the dense SVD of every head's d×d Δ2, and the smaller
+    entropy error of the two ways (eigh, SVD)."""
+    return [
+        (
+            f"compressed cores vs dense SVD of each head's d×d Δ2, one layer, d = {x['d']} "
+            f"({x['heads']} heads of {result['d_head']})",
+            f"{x['speedup_dense_over_best']:.0f}× faster; entropy error "
+            f"{min(x['err_eigh'], x['err_svd']):.1e}",
+        )
+        for x in result["results"]
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

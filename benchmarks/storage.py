@@ -690,6 +690,53 @@ def _faster(q: dict[str, dict[str, float]]) -> dict[str, str]:
     return out
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the ingest rate with one sink (with two and
+    the scaling, when measured), the fleet query and the run page queries on the history, the
+    run page through a remote store's read path (when measured), and the history's size on
+    disk against the segment store's."""
+    q = result["query_seconds"]
+    rows = [("ingest, Kafka → store (one sink)", f"{result['ingest_values_per_s']:,} values/s")]
+    if "ingest_values_per_s_2_sinks" in result:
+        scaling = result["ingest_scaling_2_over_1"]
+        rows.append(
+            (
+                "ingest, two sink processes in one group",
+                f"{result['ingest_values_per_s_2_sinks']:,} values/s "
+                f"({scaling:.2f}× one sink; target ≥ 1.6×)",
+            )
+        )
+    rows += [
+        (
+            f"fleet query, {result['history_runs']} runs × {result['history_steps']:,} steps",
+            f"{q['fleet']:.2f} s",
+        ),
+        ("run page queries", f"{q['run page']:.2f} s"),
+    ]
+    layout = result.get("layouts", {}).get(result.get("history_layout"), {})
+    remote = layout.get("query_seconds", {})
+    if "remote_cached" in remote:
+        cached, off = remote["remote_cached"], remote["pyarrow_dataset"]
+        cold = cached["run page, cold cache"]
+        rows.append(
+            (
+                "run page queries, a remote store's read path (local files read as remote)",
+                f"{cached['run page']:.2f} s with the read cache ({cold:.2f} s cold); "
+                f"{off['run page']:.2f} s with it off",
+            )
+        )
+    before = result.get("segment_store_before")
+    if before and "history_bytes" in result:
+        rows.append(
+            (
+                "history on disk (compacted, vacuumed)",
+                f"{result['history_bytes'] / 1e6:.0f} MB (segment store: "
+                f"{before['history_bytes'] / 1e6:.0f} MB)",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")

@@ -170,6 +170,28 @@ def run(
     }
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the producers (and their pace) with the
+    messages delivered and lost, the delivered rate in messages and metric values per second,
+    and the latency p50 / p95 / p99 from write to consumed."""
+    offered = result["offered_per_producer_per_s"]
+    pace = f"{offered:g} msg/s each" if offered else "as fast as the sinks take them"
+    who = f"{result['producers']} producers in {result['processes']} processes, {pace}"
+    return [
+        (f"{who}: messages delivered / lost", f"{result['messages']:,} / {result['lost']}"),
+        (
+            "delivered rate",
+            f"{result['messages_per_s']:,.0f} msg/s = {result['values_per_s']:,.0f} metric "
+            "values/s",
+        ),
+        (
+            "latency p50 / p95 / p99 (write → consumed)",
+            f"{result['latency_p50_s']:.2f} / {result['latency_p95_s']:.2f} / "
+            f"{result['latency_p99_s']:.2f} s",
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 producers x 50 messages")

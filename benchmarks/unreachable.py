@@ -181,6 +181,29 @@ def audit(runs: list[dict[str, Any]], messages: list[dict]) -> dict[str, Any]:
     return out
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result: the training loop's slowdown with the
+    broker unreachable against live (target ≤ +5 %) with its ms per step, and what became of
+    its records once a broker came up (spooled, delivered, missing, duplicates, runs
+    complete)."""
+    m = result["modes"]
+    return [
+        (
+            f"training loop, broker unreachable for the whole run vs live ({result['steps']} "
+            f"steps, median of {result['repeats']})",
+            f"{result['slowdown_unreachable_vs_live']:+.1%} (target ≤ +5 %); "
+            f"{m['live']['step_s_median'] * 1000:.0f} vs "
+            f"{m['unreachable']['step_s_median'] * 1000:.0f} ms/step",
+        ),
+        (
+            "its records after a broker came up (`foreshock spool flush`)",
+            f"{result['spooled']} spooled, {result['delivered_later']} delivered, "
+            f"{result['missing']} missing, {result['duplicates']} duplicates; "
+            f"{result['runs_complete']} of {len(result['per_run'])} runs complete",
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 steps, 1 repeat")

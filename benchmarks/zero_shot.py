@@ -179,6 +179,35 @@ def summarise(
     return rows
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows for this result, one per held-out group and scenario: the
+    runs judged right (quiet; attention named first; warned, not naming attention), the median
+    lead and envelope lead, and the tightest thresholds' ceiling when measured."""
+    rows = []
+    for row in result["rows"]:
+        what = {
+            "healthy": "quiet (no mechanism warning)",
+            "fa-lowprec": "attention named first",
+            "lr-high": "warned, not named attention",
+        }[row["scenario"]]
+        value = f"{row['right']} {what}"
+        if row["median lead"] is not None:
+            value += f"; median lead {row['median lead']}"
+        if row.get("envelope lead") is not None:
+            value += f" (envelope {row['envelope lead']})"
+        if row.get("tightest") is not None:
+            value += f"; tightest thresholds: {_tightest(row)}"
+        rows.append((f"{row['held out']} held out: {row['scenario']} ({row['runs']} runs)", value))
+    return rows
+
+
+def _tightest(row: dict) -> str:
+    """The row's ceiling, its tightest thresholds (every margin 0: see :func:`tightest`)."""
+    if row["scenario"] == "healthy":
+        return f"{row['tightest']} quiet"
+    return f"lead {row['tightest']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default=",".join(GROUPS), help="groups to use")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.detection_table import detection_summary
+from benchmarks.lab_table import lab_summary
 from benchmarks.readme import (
     DETECTION_MARKERS,
     DETECTION_PAGE,
@@ -22,8 +24,6 @@ from benchmarks.readme import (
     RESULTS_MARKERS,
     RESULTS_PAGE,
     between,
-    detection_summary,
-    lab_summary,
     results_section,
     with_figure_tables,
 )

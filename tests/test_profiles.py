@@ -106,7 +106,8 @@ def test_without_a_zero_shot_config_a_run_no_profile_fits_gets_no_rule():
 
 def test_docs_detection_table_is_the_stored_results():
     """The docs' detection figures are generated from benchmarks/results, never typed."""
-    from benchmarks.readme import DETECTION_MARKERS, DETECTION_PAGE, between, detection_summary
+    from benchmarks.detection_table import detection_summary
+    from benchmarks.readme import DETECTION_MARKERS, DETECTION_PAGE, between
 
     section = between(DETECTION_PAGE.read_text(), DETECTION_MARKERS)
     assert section == detection_summary().strip()
