@@ -163,8 +163,8 @@ def _run_page(
                 history, run_id, per_head, heads=True, max_points=max_points, rank=rank
             )
         series = {m: lines[n] for m, n in names.items()}
-        loss = queries.series_many(history, run_id, ["loss"], max_points=max_points, rank=rank)
-        loss = loss["loss"]
+        losses = queries.series_many(history, run_id, ["loss"], max_points=max_points, rank=rank)
+        loss = losses["loss"]
         return {
             "summary": summary,
             "warnings": queries.run_warnings(history, run_id),

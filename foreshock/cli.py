@@ -56,8 +56,8 @@ def _smoke(args: argparse.Namespace) -> int:
     print()
     print(summary_table(run.records))
     print()
-    errors = run.end["monitor_errors"]
-    monitor_s = run.end["monitor_seconds"]
+    end = run.end or {}  # run_smoke always writes the end record
+    errors, monitor_s = end["monitor_errors"], end["monitor_seconds"]
     print(
         f"records: {len(run.records)} -> {result.path}   errors: {errors}   "
         f"training: {result.wall_seconds:.1f} s   monitor: {monitor_s:.2f} s "

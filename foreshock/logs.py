@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 __all__ = ["DEFAULT_LEVEL", "ENV", "LEVELS", "configure", "parse_level"]
 
@@ -63,16 +64,16 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-def configure(level: str | None = None, env: dict[str, str] | None = None) -> str:
+def configure(level: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """Send every log record at ``level`` or above to stderr as one timestamped line.
 
     ``level`` None: ``FORESHOCK_LOG_LEVEL`` from ``env`` (default ``os.environ``), else INFO.
     Calling it again replaces its own handler (never another's) and sets the level anew.
     Returns the level name; raises ValueError, naming the variable, for a bad one.
     """
-    env = os.environ if env is None else env
+    source = os.environ if env is None else env
     if level is None:
-        raw = env.get(ENV)
+        raw = source.get(ENV)
         name = parse_level(raw) if raw else DEFAULT_LEVEL
     else:
         name = parse_level(level, "--log-level")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from foreshock.producers.module_attrs import submodule, tensor_attr
+
 from . import hf_archs
 from .arch_table import ARCHS as TABLE
 from .arch_table import check_fault, info
@@ -56,12 +58,13 @@ SIZES = {
 def _gpt_moe(config: GPTConfig) -> LabModel:
     """The lab's own model (:mod:`foreshock.lab.model`)."""
     model = GPT(config)
-    moe = {f"h.{i}.mlp.gate": b.mlp for i, b in enumerate(model.h) if hasattr(b.mlp, "gate")}
+    mlps = [submodule(block, "mlp") for block in model.h.children()]
+    moe = {f"h.{i}.mlp.gate": m for i, m in enumerate(mlps) if hasattr(m, "gate")}
     return LabModel(
         model,
-        attention={f"h.{i}.attn": b.attn for i, b in enumerate(model.h)},
+        attention={f"h.{i}.attn": submodule(b, "attn") for i, b in enumerate(model.h.children())},
         moe=moe,
-        routers=[m.gate.weight for m in moe.values()],
+        routers=[tensor_attr(submodule(m, "gate"), "weight") for m in moe.values()],
         aux_loss_weight=0.0,  # GPT.forward adds its own Switch loss
     )
 

@@ -101,6 +101,6 @@ def family_exits(
             for key in keys
             if re.match(pattern, key)
         ]
-        found = [e for e in found if e is not None]
-        exits[family] = min(found, key=lambda e: e.step) if found else None
+        exited = [e for e in found if e is not None]
+        exits[family] = min(exited, key=lambda e: e.step) if exited else None
     return exits

@@ -34,6 +34,7 @@ from typing import Any
 from torch import nn
 
 from .attention import LowPrecision
+from .lab_model import set_switch
 
 __all__ = ["DEFAULTS", "ROUTER_SCENARIOS", "SCENARIOS", "Fault", "default_capacity"]
 
@@ -138,4 +139,4 @@ class Fault:
             return
         for i, layer in enumerate(layers):
             if self.layers is None or i in self.layers:
-                layer.lowp = self.lowprec()
+                set_switch(layer, "lowp", self.lowprec())

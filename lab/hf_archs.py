@@ -23,8 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
+from foreshock.producers.module_attrs import submodule, tensor_attr
+
 from .hf_attention import register
-from .lab_model import LabModel
+from .lab_model import LabModel, set_switch
 from .model import GPTConfig
 from .router_bias import BiasBalancer
 
@@ -131,7 +135,7 @@ def deepseek_v3(config: GPTConfig) -> LabModel:
         # No YaRN: it would scale the logits by mscale², which the lab's kernel refuses.
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
-    gates = [layer.mlp.gate for layer in lab.model.model.layers]
+    gates = [submodule(submodule(layer, "mlp"), "gate") for layer in _layers(lab.model)]
     lab.after_step = BiasBalancer(gates).step
     return lab
 
@@ -173,16 +177,26 @@ def _causal_lm(family: str, config: GPTConfig, **settings: Any) -> LabModel:
     model_class: Callable[..., Any] = getattr(transformers, f"{family}ForCausalLM")
     hf_config = config_class(**settings, attn_implementation=register())
     model = model_class(hf_config)
-    layers = model.model.layers
-    attention = {f"model.layers.{i}.self_attn": layer.self_attn for i, layer in enumerate(layers)}
+    layers = _layers(model)
+    attention = {
+        f"model.layers.{i}.self_attn": submodule(layer, "self_attn")
+        for i, layer in enumerate(layers)
+    }
     for layer in attention.values():
-        layer.lowp, layer.logit_observer = None, None
-    gates = [layer.mlp.gate for layer in layers if hasattr(layer.mlp, "gate")]  # MoE layers
+        set_switch(layer, "lowp", None)
+        set_switch(layer, "logit_observer", None)
+    mlps = [submodule(layer, "mlp") for layer in layers]
+    gates = [submodule(mlp, "gate") for mlp in mlps if hasattr(mlp, "gate")]  # MoE layers
     return LabModel(
         model,
         attention=attention,
         moe={},  # dropless dispatch: no drops to observe
-        routers=[gate.weight for gate in gates],
+        routers=[tensor_attr(gate, "weight") for gate in gates],
         aux_loss_weight=config.aux_loss_weight if "router_aux_loss_coef" in settings else 0.0,
         settings={"config_class": f"{family}Config", **settings},
     )
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    """A transformers causal LM's decoder layers, in order (``model.model.layers``)."""
+    return list(submodule(submodule(model, "model"), "layers").children())

@@ -19,7 +19,7 @@ from torch import nn
 
 from .model import GPT
 
-__all__ = ["LabModel"]
+__all__ = ["LabModel", "set_switch"]
 
 
 @dataclass
@@ -29,7 +29,7 @@ class LabModel:
     model: nn.Module
     attention: dict[str, nn.Module]  # name -> layer with .lowp and .logit_observer
     moe: dict[str, nn.Module]  # router name -> MoE layer with .drop_observer (capacity only)
-    routers: list[nn.Parameter]  # the router weights (router-only learning-rate faults)
+    routers: list[torch.Tensor]  # the router weights (router-only learning-rate faults)
     aux_loss_weight: float  # the load-balancing loss added to a transformers model's loss
     after_step: Callable[[], None] | None = None  # run after each optimizer step
     settings: dict[str, Any] = field(default_factory=dict)  # what was built (for the labels)
@@ -51,3 +51,11 @@ class LabModel:
     def n_parameters(self) -> int:
         """The number of trainable scalars (tied weights counted once)."""
         return sum(p.numel() for p in self.model.parameters())
+
+
+# nn.Module types its attributes as tensors or modules; the lab's switches (``lowp``,
+# ``logit_observer``, ``drop_observer``) are plain attributes, set through this one (the parts
+# the lab reads are read with ``producers.module_attrs``: ``tensor_attr``, ``submodule``).
+def set_switch(module: nn.Module, name: str, value: Any) -> None:
+    """Set a lab switch (a plain attribute: a LowPrecision, an observer, None) on ``module``."""
+    setattr(module, name, value)

@@ -179,6 +179,8 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         if self.config.n_experts and self.config.aux_loss_weight:
-            aux = sum(block.mlp.aux_loss for block in self.h) / self.config.n_layer
+            aux = (
+                sum(m.aux_loss for m in self.modules() if isinstance(m, MoE)) / self.config.n_layer
+            )
             loss = loss + self.config.aux_loss_weight * aux
         return logits, loss

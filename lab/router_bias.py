@@ -22,9 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from foreshock.producers.module_attrs import tensor_attr
+
 __all__ = ["BIAS_UPDATE_SPEED", "BiasBalancer"]
 
 BIAS_UPDATE_SPEED = 1e-3  # γ, bias units per step (DeepSeek-V3 report)
+BIAS = "e_score_correction_bias"  # the router buffer the balancer moves
 
 
 class BiasBalancer:
@@ -37,7 +40,7 @@ class BiasBalancer:
         self.counts: dict[nn.Module, torch.Tensor] = {}
         self._hooks = [r.register_forward_hook(self._count) for r in routers]
         for router in routers:
-            self.counts[router] = torch.zeros_like(router.e_score_correction_bias)
+            self.counts[router] = torch.zeros_like(tensor_attr(router, BIAS))
 
     def _count(self, router: nn.Module, args: Any, output: tuple[torch.Tensor, ...]) -> None:
         if router.training:  # an evaluation forward does not load the experts of a step
@@ -49,7 +52,7 @@ class BiasBalancer:
         """b_e ← b_e + γ · sign(c̄ − c_e) for every router that saw tokens; counts reset."""
         for router, counts in self.counts.items():
             if counts.sum() > 0:
-                router.e_score_correction_bias += self.speed * torch.sign(counts.mean() - counts)
+                tensor_attr(router, BIAS).add_(self.speed * torch.sign(counts.mean() - counts))
             counts.zero_()
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 from .arch import LabModel, build, check_fault
 from .data import ByteBatches, stdlib_bytes
 from .faults import Fault
+from .lab_model import set_switch
 from .model import GPTConfig
 
 __all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "config_from_labels", "run_lab"]
@@ -170,9 +171,10 @@ def _param_groups(lab: LabModel, fault: Fault) -> list[dict[str, Any]] | Any:
 def _attach(lab: LabModel, monitor: Monitor) -> None:
     """The lab's observers: each attention layer's max logit, each capacity router's drops."""
     for name, layer in lab.attention.items():
-        layer.logit_observer = lambda s, n=name: monitor.observe_max_logit(n, s)
+        set_switch(layer, "logit_observer", lambda s, n=name: monitor.observe_max_logit(n, s))
     for name, moe in lab.moe.items():
-        moe.drop_observer = lambda d, a, n=name: monitor.observe_router_drops(n, d, a)
+        observe = monitor.observe_router_drops
+        set_switch(moe, "drop_observer", lambda d, a, n=name, o=observe: o(n, d, a))
 
 
 def _past_divergence(losses: list[float], config: RunConfig) -> bool:

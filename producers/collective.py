@@ -42,13 +42,16 @@ import pickle
 import time
 from collections import Counter
 from itertools import count
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from .layouts import TENSOR_FIELDS, AttentionSpec
 from .sharding import PlainShard, is_dtensor, local_values, plain_shard
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor, Shard
 
 __all__ = ["Peers", "gathers_of", "rank_and_world"]
 
@@ -112,7 +115,7 @@ class Peers:
         failed, a layer was added) the plans travel whole. Every rank sees every digest, so
         all take the same path."""
         first = self.holders is None
-        if self._agreed is not None and self._same_plans(ok, plan):
+        if self._agreed is not None and self._same_plans(ok, plan, self._agreed[0]):
             return self._agreed[1]
         mine = (ok, plan, params if first else None)
         plans: list[Any] = [None] * self.world
@@ -135,22 +138,24 @@ class Peers:
         self._agreed = ([_plan_digest(rank_plan) for _, rank_plan, _ in plans], schedule)
         return schedule
 
-    def _same_plans(self, ok: bool, plan: list[tuple[str, int]]) -> bool:
-        """Whether every rank is ready with the plan agreed last time: one all-gather of
-        (ok, digest) per rank, the same answer on every rank."""
+    def _same_plans(self, ok: bool, plan: list[tuple[str, int]], digests: list[int]) -> bool:
+        """Whether every rank is ready with the plan agreed last time (each rank's plan
+        ``digests`` then): one all-gather of (ok, digest) per rank, the same answer on every
+        rank."""
         c10d = torch.distributed.distributed_c10d
         device = c10d._get_object_coll_device()  # what the object collectives use: CPU, CUDA
         mine = torch.tensor([int(ok), _plan_digest(plan)], dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(self.world)]
         torch.distributed.all_gather(every, mine)
-        agreed = torch.tensor([[1, d] for d in self._agreed[0]], dtype=torch.int64)
+        agreed = torch.tensor([[1, d] for d in digests], dtype=torch.int64)
         return bool((torch.stack(every).cpu() == agreed).all())
 
     def exchange(self, part: Any, to_all: bool) -> list[Any] | None:
         """Every rank's ``part``, in rank order, on rank 0 (or on all ranks with ``to_all``)."""
         dist = torch.distributed
+        parts: list[Any] | None
         if to_all:
-            parts: list[Any] = [None] * self.world
+            parts = [None] * self.world
             dist.all_gather_object(parts, part)
         else:
             parts = [None] * self.world if self.rank == 0 else None
@@ -171,16 +176,20 @@ class Peers:
         gathered: dict[int, torch.Tensor | None] = {}  # fused q/k: one tensor, one gather
 
         def whole(tensor: torch.Tensor) -> torch.Tensor | None:
+            if id(tensor) in gathered:
+                return gathered[id(tensor)]
             shard = plain_shard(tensor)
-            if shard is not None and id(tensor) not in gathered:
+            if shard is not None:
                 gathered[id(tensor)] = self._gather_plain(tensor, shard, owner)
-            if id(tensor) not in gathered:
+            elif is_dtensor(tensor):
                 to_owner = _gathers_to_one(tensor, self.world)
                 if not to_owner or self.rank == owner:
                     self.bytes_received += _missing_bytes(tensor)
                 gathered[id(tensor)] = (
                     _gather_to(tensor, owner, self.rank) if to_owner else tensor.full_tensor()
                 )
+            else:  # _replace_sharded passes only DTensors and plain partitions
+                raise TypeError(f"not a sharded tensor: {type(tensor).__name__}")
             return gathered[id(tensor)]
 
         with torch.no_grad():
@@ -295,7 +304,7 @@ def _check_partitions(spec: Any) -> None:
         )
 
 
-def _missing_bytes(tensor: torch.Tensor) -> int:
+def _missing_bytes(tensor: DTensor) -> int:
     """Bytes of a DTensor this rank does not hold: what gathering it whole brings in."""
     whole = tensor.numel() * tensor.element_size()
     return whole - local_values(tensor).numel() * tensor.element_size()
@@ -365,7 +374,7 @@ def _tiled(rows: slice | torch.Tensor, width: int, times: int) -> torch.Tensor:
     return (index.reshape(1, -1) + width * torch.arange(times).reshape(-1, 1)).flatten()
 
 
-def _gathers_to_one(tensor: torch.Tensor, world: int) -> bool:
+def _gathers_to_one(tensor: DTensor, world: int) -> bool:
     """Whether ``tensor`` can be gathered to one rank: one Shard placement on a 1-D mesh of
     every rank (the same answer on every rank: placements are global)."""
     mesh = tensor.device_mesh
@@ -379,12 +388,13 @@ def _spans_world(mesh: Any, world: int) -> bool:
     return mesh.size() == world and mesh.mesh.tolist() == list(range(world))
 
 
-def _gather_to(tensor: torch.Tensor, owner: int, rank: int) -> torch.Tensor | None:
+def _gather_to(tensor: DTensor, owner: int, rank: int) -> torch.Tensor | None:
     """The whole of a 1-D-sharded DTensor on ``owner`` (None elsewhere), by one gather.
 
     Shards follow ``torch.chunk`` along the shard dimension, so the last ranks may hold fewer
     rows (or none): each is padded to the largest for the gather and trimmed after."""
-    placement, mesh = tensor.placements[0], tensor.device_mesh
+    placement = cast("Shard", tensor.placements[0])  # a Shard: ``_gathers_to_one`` said so
+    mesh = tensor.device_mesh
     dim, world, rows = placement.dim, mesh.size(), tensor.shape[placement.dim]
     sizes = [placement.local_shard_size_and_offset(rows, world, r)[0] for r in range(world)]
     local = local_values(tensor)

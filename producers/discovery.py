@@ -42,6 +42,7 @@ from torch import nn
 from .adapters import FINDERS
 from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
 from .module_attrs import config_int as _attr
+from .module_attrs import submodule, tensor_attr
 from .names import named_modules
 from .router_discovery import router_spec
 
@@ -232,7 +233,7 @@ def _mla_spec(name: str, module: nn.Module) -> AttentionSpec | str:
     rope = _attr(module, ("qk_rope_head_dim",))
     v_dim = _attr(module, ("v_head_dim",))
     kv_rank = _attr(module, ("kv_lora_rank",))
-    if None in (heads, nope, rope, v_dim, kv_rank):
+    if heads is None or nope is None or rope is None or v_dim is None or kv_rank is None:
         return f"{name}: MLA without head counts and qk_nope/qk_rope/v/kv_lora dims"
     q_b = getattr(module, "q_b_proj", None)
     q_up = q_b if isinstance(q_b, nn.Module) else getattr(module, "q_proj", None)
@@ -240,21 +241,23 @@ def _mla_spec(name: str, module: nn.Module) -> AttentionSpec | str:
         return f"{name}: MLA without q_proj or q_b_proj"
     q_latent = None
     if isinstance(q_b, nn.Module):
-        q_down = module.q_a_proj
+        q_down = submodule(module, "q_a_proj")
         q_norm = _norm_weight(getattr(module, "q_a_layernorm", None))
-        q_latent = LatentPath(q_down.weight, scale=q_norm, bias=_bias(q_down))
-    kv_down, kv_up = module.kv_a_proj_with_mqa, module.kv_b_proj
+        q_latent = LatentPath(tensor_attr(q_down, "weight"), scale=q_norm, bias=_bias(q_down))
+    # both modules: _attention_spec checked them before choosing this layout
+    kv_down = submodule(module, "kv_a_proj_with_mqa")
+    kv_up = submodule(module, "kv_b_proj")
     kv_norm = _norm_weight(getattr(module, "kv_a_layernorm", None))
     k_latent = LatentPath(
-        kv_down.weight, rows=slice(0, kv_rank), scale=kv_norm, bias=_bias(kv_down)
+        tensor_attr(kv_down, "weight"), rows=slice(0, kv_rank), scale=kv_norm, bias=_bias(kv_down)
     )
     return AttentionSpec(
         name,
         heads,
         heads,
         nope,
-        q_up.weight,
-        kv_up.weight,
+        tensor_attr(q_up, "weight"),
+        tensor_attr(kv_up, "weight"),
         q_rows=head_rows(torch.arange(heads) * (nope + rope), nope),
         k_rows=head_rows(torch.arange(heads) * (nope + v_dim), nope),
         q_bias=_bias(q_up),

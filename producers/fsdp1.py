@@ -12,21 +12,25 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
 __all__ = ["fsdp1_roots", "whole_parameters"]
 
 log = logging.getLogger("foreshock.monitor")
 
 
-def fsdp1_roots(modules: list[nn.Module]) -> list[nn.Module]:
+def fsdp1_roots(modules: list[nn.Module]) -> list[FullyShardedDataParallel]:
     """The outermost FSDP1 instances in ``modules`` and their submodules, in module order."""
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
     except ImportError:  # torch without distributed support
         return []
-    found: list[nn.Module] = []
+    found: list[FullyShardedDataParallel] = []
     inside: set[int] = set()
     for top in modules:
         for module in top.modules():

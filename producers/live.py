@@ -42,7 +42,7 @@ def named_origins(
 ) -> list[tuple[str, tuple[nn.Module, str]]]:
     """Each parameter's origin with its name as the unwrapped model names it (``names``): the
     same on every rank that holds it, which is how ranks count a parameter's holders."""
-    prefix = {}
+    prefix: dict[int, str] = {}
     for name, module in named_modules(model):
         prefix.setdefault(id(module), name)
     return [

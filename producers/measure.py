@@ -93,8 +93,8 @@ def _weight_update_stats(
     both = q_now.new_empty(2, n_layers, d, n_heads * d_head, dtype=dtype)  # [ΔW_q, ΔW_k]
     for out, (now, before) in zip(both, pairs, strict=True):
         _layer_delta(now, before, dtype, out=out)
-    stats = spectrum_stats(gram_eigvals(both.flatten(0, 1)), min(d, n_heads * d_head), alpha)
-    return [s[:n_layers] for s in _stack_stats(stats)] + [s[n_layers:] for s in _stack_stats(stats)]
+    joint = spectrum_stats(gram_eigvals(both.flatten(0, 1)), min(d, n_heads * d_head), alpha)
+    return [s[:n_layers] for s in _stack_stats(joint)] + [s[n_layers:] for s in _stack_stats(joint)]
 
 
 def _layer_delta(
@@ -136,10 +136,11 @@ def attention_chunks(
         before = [snapshots.get(s.name) for s in group]
         for i, spec in enumerate(group):
             snapshots[spec.name] = (q_now[i], k_now[i])
-        if any(b is None for b in before):
+        held = [b for b in before if b is not None]
+        if len(held) < len(before):
             continue
-        q_before = torch.stack([b[0] for b in before])
-        k_before = torch.stack([b[1] for b in before])
+        q_before = torch.stack([b[0] for b in held])
+        k_before = torch.stack([b[1] for b in held])
         per_layer = q_now[0].numel() * 2  # elements of one layer's [ΔW_q, W_q] factor
         step = max(1, config.batch_elements // per_layer)  # bounds the transient working set
         for i in range(0, len(group), step):

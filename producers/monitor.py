@@ -24,6 +24,7 @@ record is logged once, and monitoring carries on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import traceback
 import uuid
@@ -45,6 +46,7 @@ from .layouts import AttentionSpec, RouterSpec
 from .live import LiveModel
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
+from .module_attrs import tensor_attr
 from .monitor_config import MonitorConfig
 from .names import named_modules
 from .observations import StepObservations
@@ -154,7 +156,7 @@ class Monitor:
         """Declare a router: ``module`` outputs the routing logits (..., n_experts), alone or
         first in a tuple with the selected experts; ``weight`` defaults to ``module.weight``.
         ``scoring`` says how logits become scores (see ``RouterSpec``)."""
-        weight = module.weight if weight is None else weight
+        weight = tensor_attr(module, "weight") if weight is None else weight
         spec = RouterSpec(name, module, weight, n_experts, top_k, bias, scoring)
         self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
         self.discovery.routers.append(spec)
@@ -278,7 +280,7 @@ class Monitor:
         )
         chunks += made or []
         for router in routers:
-            made = gather(router.name, lambda r=router: router_geometry_chunk(r))
+            made = gather(router.name, functools.partial(router_geometry_chunk, router))
             chunks += [made] if made is not None else []
         squares = gather("symptoms", lambda: self._symptom_chunk(loss))
         chunks += [squares] if squares is not None else []
@@ -294,10 +296,12 @@ class Monitor:
     def _owned_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
         """The specs this rank computes, read whole (``reading.owned_by_me`` in a group;
         alone, every spec is its own)."""
+        specs: dict[str, AttentionSpec | RouterSpec]
         try:
             self._refuse_alone()
             attention, routers = self._current_specs()
-            specs, failure = {s.name: s for s in [*attention, *routers]}, None
+            every: list[AttentionSpec | RouterSpec] = [*attention, *routers]
+            specs, failure = {s.name: s for s in every}, None
             plan = [(name, gathers_of(s)) for name, s in specs.items()]
         except Exception as exc:  # in a group, still exchange plans: no peer may wait for us
             specs, failure, plan = {}, exc, []

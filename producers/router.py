@@ -10,6 +10,7 @@ common direction is the structural trace of the same collapse.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -167,6 +168,14 @@ def cosine_lower_bound(eps: torch.Tensor) -> torch.Tensor:
     return (1.0 - 2.0 * eps.square()).clamp_min(-1.0)
 
 
+class _Entropies(NamedTuple):
+    """What a ``RoutingAccumulator`` keeps of its tokens' normalized entropies h."""
+
+    sum: torch.Tensor  # Σ h
+    min: torch.Tensor  # min h
+    hist: torch.Tensor  # the histogram of h on [0, 1]
+
+
 class RoutingAccumulator:
     """Accumulates routing statistics over the forward passes of one monitored step.
 
@@ -198,7 +207,9 @@ class RoutingAccumulator:
 
     def reset(self) -> None:
         self._count = 0
-        self._sum = self._min = self._hist = self._load = None
+        self._h: _Entropies | None = None  # None while empty
+        # the expert load; None also once a batch did not say which experts it chose
+        self._load: torch.Tensor | None = None
 
     @property
     def empty(self) -> bool:
@@ -221,13 +232,14 @@ class RoutingAccumulator:
         elif self.top_k is not None:
             chosen = logits.topk(self.top_k, dim=-1).indices.flatten()
             load = torch.bincount(chosen, minlength=self.n_experts).float()
-        if self._count == 0:
-            self._sum, self._min, self._hist, self._load = h.sum(), h.min(), hist, load
+        if self._h is None:  # the first batch
+            self._h, self._load = _Entropies(h.sum(), h.min(), hist), load
         else:
-            self._sum = self._sum + h.sum()
-            self._min = torch.minimum(self._min, h.min())
-            self._hist = self._hist + hist
-            self._load = None if load is None else self._load + load
+            kept = self._h
+            self._h = _Entropies(
+                kept.sum + h.sum(), torch.minimum(kept.min, h.min()), kept.hist + hist
+            )
+            self._load = None if load is None or self._load is None else self._load + load
         self._count += h.numel()
 
     def state(self) -> torch.Tensor | None:
@@ -240,10 +252,11 @@ class RoutingAccumulator:
         >>> round(float(both.summary()["token_entropy_norm"]), 2)
         0.5
         """
-        if self._count == 0:
+        if self._h is None:
             return None
-        parts = [torch.stack([torch.tensor(float(self._count)), self._sum.cpu(), self._min.cpu()])]
-        parts += [self._hist.cpu()] + ([self._load.cpu()] if self._load is not None else [])
+        count = torch.tensor(float(self._count))
+        parts = [torch.stack([count, self._h.sum.cpu(), self._h.min.cpu()])]
+        parts += [self._h.hist.cpu()] + ([self._load.cpu()] if self._load is not None else [])
         return torch.cat([p.double().reshape(-1) for p in parts])
 
     def load_state(self, state: torch.Tensor | None) -> None:
@@ -253,23 +266,22 @@ class RoutingAccumulator:
             return
         state = torch.as_tensor(state, dtype=torch.float64)
         self._count = int(state[0].item())
-        self._sum, self._min = state[1].float(), state[2].float()
-        self._hist = state[3 : 3 + self.bins].float()
+        self._h = _Entropies(state[1].float(), state[2].float(), state[3 : 3 + self.bins].float())
         load = state[3 + self.bins :]
         self._load = load.float() if load.numel() == self.n_experts else None
 
     def summary(self) -> dict[str, torch.Tensor]:
         """Scalar tensors (still on device): mean raw and normalized entropy, p5, min, load."""
-        if self._count == 0:
+        if self._h is None:
             return {}
-        mean_norm = self._sum / self._count
-        cdf = self._hist.cumsum(0) / self._count
+        mean_norm = self._h.sum / self._count
+        cdf = self._h.hist.cumsum(0) / self._count
         p05_bin = torch.searchsorted(cdf, torch.tensor(0.05, device=cdf.device))
         out = {
             "token_entropy": mean_norm * math.log(self.n_experts),
             "token_entropy_norm": mean_norm,
             "token_entropy_norm_p05": p05_bin.float() / self.bins,
-            "token_entropy_norm_min": self._min,
+            "token_entropy_norm_min": self._h.min,
         }
         if self._load is not None:
             out["load_entropy"], out["load_maxvio"] = expert_load_stats(self._load)

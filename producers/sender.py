@@ -168,13 +168,14 @@ class Sender:
         spools it). Anything else ``produce()`` raises refuses the message (the rejects file)
         and sends its stand-in instead: one message never stops the ones behind it."""
         stand_in = False
+        message: SpooledMessage | None = item
         if not self.encoder.fits(item):
             detail = self.encoder.size_detail(item)
-            item, stand_in = self.encoder.quarantine(item, "too large", detail), True
-        while item is not None:
+            message, stand_in = self.encoder.quarantine(item, "too large", detail), True
+        while message is not None:
             try:
                 self.producer.produce(
-                    item.topic, key=item.key, value=item.value, on_delivery=callback
+                    message.topic, key=message.key, value=message.value, on_delivery=callback
                 )
                 return True
             except BufferError:
@@ -186,7 +187,7 @@ class Sender:
                     self.rejects.error("produce() of a stand-in", exc)
                     return True
                 why = f"produce() raised {exc}"
-                item = self.encoder.quarantine(item, "refused by the client", why)
+                message = self.encoder.quarantine(message, "refused by the client", why)
                 stand_in = True
         return True
 
@@ -375,7 +376,7 @@ class Sender:
 
 def client_max_bytes(settings: KafkaSettings) -> int:
     """The producer's ``message.max.bytes``, pass-through settings included."""
-    value = settings.librdkafka(PRODUCER_DEFAULTS).get("message.max.bytes")
+    value = settings.librdkafka(PRODUCER_DEFAULTS).get("message.max.bytes", 1_000_000)
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -18,9 +18,12 @@ import functools
 import sys
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "PlainShard",
@@ -32,7 +35,7 @@ __all__ = [
 ]
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     """True for a ``torch.distributed.tensor.DTensor`` (a parameter or a gradient).
 
     >>> is_dtensor(torch.zeros(2))
@@ -122,7 +125,9 @@ def plain_shard(value: Any) -> PlainShard | None:
     size = torch.distributed.get_world_size(group)
     if size < 2:
         return None
-    dim, stride = int(value.partition_dim), int(getattr(value, "partition_stride", 1))
+    # Megatron sets partition_dim on every parameter it marks tensor_model_parallel.
+    dim = int(value.partition_dim)  # type: ignore[attr-defined]
+    stride = int(getattr(value, "partition_stride", 1))
     return PlainShard(group, dim, size, stride)
 
 

@@ -8,6 +8,7 @@ The Kafka sink (:class:`~foreshock.producers.kafka_sink.KafkaSink`) streams them
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ class JsonlSink:
     [{'step': 0, 'values': {'loss': 2.5}}]
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")

@@ -15,7 +15,7 @@ bash scripts/system-deps.sh
   grep -v "^WARNING: Location\|requires\|dependency resolver" || true
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-bash scripts/typecheck.sh  # mypy on the rooms that pass it (the list is in the script)
+bash scripts/typecheck.sh  # mypy on the product code
 # Two workers, a test file each at a time (a file's module fixtures stay in one process; each
 # worker starts its own broker): most system tests wait on brokers and processes, so two
 # workers halve the wall time on two cores. FORESHOCK_TEST_WORKERS=0 runs in one process.

@@ -87,7 +87,8 @@ def _evidence(warning: dict) -> dict:
 
 
 def _statistic_name(warning: dict) -> str:
-    return STATISTIC_NAMES.get(_evidence(warning).get("detector"), "its CUSUM statistic")
+    detector = str(_evidence(warning).get("detector"))
+    return STATISTIC_NAMES.get(detector, "its CUSUM statistic")
 
 
 def _warnings(warnings: list[dict]) -> None:

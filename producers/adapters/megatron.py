@@ -31,10 +31,13 @@ Recognised by class (a ``megatron.`` module in the class's MRO), never by import
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from ..layouts import AttentionSpec, LatentPath, RouterSpec, head_rows
+from ..module_attrs import int_attr
 from .tap import router_tap
 
 __all__ = ["find"]
@@ -50,12 +53,12 @@ def _class_names(module: nn.Module) -> set[str]:
     return {cls.__name__ for cls in type(module).__mro__}
 
 
-def _param(module: nn.Module | None, name: str = "weight") -> torch.Tensor | None:
+def _param(module: object, name: str = "weight") -> torch.Tensor | None:
     value = getattr(module, name, None) if module is not None else None
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _norm_scale(module: nn.Module | None) -> torch.Tensor | None:
+def _norm_scale(module: object) -> torch.Tensor | None:
     """A norm's scale g; None for None/IdentityOp/L2 norms (nothing to fold)."""
     return _param(module)
 
@@ -71,7 +74,7 @@ def _centring(config: object, *norms: nn.Module | None) -> bool:
 
 
 def _linear_qkv_spec(name: str, module: nn.Module) -> Found:
-    config = module.config
+    config: Any = module.config  # Megatron's TransformerConfig (Megatron is never imported)
     proj = module.linear_qkv
     weight = _param(proj)
     tp = int(getattr(module, "world_size", 1) or 1)
@@ -82,9 +85,9 @@ def _linear_qkv_spec(name: str, module: nn.Module) -> Found:
             "splits a group (its key head may live on another rank's shard): no layer of whole "
             "heads to gather; not measured"
         )
-    heads = module.num_attention_heads_per_partition
-    groups = module.num_query_groups_per_partition
-    head_dim = module.hidden_size_per_attention_head
+    heads = int_attr(module, "num_attention_heads_per_partition")
+    groups = int_attr(module, "num_query_groups_per_partition")
+    head_dim = int_attr(module, "hidden_size_per_attention_head")
     if weight is None or weight.dim() != 2:
         return f"{name}: linear_qkv without a 2-D weight"
     per_group = heads // groups
@@ -118,41 +121,43 @@ def _linear_qkv_spec(name: str, module: nn.Module) -> Found:
 
 
 def _mla_spec(name: str, module: nn.Module) -> Found:
-    config = module.config
-    heads = module.num_attention_heads_per_partition
+    config: Any = module.config  # Megatron's TransformerConfig
+    heads = int_attr(module, "num_attention_heads_per_partition")
     nope, rope = config.qk_head_dim, config.qk_pos_emb_head_dim
     v_dim, kv_rank = config.v_head_dim, config.kv_lora_rank
     q_up = getattr(module, "linear_q_up_proj", None) or getattr(module, "linear_q_proj", None)
     kv_down = getattr(module, "linear_kv_down_proj", None)
     kv_up = getattr(module, "linear_kv_up_proj", None)
-    if _param(q_up) is None or _param(kv_down) is None or _param(kv_up) is None:
+    q_up_weight, kv_down_weight, kv_up_weight = _param(q_up), _param(kv_down), _param(kv_up)
+    if q_up_weight is None or kv_down_weight is None or kv_up_weight is None:
         return f"{name}: MLA without q/kv projection weights"
-    if kv_down.weight.shape[0] != kv_rank + rope:
+    if kv_down_weight.shape[0] != kv_rank + rope:
         return (
-            f"{name}: linear_kv_down_proj has {kv_down.weight.shape[0]} rows, not kv_lora_rank "
+            f"{name}: linear_kv_down_proj has {kv_down_weight.shape[0]} rows, not kv_lora_rank "
             f"+ qk_pos_emb_head_dim = {kv_rank + rope} (sharded along its output?)"
         )
     q_latent = None
     q_down = getattr(module, "linear_q_down_proj", None)
-    if _param(q_down) is not None:
+    q_down_weight = _param(q_down)
+    if q_down_weight is not None:
         # TE fuses the latent's norm into the up-projection (layer_norm_weight)
         q_scale = _param(q_up, "layer_norm_weight")
         if q_scale is None:
             q_scale = _norm_scale(getattr(module, "q_layernorm", None))
-        q_latent = LatentPath(q_down.weight, scale=q_scale, bias=_param(q_down, "bias"))
+        q_latent = LatentPath(q_down_weight, scale=q_scale, bias=_param(q_down, "bias"))
     kv_scale = _param(kv_up, "layer_norm_weight")
     if kv_scale is None:
         kv_scale = _norm_scale(getattr(module, "kv_layernorm", None))
     k_latent = LatentPath(
-        kv_down.weight, rows=slice(0, kv_rank), scale=kv_scale, bias=_param(kv_down, "bias")
+        kv_down_weight, rows=slice(0, kv_rank), scale=kv_scale, bias=_param(kv_down, "bias")
     )
     return AttentionSpec(
         name,
         heads,
         heads,
         nope,
-        q_up.weight,
-        kv_up.weight,
+        q_up_weight,
+        kv_up_weight,
         q_rows=head_rows(torch.arange(heads) * (nope + rope), nope),
         k_rows=head_rows(torch.arange(heads) * (nope + v_dim), nope),
         q_bias=_param(q_up, "bias"),
@@ -170,7 +175,7 @@ def _routing_map(output: object) -> torch.Tensor | None:
 
 
 def _router_spec(name: str, module: nn.Module) -> Found:
-    config = module.config
+    config: Any = module.config  # Megatron's TransformerConfig
     n_experts = config.num_moe_experts
     weight = _param(module)
     if weight is None or weight.dim() != 2 or weight.shape[0] != n_experts:
@@ -206,7 +211,7 @@ def find(name: str, module: nn.Module) -> list[Found] | None:
     elif isinstance(getattr(module, "linear_qkv", None), nn.Module):
         spec = _linear_qkv_spec(name, module)
         found.append(spec)
-        config = module.config
+        config: Any = module.config  # Megatron's TransformerConfig
         q_norm, k_norm = getattr(module, "q_layernorm", None), getattr(module, "k_layernorm", None)
         if isinstance(spec, AttentionSpec) and _centring(config, q_norm, k_norm):
             found.append(

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..layouts import AttentionSpec, RouterSpec
+from ..module_attrs import int_attr
 from .tap import router_tap
 
 __all__ = ["find"]
@@ -41,22 +42,23 @@ def _class_names(module: object) -> set[str]:
     return {cls.__name__ for cls in type(module).__mro__}
 
 
-def _param(module: nn.Module | None, name: str = "weight") -> torch.Tensor | None:
+def _param(module: object, name: str = "weight") -> torch.Tensor | None:
     value = getattr(module, name, None) if module is not None else None
     return value if isinstance(value, torch.Tensor) else None
 
 
 def _attention_spec(name: str, module: nn.Module) -> Found:
     q, k = module.w_q, module.w_k
-    if _param(q) is None or _param(k) is None:
+    q_weight, k_weight = _param(q), _param(k)
+    if q_weight is None or k_weight is None:
         return f"{name}: w_q/w_k without weights"
     return AttentionSpec(
         name,
-        module.n_heads,
-        module.n_kv_heads,
-        module.head_dim,
-        q.weight,
-        k.weight,
+        int_attr(module, "n_heads"),
+        int_attr(module, "n_kv_heads"),
+        int_attr(module, "head_dim"),
+        q_weight,
+        k_weight,
         q_bias=_param(q, "bias"),
         k_bias=_param(k, "bias"),
         q_scale=_param(getattr(module, "q_norm", None)),
@@ -85,7 +87,7 @@ def _expert_indices(output: object) -> torch.Tensor | None:
 
 
 def _router_spec(name: str, module: nn.Module) -> Found:
-    n_experts, d_model = module.num_experts, module.d_model
+    n_experts, d_model = int_attr(module, "num_experts"), int_attr(module, "d_model")
     weight = _param(module)
     if weight is None or weight.numel() != n_experts * d_model:
         return f"{name}: router weight is not E·d = {n_experts}·{d_model} values"

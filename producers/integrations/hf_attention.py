@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from torch import nn
 
@@ -88,6 +88,12 @@ def _uses_registry(module: nn.Module) -> bool:
     return source is not None and "ALL_ATTENTION_FUNCTIONS" in vars(source)
 
 
+class _Switchable(Protocol):
+    """A transformers model (``PreTrainedModel``): its attention implementation switches."""
+
+    def set_attn_implementation(self, attn_implementation: str) -> None: ...
+
+
 def _switch_implementation(model: nn.Module) -> Callable[[], None]:
     """Route ``model``'s attention through the wrapper; returns how to switch back."""
     current = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -95,8 +101,9 @@ def _switch_implementation(model: nn.Module) -> Callable[[], None]:
         return lambda: None  # already wrapped (a second monitor on the same model)
     key = PREFIX + current
     AttentionInterface.register(key, _wrapper(current))
-    model.set_attn_implementation(key)
-    return lambda: model.set_attn_implementation(current)
+    switchable = cast(_Switchable, model)  # _pretrained_roots chose it for this method
+    switchable.set_attn_implementation(key)
+    return lambda: switchable.set_attn_implementation(current)
 
 
 def _wrapper(base: str) -> Callable[..., Any]:

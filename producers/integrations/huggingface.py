@@ -64,6 +64,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import MonitoredRun, RunAccess, make_config, missing_extra
@@ -184,11 +185,12 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         self.run.begin(model, labels, getattr(args, "run_name", None))
         if self.run.running:
             self.feed.start(self.run.run_id, {**labels, **self.run.labels})
-        if self.run.running and self._max_logit:
+        monitor = self.run.monitor if self.run.running else None
+        if monitor is not None and self._max_logit:
             try:
                 from .hf_attention import record_max_logit
 
-                record_max_logit(model, self.run.monitor)
+                record_max_logit(model, monitor)
             except Exception:
                 log.warning("foreshock: no max_logit for this model", exc_info=True)
         if self.run.running:
@@ -231,7 +233,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
             return
         from transformers.trainer_callback import CallbackHandler
 
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         for _ in range(8):  # call_event → on_* (→ a subclass's super() calls) → here
             if frame is None:
                 break
@@ -304,7 +306,8 @@ def _report_to(
     from transformers.integrations import integration_utils
 
     known = integration_utils.INTEGRATION_TO_CALLBACK
-    if not isinstance(callback, tuple(known.values())):
+    # a report_to callback; every one is a TrainerCallback (``known`` is typed dict[str, type])
+    if not (isinstance(callback, TrainerCallback) and isinstance(callback, tuple(known.values()))):
         return
     logs: dict[str, Any] = dict(update.scalars)
     text = update.text()

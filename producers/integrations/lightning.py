@@ -62,7 +62,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from . import MonitoredRun, RunAccess, make_config, missing_extra
 from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
@@ -149,7 +149,8 @@ class _ForeshockHooks(RunAccess):
         wrappers = _outer_wrappers(trainer, pl_module)
         with _whole_parameters(pl_module, wrappers):  # FSDP1: discovery reads whole weights
             self.run.begin(pl_module, labels, _logger_run_name(trainer))
-        peers = self.run.monitor.peers if self.run.running else None
+        monitor = self.run.monitor if self.run.running else None
+        peers = monitor.peers if monitor is not None else None
         if peers is not None:
             peers.roots.extend(wrappers)  # each monitoring step reads them whole again
         if self.run.running:
@@ -269,7 +270,7 @@ def _whole_parameters(pl_module: Any, wrappers: list[Any]) -> contextlib.ExitSta
     return stack
 
 
-def _is_scalar(value: Any) -> bool:
+def _is_scalar(value: Any) -> TypeGuard[torch.Tensor]:
     import torch
 
     return isinstance(value, torch.Tensor) and value.numel() == 1
