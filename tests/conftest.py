@@ -17,6 +17,8 @@ from foreshock.transport.settings import KafkaSettings
 
 # The fast lane (`pytest -m "not slow"`, docs/operating.md) leaves out what starts real
 # services, processes or browsers: a test that takes one of these fixtures is slow by nature.
+# A test that takes more than ~1.5 s of its own is marked ``@pytest.mark.slow`` where it is
+# defined, so that the lane stays under a minute on two cores.
 # So are the modules of system tests (they start their own brokers, trainers, torchrun jobs).
 SLOW_FIXTURES = {"broker", "kafka_settings", "s3", "location", "browser", "page"}
 SLOW_MODULES = {

@@ -64,6 +64,7 @@ def _service_modules() -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_service_side_imports_without_torch() -> None:
     """Every service module imports with torch blocked, each by its name (a package whose
     ``__init__`` imports nothing proves nothing about its modules)."""
@@ -194,6 +195,7 @@ def test_config_after_the_subcommand_shows_in_its_help() -> None:
     assert "--config PATH" in done.stdout and "--log-level LEVEL" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_real_command_reads_the_config_given_after_it(tmp_path: Path) -> None:
     """`store info` takes the store from the file's [store] section, wherever --config is."""
     store = tmp_path / "store-from-the-file"

@@ -92,6 +92,7 @@ def test_fleet_filters(history, monkeypatch):
     assert 'data-run="lr-high-s2"' in _html(app) and 'data-run="healthy-s3"' not in _html(app)
 
 
+@pytest.mark.slow
 def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch):
     app = _page("run", history, monkeypatch, run="fa-lowprec-s1")
     charts = app.get("plotly_chart")
@@ -110,6 +111,7 @@ def test_run_page_draws_loss_monitors_and_explains_warnings(history, monkeypatch
     assert not app.exception
 
 
+@pytest.mark.slow
 def test_compare_and_tuning_pages(history, monkeypatch):
     app = _page("compare", history, monkeypatch)
     assert len(app.get("plotly_chart")) == 1
@@ -208,6 +210,7 @@ def _huge_run(root: Path) -> None:
         store.write(b.take())
 
 
+@pytest.mark.slow
 def test_a_run_at_the_largest_step_is_drawn(tmp_path, monkeypatch):
     _huge_run(tmp_path / "history")
     app = _page("run", tmp_path / "history", monkeypatch, run="huge")  # no exception

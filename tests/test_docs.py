@@ -121,6 +121,7 @@ def test_readme_links_every_docs_page():
         assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     if mkdocs is None:

@@ -225,6 +225,7 @@ def lightning_run(tmp_path: Path, learning_rate: float) -> tuple[list[float], di
     return module.losses, load_run(path).end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("learning_rate", "diverges"), [(1e-3, False), (5.0, True)])
 def test_lightning_end_has_the_rules_divergence_step(
     tmp_path: Path, learning_rate: float, diverges: bool

@@ -168,6 +168,7 @@ def hf_train(
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_huggingface_callback(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from foreshock.producers.integrations.huggingface import ForeshockCallback
@@ -518,6 +519,7 @@ def test_lightning_callback_is_either_packages_callback() -> None:
     assert isinstance(callback, pytorch_lightning.Callback)
 
 
+@pytest.mark.slow
 def test_lightning_callback_writes_tensorboard_and_mlflow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

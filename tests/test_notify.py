@@ -385,6 +385,7 @@ def _courier(url: str, **kw) -> tuple[Courier, list[tuple[bool, object]]]:
     return courier, settled
 
 
+@pytest.mark.slow
 def test_a_courier_retries_what_may_pass_and_not_what_cannot() -> None:
     receiver = Receiver(
         script={"/flaky": [503, 503], "/busy": [429]},

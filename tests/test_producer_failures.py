@@ -357,6 +357,7 @@ def test_an_unwritable_spool_folder_keeps_messages_in_memory_until_the_broker_is
     assert dict(sink.reasons) == {"closed": 1}
 
 
+@pytest.mark.slow
 def test_enospc_at_the_file_write_layer_never_reaches_the_training_loop(tmp_path, monkeypatch):
     """The spool's disk fills after 20 kB: every write below the spool (not the spool's own
     logic) fails with ENOSPC after a partial write, as a full filesystem does. No broker at

@@ -146,6 +146,7 @@ def test_the_mild_control_and_held_out_healthy_runs_stay_quiet(profile):
         assert _first_mechanism(replay_run(run, default_config())) is None, run.run_id
 
 
+@pytest.mark.slow
 def test_on_mixtral_numerics_name_attention_and_a_learning_rate_ramp_never_does():
     configs = default_config()
     for run in _runs("mixtral", "fa-lowprec"):

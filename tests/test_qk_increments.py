@@ -153,6 +153,7 @@ def cases(draw: st.DrawFn) -> Case:
 # ---- the core requirement -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(case=cases())
 @example(Case(2, 8, 1, 1, (), None, None, 1.0, 0))  # d < 2·d_h, even d < d_h

@@ -197,6 +197,7 @@ def one_run_store(tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_dashboard_data_takes_run_ids_only_as_query_parameters(one_run_store):
     from foreshock.dashboard import data
 
@@ -263,6 +264,7 @@ def _listening(port: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_dashboard_listens_on_127_0_0_1_only_by_default(tmp_path):
     import signal
     import urllib.request

@@ -291,6 +291,7 @@ def _segment_store(root, tables) -> None:
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_a_segment_store_migrates_to_delta_without_loss(history_dir, tmp_path):
     with open_history(history_dir) as history:  # as version 1 wrote them: no attempt
         tables = {

@@ -118,6 +118,7 @@ def test_tune_picks_the_quiet_point_and_it_detects_every_fault(store: Path, tune
             assert warned and warned[0].family == own and warned[0].role == "cause", name
 
 
+@pytest.mark.slow
 def test_held_out_seed_range_and_progress(store: Path) -> None:
     calls = []
     _, report = tune(
@@ -195,6 +196,7 @@ def test_tune_refuses_a_store_it_cannot_judge(tmp_path: Path, names, message, ca
     assert not (root / "detector-configs").exists()
 
 
+@pytest.mark.slow
 def test_cli_dry_run_prints_the_report_as_json(store: Path) -> None:
     command = [
         sys.executable,

@@ -66,6 +66,7 @@ def test_a_profile_is_made_of_one_model_only():
         make_profile([*runs, other], replay_run, allow_few=True)
 
 
+@pytest.mark.slow
 def test_a_published_profile_judges_its_models_runs_from_the_store(tmp_path, capsys):
     store = tmp_path / "store"
     runs = [str(p) for p in _healthy(range(MIN_HEALTHY_RUNS))]
@@ -133,6 +134,7 @@ def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnin
     assert {a.evidence["profile"] for a in report.alerts} == {"zero-shot"}
 
 
+@pytest.mark.slow
 def test_tune_publishes_a_named_profile_that_a_live_config_leaves_to_its_model(tmp_path, capsys):
     store = tmp_path / "store"
     mixtral = [*_healthy(range(6)), *(MIXTRAL / f"mixtral-{s}-s0.jsonl.gz" for s in FAULTS)]
