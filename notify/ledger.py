@@ -10,9 +10,7 @@ rebuilt on start by replaying the retained topic (:mod:`foreshock.notify.notifie
 
 from __future__ import annotations
 
-from typing import Any
-
-from foreshock.transport.warning import ACTIONS
+from foreshock.transport.warning import ACTIONS, WarningEvent
 
 __all__ = ["Ledger"]
 
@@ -21,32 +19,33 @@ class Ledger:
     """Which events went out: open warnings (event and start time), resolved ids, updates, and
     people's acknowledgements and silences.
 
+    >>> def event(wid, kind, **more):
+    ...     return WarningEvent(wid, kind, run_id="r1", family="loss", step=5, **more)
     >>> ledger = Ledger()
-    >>> a = {"id": "a", "event": "opened"}
-    >>> [ledger.admit(e, at=1.0) for e in (a, a, {"id": "a", "event": "updated",
-    ...     "divergence_step": 9}, {"id": "a", "event": "cleared"}, {"id": "a", "event": "cleared"},
-    ...     a)]
+    >>> a = event("a", "opened")
+    >>> [ledger.admit(e, at=1.0) for e in (a, a, event("a", "updated", divergence_step=9),
+    ...     event("a", "cleared"), event("a", "cleared"), a)]
     [True, False, True, True, False, False]
     >>> ledger.open, ledger.cleared
     ({}, {'a'})
-    >>> ledger.admit({"id": "b", "event": "cleared"}, at=2.0)  # its opening predates retention
+    >>> ledger.admit(event("b", "cleared"), at=2.0)  # its opening predates retention
     True
-    >>> ack = {"id": "c", "event": "acknowledged", "evidence": {"action_id": "x1", "by": "ana"}}
+    >>> ack = event("c", "acknowledged", evidence={"action_id": "x1", "by": "ana"})
     >>> ledger.admit(ack, at=3.0), ledger.admit(ack, at=3.0), sorted(ledger.acked)
     (True, False, ['c'])
     """
 
     def __init__(self) -> None:
-        self.open: dict[str, tuple[dict[str, Any], float, int | None]] = {}  # event, at, partition
+        self.open: dict[str, tuple[WarningEvent, float, int | None]] = {}  # event, at, partition
         self.cleared: set[str] = set()
-        self.updated: dict[str, Any] = {}  # id -> divergence step last sent
-        self.acked: dict[str, dict[str, Any]] = {}  # id -> its latest acknowledgement
-        self.silenced: dict[str, dict[str, Any]] = {}  # id -> its latest silence
+        self.updated: dict[str, int | None] = {}  # id -> divergence step last sent
+        self.acked: dict[str, WarningEvent] = {}  # id -> its latest acknowledgement
+        self.silenced: dict[str, WarningEvent] = {}  # id -> its latest silence
         self.actions: set[str] = set()  # action ids seen
 
-    def admit(self, event: dict[str, Any], at: float, partition: int | None = None) -> bool:
+    def admit(self, event: WarningEvent, at: float, partition: int | None = None) -> bool:
         """True the first time ``event`` should go out (and remember it); False for a repeat."""
-        wid, kind = event["id"], event["event"]
+        wid, kind = event.id, event.event
         if kind == "opened":
             if wid in self.open or wid in self.cleared:
                 return False
@@ -61,16 +60,15 @@ class Ledger:
             self.cleared.add(wid)
             return True
         if kind == "updated":
-            if wid in self.updated and self.updated[wid] == event.get("divergence_step"):
+            if wid in self.updated and self.updated[wid] == event.divergence_step:
                 return False
-            self.updated[wid] = event.get("divergence_step")
+            self.updated[wid] = event.divergence_step
             if wid in self.open:
                 _, started, where = self.open[wid]
                 self.open[wid] = (event, started, where)
             return True
         if kind in ACTIONS:
-            evidence = event.get("evidence")
-            action = str(evidence.get("action_id") if isinstance(evidence, dict) else None)
+            action = str((event.evidence or {}).get("action_id"))
             if action in self.actions or wid in self.cleared:
                 return False
             self.actions.add(action)
@@ -85,5 +83,6 @@ class Ledger:
 
     def muted(self, wid: str, now: float) -> bool:
         """Is ``wid`` silenced at ``now``?"""
-        until = (self.silenced.get(wid, {}).get("evidence") or {}).get("until")
+        silence = self.silenced.get(wid)
+        until = (silence.evidence or {}).get("until") if silence is not None else None
         return isinstance(until, int | float) and until > now

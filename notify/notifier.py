@@ -75,7 +75,7 @@ from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.service_loop import run_service
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.warning import ACTIONS, decode
+from foreshock.transport.warning import ACTIONS, WarningEvent, decode_event
 from foreshock.transport.wire import WireError
 
 from .courier import Courier, Job
@@ -91,13 +91,13 @@ log = logging.getLogger(__name__)
 DEFAULT_DASHBOARD = "http://127.0.0.1:8501"
 
 
-def decode_warning(raw: Any) -> dict[str, Any]:
-    """A ``foreshock.warning/1`` event; a bad message is skipped (counted as ``invalid``:
+def decode_warning(raw: Any) -> WarningEvent:
+    """A ``foreshock.warning/1`` event, typed; a bad message is skipped (counted as ``invalid``:
     :class:`~foreshock.transport.envelope.SkippedMessageError`), not dead-lettered: the storage
     sink reads the same topic and keeps bad messages in the dead letters, and a second copy
     from here would only be noise."""
     try:
-        return decode(raw.value())
+        return decode_event(raw.value())
     except WireError as exc:
         raise SkippedMessageError(str(exc)) from None
 
@@ -217,12 +217,12 @@ class Notifier:
             log.debug("foreshock notify: skipped: %s", consumed.invalid)
             return
         at = consumed.time or time.time()
-        event = consumed.message
+        event: WarningEvent = consumed.message  # decode_warning's
         if history:
             self.ledger.admit(event, at, partition)
             self._count("replayed")
             return
-        wid, kind = event["id"], event["event"]
+        wid, kind = event.id, event.event
         if kind == "updated" and not self.updates:
             self._count("skipped")
             return
@@ -244,8 +244,8 @@ class Notifier:
                 log.exception(
                     "foreshock notify: %s: cannot build the %s event of warning %s",
                     target.where,
-                    event.get("event"),
-                    event.get("id"),
+                    event.event,
+                    event.id,
                 )
                 self._count("failed")
         self._dispatch(jobs, partition, offset)

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from foreshock.transport.warning import ACTIONS, resolved_by
+from foreshock.transport.warning import ACTIONS, WarningEvent, resolved_by
 
 __all__ = [
     "SEVERITY",
@@ -70,9 +70,8 @@ def _rate(value: float | None) -> str:
     return "not calibrated" if value is None else f"≤ {value:.3g} per healthy run"
 
 
-def _evidence(event: dict[str, Any]) -> dict[str, Any]:
-    evidence = event.get("evidence")
-    return evidence if isinstance(evidence, dict) else {}
+def _evidence(event: WarningEvent) -> dict[str, Any]:
+    return event.evidence or {}
 
 
 def _when(seconds: Any) -> str:
@@ -91,55 +90,59 @@ _WHY = {
 }
 
 
-def _why(event: dict[str, Any]) -> str:
+def _why(event: WarningEvent) -> str:
     """Why a ``cleared`` event resolved its warning, for a person.
 
-    >>> _why({"event": "cleared", "evidence": {"resolved_by": "superseded", "resumed_at": 500}})
+    >>> e = {"id": "a", "event": "cleared", "run_id": "r1", "family": "loss", "step": 5}
+    >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "superseded",
+    ...     "resumed_at": 500}}))
     'the run resumed from an earlier step (500)'
-    >>> _why({"event": "cleared", "evidence": {"resolved_by": "run ended"}})
+    >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "run ended"}}))
     'the run ended'
     >>> from foreshock.transport.warning import RESOLVED_BY
     >>> sorted(_WHY) == sorted(RESOLVED_BY)  # every reason the wire allows has its words
     True
     """
-    why, evidence = resolved_by(event) or "statistic", event.get("evidence")
-    resumed_at = evidence.get("resumed_at") if isinstance(evidence, dict) else None
+    why = resolved_by(event) or "statistic"
+    resumed_at = _evidence(event).get("resumed_at")
     if why == "superseded" and resumed_at is not None:
         return f"{_WHY[why]} ({resumed_at})"
     return _WHY[why]
 
 
-def summary(event: dict[str, Any]) -> str:
+def summary(event: WarningEvent) -> str:
     """One line for a human: what, where, when, how trustworthy, and the lead time if known.
 
-    >>> e = {"family": "router", "module": "blocks.1.moe", "run_id": "r1", "step": 450,
-    ...      "role": "cause", "false_alarm_rate": 0.1429, "event": "opened",
+    >>> e = {"id": "a", "family": "router", "module": "blocks.1.moe", "run_id": "r1",
+    ...      "step": 450, "role": "cause", "false_alarm_rate": 0.1429, "event": "opened",
     ...      "lead_time": None, "cleared_step": None}
-    >>> summary(e)
+    >>> summary(WarningEvent.from_message(e))
     'router warning opened on run r1 (blocks.1.moe) at step 450, cause; false-alarm rate ≤ 0.143 per healthy run'
-    >>> summary({**e, "event": "cleared", "cleared_step": 600, "lead_time": 300})
+    >>> summary(WarningEvent.from_message({**e, "event": "cleared", "cleared_step": 600,
+    ...     "lead_time": 300}))
     'router warning resolved on run r1 (blocks.1.moe) at step 600 (back under its threshold), opened at step 450; lead time 300 steps'
-    >>> summary({**e, "event": "acknowledged", "evidence": {"by": "ana", "at": 0, "note": "mine"}})
+    >>> summary(WarningEvent.from_message({**e, "event": "acknowledged",
+    ...     "evidence": {"by": "ana", "at": 0, "note": "mine"}}))
     'router warning on run r1 (blocks.1.moe), opened at step 450, acknowledged by ana: mine'
     """  # noqa: E501
-    where = f"run {event['run_id']}" + (f" ({event['module']})" if event.get("module") else "")
-    if event.get("rank") is not None:  # per-rank mode: which GPU's stream warned
-        where += f" rank {event['rank']}"
-    kind, family = event["event"], event["family"]
+    where = f"run {event.run_id}" + (f" ({event.module})" if event.module else "")
+    if event.rank is not None:  # per-rank mode: which GPU's stream warned
+        where += f" rank {event.rank}"
+    kind, family = event.event, event.family
     if kind == "cleared":
         why = _why(event)
         text = (
-            f"{family} warning resolved on {where} at step {event.get('cleared_step')} "
-            f"({why}), opened at step {event['step']}"
+            f"{family} warning resolved on {where} at step {event.cleared_step} "
+            f"({why}), opened at step {event.step}"
         )
     elif kind == "updated":
         text = (
-            f"{family} warning on {where} (opened at step {event['step']}): the "
-            f"loss diverged at step {event.get('divergence_step')}"
+            f"{family} warning on {where} (opened at step {event.step}): the "
+            f"loss diverged at step {event.divergence_step}"
         )
     elif kind in ACTIONS:
         action = _evidence(event)
-        text = f"{family} warning on {where}, opened at step {event['step']}, {kind} by "
+        text = f"{family} warning on {where}, opened at step {event.step}, {kind} by "
         text += str(action.get("by"))
         if kind == "silenced":
             text += f" until {_when(action['until'])}"
@@ -147,30 +150,32 @@ def summary(event: dict[str, Any]) -> str:
             text += f": {action['note']}"
         return text
     else:
-        rate = _rate(event.get("false_alarm_rate"))
+        rate = _rate(event.false_alarm_rate)
         text = (
-            f"{family} warning opened on {where} at step {event['step']}, "
-            f"{event.get('role')}; false-alarm rate {rate}"
+            f"{family} warning opened on {where} at step {event.step}, "
+            f"{event.role}; false-alarm rate {rate}"
         )
-    if event.get("lead_time") is not None:
-        text += f"; lead time {event['lead_time']} steps"
+    if event.lead_time is not None:
+        text += f"; lead time {event.lead_time} steps"
     return text
 
 
-def webhook_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
-    """The whole event, plus its state, the run's dashboard link and :func:`summary`.
+def webhook_payload(event: WarningEvent, dashboard_url: str) -> dict[str, Any]:
+    """The whole event (its message as it came), plus its state, the run's dashboard link and
+    :func:`summary`.
 
-    >>> p = webhook_payload({"schema": "foreshock.warning/1", "id": "a1", "run_id": "r1",
-    ...     "family": "router", "module": None, "step": 5, "role": "cause",
-    ...     "false_alarm_rate": None, "event": "opened", "lead_time": None}, "http://d")
+    >>> p = webhook_payload(WarningEvent.from_message({"schema": "foreshock.warning/1",
+    ...     "id": "a1", "run_id": "r1", "family": "router", "module": None, "step": 5,
+    ...     "role": "cause", "false_alarm_rate": None, "event": "opened", "lead_time": None}),
+    ...     "http://d")
     >>> p["id"], p["state"], p["dashboard_url"], p["summary"]
     ('a1', 'open', 'http://d/run?run=r1', 'router warning opened on run r1 at step 5, cause; false-alarm rate not calibrated')
     """  # noqa: E501
     return {
-        **event,
-        "state": STATE[event["event"]],
+        **event.to_message(),
+        "state": STATE[event.event],
         "resolved_by": resolved_by(event),
-        "dashboard_url": dashboard_link(dashboard_url, event["run_id"]),
+        "dashboard_url": dashboard_link(dashboard_url, event.run_id),
         "summary": summary(event),
     }
 
@@ -189,58 +194,56 @@ _ICON = {
 }
 
 
-def slack_payload(event: dict[str, Any], dashboard_url: str) -> dict[str, Any]:
+def slack_payload(event: WarningEvent, dashboard_url: str) -> dict[str, Any]:
     """A Slack incoming-webhook body: ``text`` (notifications, fallback) and the same in blocks.
 
-    >>> p = slack_payload({"id": "a1", "run_id": "r<1>", "family": "router", "module": "m",
-    ...     "step": 5, "role": "cause", "false_alarm_rate": 0.05, "event": "opened",
-    ...     "lead_time": 40, "config_version": "v1"}, "http://d")
+    >>> p = slack_payload(WarningEvent.from_message({"id": "a1", "run_id": "r<1>",
+    ...     "family": "router", "module": "m", "step": 5, "role": "cause",
+    ...     "false_alarm_rate": 0.05, "event": "opened", "lead_time": 40,
+    ...     "config_version": "v1"}), "http://d")
     >>> print(p["text"])
     :rotating_light: *router* warning opened · run `r&lt;1&gt;` · module `m` · step 5 (cause)
     calibrated false-alarm rate: ≤ 0.05 per healthy run · lead time: 40 steps
     <http://d/run?run=r%3C1%3E|open run r&lt;1&gt; in the dashboard>
     >>> [b["type"] for b in p["blocks"]]
     ['section', 'context']
-    >>> print(slack_payload({"id": "a1", "run_id": "r1", "family": "router", "step": 5,
-    ...     "role": "cause", "event": "cleared", "cleared_step": 9,
-    ...     "evidence": {"resolved_by": "run ended"}}, "http://d")["text"].splitlines()[0])
+    >>> print(slack_payload(WarningEvent.from_message({"id": "a1", "run_id": "r1",
+    ...     "family": "router", "step": 5, "role": "cause", "event": "cleared",
+    ...     "cleared_step": 9, "evidence": {"resolved_by": "run ended"}}),
+    ...     "http://d")["text"].splitlines()[0])
     :white_check_mark: *router* warning resolved · run `r1` · opened at step 5 (cause), resolved at step 9: the run ended
     """  # noqa: E501
-    kind = event["event"]
-    run = _mrkdwn(event["run_id"])
+    kind = event.event
+    run = _mrkdwn(event.run_id)
     label = "resolved" if kind == "cleared" else kind
-    head = f"{_ICON[kind]} *{_mrkdwn(event['family'])}* warning {label} · run `{run}`"
-    if event.get("module"):
-        head += f" · module `{_mrkdwn(event['module'])}`"
-    if event.get("rank") is not None:
-        head += f" · rank {event['rank']}"
-    role = _mrkdwn(event.get("role", "?"))
+    head = f"{_ICON[kind]} *{_mrkdwn(event.family)}* warning {label} · run `{run}`"
+    if event.module:
+        head += f" · module `{_mrkdwn(event.module)}`"
+    if event.rank is not None:
+        head += f" · rank {event.rank}"
+    role = _mrkdwn(event.role if event.has("role") else "?")
     action = _evidence(event)
     if kind == "cleared":
         why = _why(event)
         head += (
-            f" · opened at step {event['step']} ({role}), resolved at step "
-            f"{event.get('cleared_step')}: {why}"
+            f" · opened at step {event.step} ({role}), resolved at step {event.cleared_step}: {why}"
         )
     elif kind in ACTIONS:
-        head += f" · opened at step {event['step']} ({role}) · by *{_mrkdwn(action.get('by'))}*"
+        head += f" · opened at step {event.step} ({role}) · by *{_mrkdwn(action.get('by'))}*"
         if kind == "silenced":
             head += f" until {_when(action['until'])}"
     else:
-        head += f" · step {event['step']} ({role})"
-    facts = [f"calibrated false-alarm rate: {_rate(event.get('false_alarm_rate'))}"]
+        head += f" · step {event.step} ({role})"
+    facts = [f"calibrated false-alarm rate: {_rate(event.false_alarm_rate)}"]
     if kind in ACTIONS and action.get("note"):
         facts = [f"note: {_mrkdwn(action['note'])}"]
-    if event.get("divergence_step") is not None and kind == "updated":
-        facts.append(f"loss diverged at step {event['divergence_step']}")
-    if event.get("lead_time") is not None:
-        facts.append(f"lead time: {event['lead_time']} steps")
-    link = f"<{dashboard_link(dashboard_url, event['run_id'])}|open run {run} in the dashboard>"
+    if event.divergence_step is not None and kind == "updated":
+        facts.append(f"loss diverged at step {event.divergence_step}")
+    if event.lead_time is not None:
+        facts.append(f"lead time: {event.lead_time} steps")
+    link = f"<{dashboard_link(dashboard_url, event.run_id)}|open run {run} in the dashboard>"
     text = f"{head}\n{' · '.join(facts)}\n{link}"
-    context = (
-        f"warning `{_mrkdwn(event.get('id'))}` · detector config "
-        f"`{_mrkdwn(event.get('config_version'))}`"
-    )
+    context = f"warning `{_mrkdwn(event.id)}` · detector config `{_mrkdwn(event.config_version)}`"
     return {
         "text": text,
         "blocks": [
@@ -259,51 +262,51 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def _labels(event: dict[str, Any]) -> dict[str, str]:
+def _labels(event: WarningEvent) -> dict[str, str]:
     """An alert's identity: the stable facts of its warning (no id: see below)."""
-    labels = {"alertname": "ForeshockWarning", "family": str(event["family"])}
-    if event.get("module"):  # Alertmanager treats an empty label as absent: leave it out
-        labels["module"] = str(event["module"])
-    labels["run_id"] = str(event["run_id"])
-    if event.get("rank") is not None:  # per-rank mode: two ranks' warnings are two alerts
-        labels["rank"] = str(event["rank"])
-    labels["severity"] = SEVERITY.get(event.get("role", ""), "warning")
+    labels = {"alertname": "ForeshockWarning", "family": str(event.family)}
+    if event.module:  # Alertmanager treats an empty label as absent: leave it out
+        labels["module"] = str(event.module)
+    labels["run_id"] = str(event.run_id)
+    if event.rank is not None:  # per-rank mode: two ranks' warnings are two alerts
+        labels["rank"] = str(event.rank)
+    labels["severity"] = SEVERITY.get(event.role or "", "warning")
     return labels
 
 
 def alertmanager_alert(
-    event: dict[str, Any], dashboard_url: str, starts_at: float, ends_at: float | None = None
+    event: WarningEvent, dashboard_url: str, starts_at: float, ends_at: float | None = None
 ) -> dict[str, Any]:
     """One Alertmanager v2 alert (POST a list of them); ``ends_at`` only for a resolved warning.
 
     Times are epoch seconds. Labels carry no warning id: one (run, family, module) has at most
     one open warning, and a reopened one is the same alert firing again.
 
-    >>> a = alertmanager_alert({"id": "a1", "run_id": "r1", "family": "router", "module": "m",
-    ...     "step": 5, "role": "symptom", "false_alarm_rate": 0.05, "event": "cleared",
-    ...     "cleared_step": 9, "lead_time": None}, "http://d", 0.0, 60.0)
+    >>> a = alertmanager_alert(WarningEvent.from_message({"id": "a1", "run_id": "r1",
+    ...     "family": "router", "module": "m", "step": 5, "role": "symptom",
+    ...     "false_alarm_rate": 0.05, "event": "cleared", "cleared_step": 9, "lead_time": None}),
+    ...     "http://d", 0.0, 60.0)
     >>> a["labels"]
     {'alertname': 'ForeshockWarning', 'family': 'router', 'module': 'm', 'run_id': 'r1', 'severity': 'critical'}
     >>> a["startsAt"], a["endsAt"], a["generatorURL"], a["annotations"]["false_alarm_rate"]
     ('1970-01-01T00:00:00.000Z', '1970-01-01T00:01:00.000Z', 'http://d/run?run=r1', '0.05')
-    >>> opened = alertmanager_alert({"id": "a2", "run_id": "r1", "family": "router",
-    ...     "module": None, "step": 5, "role": "cause", "false_alarm_rate": None,
-    ...     "event": "opened"}, "http://d", 0.0)
+    >>> opened = alertmanager_alert(WarningEvent.from_message({"id": "a2", "run_id": "r1",
+    ...     "family": "router", "module": None, "step": 5, "role": "cause",
+    ...     "false_alarm_rate": None, "event": "opened"}), "http://d", 0.0)
     >>> sorted(opened), sorted(opened["labels"]), opened["annotations"]["false_alarm_rate"]
     (['annotations', 'generatorURL', 'labels', 'startsAt'], ['alertname', 'family', 'run_id', 'severity'], 'uncalibrated')
     """  # noqa: E501
-    link = dashboard_link(dashboard_url, event["run_id"])
-    rate = event.get("false_alarm_rate")
+    link = dashboard_link(dashboard_url, event.run_id)
+    rate = event.false_alarm_rate
     description = (
-        f"foreshock {event['family']} warning {event.get('id')} ({event.get('role')}), "
-        f"opened at step {event['step']}"
+        f"foreshock {event.family} warning {event.id} ({event.role}), opened at step {event.step}"
     )
-    if event.get("cleared_step") is not None:
-        description += f", resolved at step {event['cleared_step']}"
-        if event["event"] == "cleared":
+    if event.cleared_step is not None:
+        description += f", resolved at step {event.cleared_step}"
+        if event.event == "cleared":
             description += f" ({_why(event)})"
-    if event.get("lead_time") is not None:
-        description += f"; the loss diverged {event['lead_time']} steps after it opened"
+    if event.lead_time is not None:
+        description += f"; the loss diverged {event.lead_time} steps after it opened"
     alert = {
         "labels": _labels(event),
         "annotations": {
@@ -321,7 +324,7 @@ def alertmanager_alert(
 
 
 def alertmanager_silence(
-    event: dict[str, Any],
+    event: WarningEvent,
     dashboard_url: str,
     ends_at: float,
     starts_at: float,
@@ -333,9 +336,9 @@ def alertmanager_silence(
     Its matchers are the alert's labels, each exactly, and ``module=""`` for a warning without
     a module (so it matches no alert that has one).
 
-    >>> s = alertmanager_silence({"id": "a1", "run_id": "r1", "family": "loss", "step": 5,
-    ...     "role": "symptom", "event": "acknowledged", "evidence": {"by": "ana", "at": 0.0,
-    ...     "note": None}}, "http://d", 3600.0, 0.0)
+    >>> s = alertmanager_silence(WarningEvent.from_message({"id": "a1", "run_id": "r1",
+    ...     "family": "loss", "step": 5, "role": "symptom", "event": "acknowledged",
+    ...     "evidence": {"by": "ana", "at": 0.0, "note": None}}), "http://d", 3600.0, 0.0)
     >>> [(m["name"], m["value"]) for m in s["matchers"]]
     [('alertname', 'ForeshockWarning'), ('family', 'loss'), ('run_id', 'r1'), ('severity', 'critical'), ('module', '')]
     >>> s["createdBy"], s["endsAt"], s["comment"]
@@ -345,7 +348,7 @@ def alertmanager_silence(
     if "module" not in labels:
         labels["module"] = ""
     action = _evidence(event)
-    comment = f"{event['event']} in foreshock: warning {event['id']}"
+    comment = f"{event.event} in foreshock: warning {event.id}"
     if action.get("note"):
         comment += f": {action['note']}"
     silence = {
@@ -355,7 +358,7 @@ def alertmanager_silence(
         "startsAt": _rfc3339(starts_at),
         "endsAt": _rfc3339(max(ends_at, starts_at + 60)),
         "createdBy": str(action.get("by") or "foreshock"),
-        "comment": f"{comment} ({dashboard_link(dashboard_url, event['run_id'])})",
+        "comment": f"{comment} ({dashboard_link(dashboard_url, event.run_id)})",
     }
     if silence_id is not None:
         silence["id"] = silence_id

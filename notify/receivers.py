@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from foreshock.transport.warning import ACTIONS
+from foreshock.transport.warning import ACTIONS, WarningEvent
 
 from .courier import Job
 from .delivery import Target, encode
@@ -29,7 +29,7 @@ from .payloads import alertmanager_alert, alertmanager_silence, slack_payload, w
 
 __all__ = ["RECEIVERS", "AlertmanagerReceiver", "PostReceiver", "Receiver", "receiver_for"]
 
-Event = dict[str, Any]
+Event = WarningEvent
 
 
 class Receiver(Protocol):
@@ -60,7 +60,7 @@ class PostReceiver:
         self.target, self.payload, self.dashboard = target, payload, dashboard
 
     def jobs(self, event: Event, started: float, at: float, muted: bool, open_: bool) -> list[Job]:
-        if event["event"] == "updated" and muted:
+        if event.event == "updated" and muted:
             return []
         body = encode(self.payload(event, self.dashboard))
         return [Job(self.target.endpoint, body, what=_what(event))]
@@ -94,17 +94,17 @@ class AlertmanagerReceiver:
             self.silences.update(read_silences(self.target, timeout))
 
     def jobs(self, event: Event, started: float, at: float, muted: bool, open_: bool) -> list[Job]:
-        kind = event["event"]
+        kind = event.event
         if kind == "updated" and not open_:
             return []  # resolved in Alertmanager already; a re-post would fire it again
         if kind in ACTIONS:
-            until = (event.get("evidence") or {}).get("until")
+            until = (event.evidence or {}).get("until")
             return [self._silence(event, until or at + self.ack_horizon, at)]
         ends = at if kind == "cleared" else None
         alert = [alertmanager_alert(event, self.dashboard, started, ends)]
         jobs = [Job(self.target.endpoint, encode(alert), what=_what(event))]
         if kind == "cleared":
-            jobs += self._expire_all(event["id"])
+            jobs += self._expire_all(event.id)
         return jobs
 
     def refresh(
@@ -135,7 +135,7 @@ class AlertmanagerReceiver:
 
     def _silence(self, event: Event, ends: float, now: float) -> Job:
         """Make (or extend) the silence of ``event`` (an acknowledgement or a silence)."""
-        key = (event["id"], event["event"])
+        key: tuple[str, str] = (event.id, event.event)
         with self._lock:
             known, _ = self.silences.get(key, (None, 0.0))
             self.silences[key] = (known, ends)
@@ -150,9 +150,9 @@ class AlertmanagerReceiver:
                 if live:
                     self.silences[key] = (made_id, ends)
             if not live:
-                self.submit(self._expire(made_id, event["id"]))
+                self.submit(self._expire(made_id, event.id))
 
-        what = f"silence of warning {event['id']}"
+        what = f"silence of warning {event.id}"
         return Job(f"{self.target.api}/silences", encode(body), done=made, what=what)
 
     def _expire_all(self, wid: str) -> list[Job]:
@@ -175,7 +175,7 @@ class AlertmanagerReceiver:
 
 
 def _what(event: Event) -> str:
-    return f"{event['event']} event of warning {event['id']}"
+    return f"{event.event} event of warning {event.id}"
 
 
 def _webhook(target: Target, dashboard: str, ack_horizon: float, submit: Any) -> Receiver:

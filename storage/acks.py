@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from foreshock.transport.warning import ACTIONS, WarningEvent
 
 from .reader import History
 
@@ -32,26 +35,30 @@ FROM warnings
 """
 
 
-def event_key(message: dict[str, Any]) -> tuple:
+def event_key(event: WarningEvent | Mapping[str, Any]) -> tuple:
     """A warning event's dedup key: (id, event, divergence step, cleared step, action id).
+
+    ``event`` is typed, or a message checked only as deep as this key
+    (:func:`~foreshock.transport.warning.decode` with ``key_only``: the sink deduplicates
+    before its batch builder checks the rest), whose missing fields count as null.
 
     >>> event_key({"id": "a", "event": "opened", "divergence_step": None, "cleared_step": None})
     ('a', 'opened', None, None, None)
-    >>> event_key({"id": "a", "event": "acknowledged", "evidence": {"action_id": "x1"}})
+    >>> event_key(WarningEvent("a", "acknowledged", "r1", "loss", 5, evidence={"action_id": "x1"}))
     ('a', 'acknowledged', None, None, 'x1')
     """
+    key: tuple[Any, ...]
+    if isinstance(event, WarningEvent):
+        key = (event.id, event.event, event.divergence_step, event.cleared_step)
+        evidence: Any = event.evidence
+    else:
+        key = tuple(event.get(k) for k in ("id", "event", "divergence_step", "cleared_step"))
+        evidence = event.get("evidence")
     action = None
-    if message.get("event") in ("acknowledged", "silenced"):
-        evidence = message.get("evidence")
+    if key[1] in ACTIONS:
         found = evidence.get("action_id") if isinstance(evidence, dict) else None
         action = found if isinstance(found, str) else None
-    return (
-        message.get("id"),
-        message.get("event"),
-        message.get("divergence_step"),
-        message.get("cleared_step"),
-        action,
-    )
+    return (*key, action)
 
 
 _STATES = f"""

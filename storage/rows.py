@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -26,11 +27,12 @@ import pyarrow as pa
 from foreshock.transport.records import parse_series_key
 from foreshock.transport.warning import FIELDS as WARNING_FIELDS
 from foreshock.transport.warning import REQUIRED as WARNING_REQUIRED
+from foreshock.transport.warning import WarningEvent
 from foreshock.transport.wire import RUN_ID_PATTERN
 
 from .schema import TABLES
 
-__all__ = ["BatchBuilder", "RecordError", "split_key"]
+__all__ = ["BatchBuilder", "RecordError", "split_key", "stored_warning"]
 
 
 _isfinite = math.isfinite
@@ -162,20 +164,13 @@ class BatchBuilder:
         row["body"] = _json(message, "message")
         self._append("run_events", **row)
 
-    def add_warning(self, event: dict[str, Any], received_at: float) -> None:
-        """One warning event (``foreshock.warning/1``); RecordError if it lacks its keys."""
-        for name in WARNING_REQUIRED:
-            if event.get(name) is None:
-                raise RecordError(f"warning event without {name!r}")
-        _run_id(event)
-        row = {f: event.get(f) for f in WARNING_FIELDS}
-        try:
-            pa.RecordBatch.from_pylist(
-                [row], schema=pa.schema([TABLES["warnings"].field(f) for f in WARNING_FIELDS])
-            )
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-            raise RecordError(f"warning event with a field of the wrong type: {exc}") from None
-        evidence = _json(event.get("evidence"), "evidence")
+    def add_warning(self, event: WarningEvent | Mapping[str, Any], received_at: float) -> None:
+        """One warning event (``foreshock.warning/1``: a message as the sink decoded it, key
+        fields only, or a :class:`WarningEvent`); RecordError if the store cannot keep it
+        (:func:`stored_warning`)."""
+        event = stored_warning(event)
+        row = {f: getattr(event, f) for f in WARNING_FIELDS}
+        evidence = _json(event.extra.get("evidence", event.evidence), "evidence")
         self._append("warnings", **row, received_at=received_at, evidence=evidence)
 
     def add_dead_letter(
@@ -211,6 +206,40 @@ class BatchBuilder:
         tables = {t: pa.table(cols, schema=TABLES[t]) for t, cols in self._columns.items()}
         self._clear()
         return tables
+
+
+def stored_warning(event: WarningEvent | Mapping[str, Any]) -> WarningEvent:
+    """``event`` as the store keeps it, typed; RecordError (a dead-letter row) if it lacks a
+    required field, its run id breaks the wire's rule, or a field has a type its column cannot
+    hold. This is the store's depth of checking, not :func:`~foreshock.transport.warning.check`'s:
+    the sink keeps what the notifier would skip, as long as its columns can hold it.
+
+    >>> e = stored_warning({"id": "a", "event": "opened", "run_id": "r1", "family": "router",
+    ...                     "step": 5, "statistic": float("nan")})
+    >>> e.step, e.module
+    (5, None)
+    >>> stored_warning({"id": "a", "event": "opened", "run_id": "r1", "family": "router"})
+    Traceback (most recent call last):
+    ...
+    foreshock.storage.rows.RecordError: warning event without 'step'
+    """
+    message = event.to_message() if isinstance(event, WarningEvent) else event
+    for name in WARNING_REQUIRED:
+        if message.get(name) is None:
+            raise RecordError(f"warning event without {name!r}")
+    _run_id(message)
+    row = {f: message.get(f) for f in WARNING_FIELDS}
+    try:
+        pa.RecordBatch.from_pylist([row], schema=_warning_schema())
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise RecordError(f"warning event with a field of the wrong type: {exc}") from None
+    # the columns took every field: the types are the event's (a float column may hold an int)
+    return event if isinstance(event, WarningEvent) else WarningEvent.from_message(message)
+
+
+@lru_cache(maxsize=1)
+def _warning_schema() -> pa.Schema:
+    return pa.schema([TABLES["warnings"].field(f) for f in WARNING_FIELDS])
 
 
 def _short(value: Any) -> str:
@@ -249,7 +278,7 @@ def _int64(message: dict[str, Any], field: str, default: int | None = None) -> i
     raise RecordError(f"{field} must be an integer in 0..2**63-1, got {_short(value)}")
 
 
-def _run_id(message: dict[str, Any]) -> str:
+def _run_id(message: Mapping[str, Any]) -> str:
     run_id = message.get("run_id")
     if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
         raise RecordError(f"run_id must match {RUN_ID_PATTERN}: {_short(run_id)}")

@@ -36,6 +36,7 @@ from foreshock.storage.store import DeltaStore
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.settings import SettingsError
 from foreshock.transport.topics import ensure_topics
+from foreshock.transport.warning import WarningEvent
 
 SECRET = "whsec_" + base64.b64encode(b"lifecycle-test-key-0123456789").decode()
 # six warnings (the optimizer test's after the divergence), all open when the run ends (diverged)
@@ -367,7 +368,7 @@ url = "http://127.0.0.1:{down}/services/T0/B0/sl4ck-path-secret"
         kafka_settings, NotifyConfig(targets, DASH, group_id="auth-notify", retries=1, backoff=0.01)
     )
     try:
-        opened = _event("r-auth", "blocks.0.moe", 300)
+        opened = WarningEvent.from_message(_event("r-auth", "blocks.0.moe", 300))
         notify.handle(Consumed(opened, "foreshock.warnings", 0, 0, time.time()))
         assert notify.wait_idle(15)
     finally:

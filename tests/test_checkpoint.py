@@ -17,6 +17,7 @@ from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.settings import KafkaSettings
+from foreshock.transport.warning import WarningEvent
 
 
 class FakeKafka:
@@ -73,9 +74,10 @@ def test_the_notifier_leaves_replay_when_retention_removed_committed_minus_one(
     try:
         notify._on_assign(FakeKafka({0: 5}), [TopicPartition("foreshock.warnings", 0)])
         base = {"schema": "foreshock.warning/1", "run_id": "r", "family": "router", "step": 1}
-        notify.handle(Consumed({**base, "id": "a", "event": "opened"}, "foreshock.warnings", 0, 2))
+        a = WarningEvent.from_message({**base, "id": "a", "event": "opened"})
+        notify.handle(Consumed(a, "foreshock.warnings", 0, 2))
         assert notify.cursor.replaying and notify.refresh_open() == 0
-        b = {**base, "id": "b", "event": "opened"}
+        b = WarningEvent.from_message({**base, "id": "b", "event": "opened"})
         notify.handle(Consumed(b, "foreshock.warnings", 0, 6, time.time()))
         assert not notify.cursor.replaying
         assert notify.stats.replayed == 1

@@ -678,6 +678,7 @@ def test_notifier_decoding_handles_or_rejects_with_a_reason(raw):
     except SkippedMessageError as exc:  # skipped, counted as invalid, with a reason
         assert str(exc).strip()
         return
+    assert event.to_message() == json.loads(raw)  # typed, and nothing of it lost
     Ledger().admit(event, at=1.0, partition=0)
     for payload in (
         webhook_payload(event, "http://d"),

@@ -28,7 +28,7 @@ from foreshock.notify.delivery import Target
 from foreshock.notify.notifier import Notifier, NotifyConfig
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.topics import ensure_topics
-from foreshock.transport.warning import RunWarning
+from foreshock.transport.warning import RunWarning, WarningEvent
 
 DASH = "http://dash.example:8501"
 RUN = "lr high/s1"  # quoted in links: space and slash
@@ -352,7 +352,8 @@ def test_updates_are_sent_once_per_divergence_and_spare_resolved_alerts(kafka_se
         )
         exact = {**A_UPDATED, "divergence_step": 880, "lead_time": 430}
         for i, event in enumerate([A, A_UPDATED, A_UPDATED, A_CLEARED, exact]):
-            notify.handle(Consumed(event, "foreshock.warnings", 0, i, 1000.0 + i))
+            typed = WarningEvent.from_message(event)  # as decode_warning hands it over
+            notify.handle(Consumed(typed, "foreshock.warnings", 0, i, 1000.0 + i))
         assert notify.wait_idle(10)
         notify.close()
         hooks = receiver.bodies("/hook")

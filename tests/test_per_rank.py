@@ -275,8 +275,9 @@ def test_a_segment_store_without_warning_ranks_migrates(tmp_path):
 
 def test_a_ranks_warning_is_its_own_alert_and_names_its_rank() -> None:
     from foreshock.notify.payloads import alertmanager_alert, slack_payload, summary
+    from foreshock.transport.warning import WarningEvent
 
-    event = {
+    message = {
         "id": "a1",
         "event": "opened",
         "run_id": "r1",
@@ -288,7 +289,8 @@ def test_a_ranks_warning_is_its_own_alert_and_names_its_rank() -> None:
         "evidence": {},
         "time": 0,
     }
-    rank0, rank1 = ({**event, "rank": rank} for rank in (0, 1))
+    event = WarningEvent.from_message(message)
+    rank0, rank1 = (WarningEvent.from_message({**message, "rank": r}) for r in (0, 1))
     assert (
         alertmanager_alert(rank0, "", 0.0)["labels"] != alertmanager_alert(rank1, "", 0.0)["labels"]
     )

@@ -27,7 +27,9 @@ from foreshock.transport.warning import (
     EventKind,
     Role,
     RunWarning,
+    WarningEvent,
     check,
+    decode_event,
 )
 
 FILE = json.loads(files("foreshock.transport").joinpath("warning-v1.schema.json").read_text())
@@ -76,6 +78,8 @@ def test_the_file_and_the_module_agree_on_each_field(field, value) -> None:
     """Each field given each kind of value: accepted by both, or refused by both."""
     event = {**VALID, field: value}
     assert (check(event) is None) == _passes_schema(event), (field, value, check(event))
+    if check(event) is None:
+        _assert_round_trip(event)
 
 
 @pytest.mark.parametrize(
@@ -93,6 +97,8 @@ def test_the_file_and_the_module_agree_on_each_field(field, value) -> None:
 def test_the_file_and_the_module_agree_on_a_persons_event(kind, evidence) -> None:
     event = {**VALID, "event": kind, "evidence": evidence}
     assert (check(event) is None) == _passes_schema(event), (kind, evidence, check(event))
+    if check(event) is None:
+        _assert_round_trip(event)
 
 
 def test_the_engines_events_and_a_persons_pass_both() -> None:
@@ -109,3 +115,35 @@ def test_the_engines_events_and_a_persons_pass_both() -> None:
         assert check(event) is None, event
         assert check(event, key_only=True) is None
         VALIDATOR.validate(event)
+        _assert_round_trip(event)
+
+
+def _assert_round_trip(message: dict) -> None:
+    """A checked message is one ``WarningEvent`` and back: the same keys, values and order."""
+    event = WarningEvent.from_message(message)
+    assert event.to_message() == message and list(event.to_message()) == list(message)
+    assert decode_event(json.dumps(message)) == event
+    assert (event.id, event.event, event.run_id, event.step) == tuple(
+        message[k] for k in ("id", "event", "run_id", "step")
+    )
+    assert set(event.extra) == set(message) - {*FIELDS, "evidence", "schema"} | (
+        {"evidence"} if not isinstance(message.get("evidence"), dict | None) else set()
+    )
+
+
+def test_a_warning_event_keeps_what_it_does_not_know_and_builds_whole_messages() -> None:
+    """A newer producer's field and a non-object ``evidence`` survive the round trip; an
+    event built in code (not decoded) sends every field, like ``RunWarning.to_message``."""
+    message = {**VALID, "evidence": [1, 2], "severity_hint": "high", "module": None}
+    assert check(message) is None
+    event = WarningEvent.from_message(message)
+    assert event.evidence is None and event.extra["evidence"] == [1, 2]
+    assert event.extra["severity_hint"] == "high" and event.has("module")
+    assert not event.has("role") and event.role is None
+    assert event.to_message() == message
+    built = WarningEvent("w1", EventKind.OPENED, "r1", "router", 5, evidence={"x": 1})
+    sent = built.to_message()
+    assert list(sent) == ["schema", *FIELDS, "evidence"] and check(sent) is None
+    assert WarningEvent.from_message(sent) == built
+    with pytest.raises(KeyError):
+        WarningEvent.from_message({"schema": SCHEMA, "id": "w1"})

@@ -107,9 +107,10 @@ class Deduplicator:
 class MetricsConsumer:
     """A consumer-group member of the metrics topic (or ``topics``).
 
-    ``decoders`` maps other topics to their own decoder (raw Kafka message → dict; raises
-    :class:`WireError` to dead-letter, ``envelope.SkippedMessageError`` to skip): their
-    messages skip the seq bookkeeping. Every message comes out in its envelope (``Consumed``).
+    ``decoders`` maps other topics to their own decoder (raw Kafka message → a dict or a typed
+    event; raises :class:`WireError` to dead-letter, ``envelope.SkippedMessageError`` to
+    skip): their messages skip the seq bookkeeping. Every message comes out in its envelope
+    (``Consumed``).
     ``on_assign(consumer, partitions)`` runs after each assignment, ``on_revoke(consumer,
     partitions, lost)`` before partitions go to another member (``lost``: they already have).
     ``on_rewind(found)`` is called after a rewind with the (partition, committed offset) pairs
@@ -124,7 +125,7 @@ class MetricsConsumer:
         on_assign: Any = None,
         on_revoke: Any = None,
         gap_wait: float = 1.0,
-        decoders: dict[str, Callable[[Any], dict[str, Any]]] | None = None,
+        decoders: dict[str, Callable[[Any], Any]] | None = None,
         on_rewind: Callable[[list[tuple[int, int]]], None] | None = None,
         **config: Any,
     ) -> None:

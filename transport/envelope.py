@@ -34,7 +34,7 @@ class Consumed:
     ('r1', 2, 41, None)
     """
 
-    message: dict[str, Any]
+    message: Any  # a wire message (a dict), or what the topic's decoder made (a WarningEvent)
     topic: str
     partition: int
     offset: int

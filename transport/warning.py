@@ -13,13 +13,18 @@ Who checks what, with :func:`check` (one function, two depths):
 * the storage sink dead-letters on ``check(event, key_only=True)`` — the fields its dedup key
   reads — and lets its batch builder refuse the rest (a dead-letter row, with Arrow's reason),
   among it a ``run_id`` outside the wire's rule, which the JSON Schema states as its pattern.
+
+What a consumer reads is one type, :class:`WarningEvent` (:func:`decode_event` for the notifier;
+:func:`foreshock.storage.rows.stored_warning` for the store, at its own depth): attributes, not
+string keys, and :meth:`WarningEvent.to_message` gives back the message exactly as it came.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from functools import cache
 from importlib.resources import files
@@ -40,8 +45,10 @@ __all__ = [
     "EventKind",
     "Role",
     "RunWarning",
+    "WarningEvent",
     "check",
     "decode",
+    "decode_event",
     "finite",
     "json_schema",
     "resolved_by",
@@ -139,6 +146,101 @@ class RunWarning:
 
     def to_message(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """A warning event as its consumers read it (the notifier, the store): one checked message
+    of the warnings topic, typed. The required fields (:data:`REQUIRED`) always; every other
+    field of :data:`FIELDS` None where the message had it null or had it not (a person's event
+    carries only the warning's :data:`FACTS`); ``evidence`` when it is an object or null; and
+    in ``extra`` whatever else the message held (fields a person's event or a newer producer
+    adds; ``evidence`` that is not an object), so :meth:`to_message` gives back exactly the
+    message it came from, keys in their order.
+
+    >>> m = {"schema": "foreshock.warning/1", "id": "a", "event": "opened", "run_id": "r1",
+    ...      "family": "router", "step": 5, "module": None, "evidence": {"z": 1.5}, "new": 7}
+    >>> e = WarningEvent.from_message(m)
+    >>> e.id, e.step, e.module, e.role, e.evidence, dict(e.extra)
+    ('a', 5, None, None, {'z': 1.5}, {'new': 7})
+    >>> e.to_message() == m and list(e.to_message()) == list(m)
+    True
+    >>> e.has("module"), e.has("role")  # null in the message, and not in it
+    (True, False)
+    """
+
+    id: str
+    event: EventKind | str
+    run_id: str
+    family: str
+    step: int
+    module: str | None = None
+    series: str | None = None
+    direction: Direction | str | None = None
+    role: Role | str | None = None
+    statistic: float | None = None
+    threshold: float | None = None
+    false_alarm_rate: float | None = None
+    config_version: str | None = None
+    divergence_step: int | None = None
+    lead_time: int | None = None
+    cleared_step: int | None = None
+    rank: int | None = None
+    evidence: dict[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # the message's keys, in its order (None: built here, not decoded: every field is sent)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> WarningEvent:
+        """The event of ``message``, a warning event that :func:`check` accepted (in full: a
+        required field it lacks is a KeyError)."""
+        known = {k: v for k, v in message.items() if k in _ATTRIBUTES}
+        extra = {k: v for k, v in message.items() if k not in _ATTRIBUTES}
+        if extra.get("schema") == SCHEMA:  # every event's: kept in ``keys``, not as extra
+            del extra["schema"]
+        if not isinstance(known.get("evidence"), dict | None):  # kept as it came, not typed
+            extra["evidence"] = known.pop("evidence")
+        missing = [k for k in REQUIRED if k not in known]
+        if missing:
+            raise KeyError(f"warning event without {missing}")
+        return cls(**known, extra=extra, keys=tuple(message))
+
+    def has(self, name: str) -> bool:
+        """Did the message hold ``name`` (null or not)? Always, for an event built here."""
+        return self.keys is None or name in self.keys
+
+    def to_message(self) -> dict[str, Any]:
+        """The message again: the keys it had, in their order (then any field set since, not
+        null); an event built here: ``schema``, every field, ``evidence`` and ``extra``."""
+        if self.keys is None:
+            message = {"schema": SCHEMA, **{f: getattr(self, f) for f in FIELDS}}
+            return {**message, "evidence": self.evidence, **self.extra}
+        message = {k: self._value(k) for k in self.keys}
+        for name in (*FIELDS, "evidence"):
+            value = getattr(self, name)
+            if name not in message and value is not None:
+                message[name] = value
+        return {**message, **self.extra}
+
+    def _value(self, key: str) -> Any:
+        if key in self.extra:
+            return self.extra[key]
+        return SCHEMA if key == "schema" else getattr(self, key)
+
+
+_ATTRIBUTES = frozenset(f.name for f in fields(WarningEvent)) - {"extra", "keys"}
+
+
+def decode_event(value: bytes | str | None) -> WarningEvent:
+    """A warning event from its bytes on the wire, fully checked (:func:`check`), typed;
+    :class:`~foreshock.transport.wire.WireError` saying why it is not one.
+
+    >>> decode_event(b'{"schema": "foreshock.warning/1", "id": "a", "event": "opened", '
+    ...              b'"run_id": "r1", "family": "router", "step": 5}').family
+    'router'
+    """
+    return WarningEvent.from_message(decode(value))
 
 
 def decode(value: bytes | str | None, key_only: bool = False) -> dict[str, Any]:
@@ -255,8 +357,9 @@ def _time(value: Any) -> bool:
     return finite(value) and 0 <= value < 253_402_300_800
 
 
-def resolved_by(event: dict[str, Any]) -> str | None:
-    """Why a ``cleared`` event resolved its warning (None for any other event).
+def resolved_by(event: WarningEvent | Mapping[str, Any]) -> str | None:
+    """Why a ``cleared`` event (a message or a :class:`WarningEvent`) resolved its warning
+    (None for any other event).
 
     A clearing stored before the reason was recorded was a statistic's: nothing else cleared.
 
@@ -265,9 +368,13 @@ def resolved_by(event: dict[str, Any]) -> str | None:
     >>> resolved_by({"event": "cleared", "evidence": None}), resolved_by({"event": "opened"})
     ('statistic', None)
     """
-    if event.get("event") != "cleared":
+    kind: Any
+    if isinstance(event, WarningEvent):
+        kind, evidence = event.event, event.evidence
+    else:
+        kind, evidence = event.get("event"), event.get("evidence")
+    if kind != "cleared":
         return None
-    evidence = event.get("evidence")
     reason = evidence.get("resolved_by") if isinstance(evidence, dict) else None
     return reason if reason in RESOLVED_BY else "statistic"
 
