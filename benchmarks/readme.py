@@ -146,6 +146,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "soak": ([], "soak", "Soak: memory and lag under a steady fleet at half saturation"),
     "unreachable": ([], "unreachable", "Training with the broker unreachable, records later"),
     "reliability": ([], "reliability", "Faults under a live fleet: recovery, nothing lost"),
+    "remediation": (
+        ["--quick"],
+        "remediation",
+        "Remediation: lab runs with the default policy against no action",
+    ),
 }
 
 

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
@@ -66,6 +67,15 @@ def _smoke(args: argparse.Namespace) -> int:
     return 1 if errors or not run.records else 0
 
 
+def _policy(value: str | None) -> Any:
+    """``--remedy``: none, ``default`` (the default policy) or a policy file."""
+    if value is None:
+        return None
+    from foreshock.producers.remedy import RemedyPolicy
+
+    return RemedyPolicy() if value == "default" else RemedyPolicy.from_file(value)
+
+
 @_needs_torch
 def _lab_run(args: argparse.Namespace) -> int:
     from foreshock.lab.arch import SIZES, check_fault, default_model
@@ -89,7 +99,8 @@ def _lab_run(args: argparse.Namespace) -> int:
             lr_target=args.lr_target,
         )
         check_fault(args.arch, fault, model.n_experts)
-    except ValueError as exc:
+        policy = _policy(args.remedy)
+    except (ValueError, OSError) as exc:
         print(f"foreshock lab run: {exc}", file=sys.stderr)
         return 2
     config = RunConfig(
@@ -102,6 +113,7 @@ def _lab_run(args: argparse.Namespace) -> int:
         name=args.run_id,
         project=args.project,
         arch=args.arch,
+        policy=policy,
     )
     sink = None
     if args.kafka is not None:
@@ -180,6 +192,12 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         help="lr-high: raise every learning rate (model) or only the routers' (router)",
     )
     run.add_argument("--every", type=int, default=25, help="monitor every δ steps (default 25)")
+    run.add_argument(
+        "--remedy",
+        metavar="POLICY",
+        help="act on the in-process warnings: 'default' or a policy file (TOML/JSON; "
+        "docs/remediation.md); default: off",
+    )
     run.add_argument(
         "--to-horizon",
         action="store_true",

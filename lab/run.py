@@ -26,6 +26,7 @@ from foreshock import __version__
 from foreshock.detectors.divergence import DivergenceRule, divergence_step
 from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
+from foreshock.producers.remedy import RemedyPolicy, policy_summary
 from foreshock.producers.sinks import JsonlSink, Sink
 from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 
@@ -34,6 +35,7 @@ from .data import ByteBatches, stdlib_bytes
 from .faults import Fault
 from .lab_model import set_switch
 from .model import GPTConfig
+from .remedies import LabRemedies
 
 __all__ = ["RUN_SCHEMA", "LabResult", "RunConfig", "config_from_labels", "run_lab"]
 
@@ -53,6 +55,7 @@ class RunConfig:
     name: str | None = None  # the run id; default "[<arch>-]<scenario>-s<seed>"
     project: str | None = None  # a label the dashboard filters on
     arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or a transformers one (arch.ARCHS)
+    policy: RemedyPolicy | None = None  # act on warnings in the run (lab.remedies); None: off
 
     @property
     def run_id(self) -> str:
@@ -120,6 +123,7 @@ def _labels(config: RunConfig, lab: LabModel) -> dict[str, Any]:
         "weight_decay": config.weight_decay,
         "model": asdict(config.model),  # dimensions: n_layer, n_embd, n_head, n_kv_head, ...
         **built,
+        **({} if config.policy is None else {"remedy": policy_summary(config.policy)}),
         "parameters": lab.n_parameters,
         "divergence_rule": asdict(config.divergence),
         "foreshock": __version__,
@@ -186,6 +190,22 @@ def _past_divergence(losses: list[float], config: RunConfig) -> bool:
     return diverged_at is not None and len(losses) - 1 >= diverged_at + config.after_divergence
 
 
+def _status(diverged_at: int | None, remedies: LabRemedies | None) -> str:
+    if diverged_at is not None:
+        return "diverged"
+    return "stopped" if remedies is not None and remedies.stopped else "finished"
+
+
+def _remedy_summary(remedies: LabRemedies) -> dict[str, Any]:
+    """What the policy did, for the end record: its actions, steps re-done, snapshot bytes."""
+    ring = remedies.ring
+    return {
+        "actions": [a.to_message() for a in remedies.actions],
+        "steps_redone": remedies.redone,
+        "snapshot_bytes": 0 if ring is None else ring.nbytes,
+    }
+
+
 def run_lab(
     config: RunConfig, out: str | Path | None, progress: bool = True, sink: Sink | None = None
 ) -> LabResult:
@@ -208,18 +228,20 @@ def run_lab(
         fused=True,  # one kernel for all parameters: ~8 % of a CPU step saved
     )
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
+    for group in optimizer.param_groups:
+        group["base_lr"] = config.lr
     monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
     _attach(lab, monitor)
-    sink.write(
-        {
-            "schema": RUN_SCHEMA,
-            "kind": "start",
-            "run_id": config.run_id,
-            "time": time.time(),
-            "labels": _labels(config, lab),
-            "monitor": monitor.describe(),
-        }
-    )
+    start = {
+        "schema": RUN_SCHEMA,
+        "kind": "start",
+        "run_id": config.run_id,
+        "time": time.time(),
+        "labels": _labels(config, lab),
+        "monitor": monitor.describe(),
+    }
+    sink.write(start)
+    remedies = None if config.policy is None else LabRemedies(config.policy, lab, optimizer, start)
     bar = _Progress(config.steps, progress)
     losses: list[float] = []
     cpu0, wall0, monitor_seconds = time.process_time(), time.perf_counter(), 0.0
@@ -228,8 +250,13 @@ def run_lab(
         for step in range(config.steps):
             fault = config.fault
             fault.apply_attention(list(lab.attention.values()), step)
+            if remedies is not None:
+                remedies.before_step(step, fault)
             for group in optimizer.param_groups:
-                factor = fault.lr_factor(step) if group.get("faulted", True) else 1.0
+                faulted = group.get("faulted", True)
+                factor = fault.lr_factor(step) if faulted else 1.0
+                if remedies is not None:
+                    factor = remedies.lr_factor(factor, faulted)
                 group["lr"] = config.lr * factor
             batches.batch_size = fault.batch_size(config.batch_size, step)
             x, y = batches.next()
@@ -239,14 +266,16 @@ def run_lab(
             if lab.after_step is not None:
                 lab.after_step()  # e.g. DeepSeek-V3's router-bias update
             tick = time.perf_counter()
-            monitor.step(step, loss=loss)
+            record = monitor.step(step, loss=loss)
             monitor_seconds += time.perf_counter() - tick
+            if remedies is not None:
+                remedies.after_record(step, record)
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             bar.update(step, losses[-1])
             if len(losses) > config.divergence.warmup and not torch.isfinite(loss):
                 break  # nothing more to learn from a NaN run
-            if _past_divergence(losses, config):
+            if _past_divergence(losses, config) or (remedies is not None and remedies.stopped):
                 break
     finally:
         torch.set_flush_denormal(False)  # process-wide: do not leak it to the caller
@@ -259,7 +288,7 @@ def run_lab(
             "kind": "end",
             "run_id": config.run_id,
             "time": time.time(),
-            "status": "diverged" if diverged_at is not None else "finished",
+            "status": _status(diverged_at, remedies),
             "divergence_step": diverged_at,
             "last_step": len(losses) - 1,
             "records": monitor.records_written,
@@ -269,6 +298,7 @@ def run_lab(
             "cpu_seconds": round(cpu, 2),
             "wall_seconds": round(wall, 2),
             "monitor_seconds": round(monitor_seconds, 3),
+            **({} if remedies is None else _remedy_summary(remedies)),
         }
     )
     monitor.close()

@@ -1,0 +1,225 @@
+"""Act on a warning before the loss moves: a policy that maps a warning's cause to an action.
+
+Why act on the *cause*: trainers today react to the loss (roll back ~100 steps, skip batches,
+resubmit with a lower learning rate), after the damage, with no idea of what caused it. In the
+lab, rolling back with the fault left on only delays the divergence, while removing the cause
+at foreshock's first warning saves the run with nothing re-done (issue 32's probe: 7 of 7
+low-precision attention runs, 0 steps re-done). So the policy reads what the warning names —
+its cause (the family of a warning whose role is ``cause``; ``optimizer`` for a warning whose
+role is ``optimizer`` — every weight grew first — or of the optimizer test's own family; no
+action for a secondary, ambiguous or symptom warning) and its module, and asks the trainer for
+the matching remedy:
+
+==================== ======================= ===============================================
+cause                action                  what the trainer does
+==================== ======================= ===============================================
+attention-numerics   ``precise-attention``   the attention backward in full precision: every
+                                             layer (``attention_scope = "all"``: the kernel
+                                             that rounds is shared, and in the lab curing
+                                             the named layer alone left the other to warn
+                                             600 steps later) or the named one ("module")
+optimizer            ``hold-lr``             the learning rate held at ``lr_scale`` × its
+                                             value at the warning from then on (a one-off
+                                             cut while the schedule keeps ramping did not
+                                             save the lab's runs; holding it did)
+router               ``scale-router-lr``     the routers' learning rate × ``router_lr_scale``
+any                  ``stop``                stop, keeping the last checkpoint
+==================== ======================= ===============================================
+
+Off by default (a trainer passes a policy to act). Bounded: at most ``max_actions`` per run,
+``backoff_steps`` between two, never an exception into the training loop — a remedy that fails
+is an :class:`Action` with its error, and training goes on. ``dry_run`` decides and reports
+without asking the trainer for anything. A rollback before the action (``rollback``) restores
+the newest snapshot older than the warning's first evidence (:mod:`.snapshots`).
+
+>>> class Trainer:
+...     def precise_attention(self, module): print("precise", module)
+>>> remediator = Remediator(RemedyPolicy(), Trainer())
+>>> [a.kind for a in remediator.act(450, [_opened("attention-numerics", "h.1.attn")])]
+precise None
+['precise-attention']
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+from foreshock.transport.warning import EventKind, Role, RunWarning
+
+__all__ = ["ACTIONS", "Action", "Remediator", "Remedies", "RemedyPolicy", "cause_of"]
+
+log = logging.getLogger("foreshock.remedy")
+
+ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+DEFAULT_ACTIONS = {
+    "attention-numerics": "precise-attention",
+    "optimizer": "hold-lr",
+    "router": "scale-router-lr",
+}
+
+
+@dataclass(frozen=True)
+class RemedyPolicy:
+    """What to do, by the warning's cause (``actions``; a cause absent: nothing). Read from a
+    TOML or JSON file with ``from_file``."""
+
+    actions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+    attention_scope: str = "all"  # precise-attention: "all" layers, or the named "module"
+    lr_scale: float = 0.5  # hold-lr: the held learning rate, × its value at the warning
+    router_lr_scale: float = 0.1  # scale-router-lr: the routers' learning rate factor
+    rollback: bool = False  # restore the newest snapshot before the warning's evidence first
+    max_actions: int = 3  # per run
+    backoff_steps: int = 100  # steps between two actions
+    dry_run: bool = False  # decide and report, do nothing
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.actions.values()) - set(ACTIONS))
+        if unknown:
+            raise ValueError(f"unknown remedy action(s) {unknown}; known: {list(ACTIONS)}")
+        if not 0 < self.lr_scale <= 1 or not 0 < self.router_lr_scale <= 1:
+            raise ValueError("lr_scale and router_lr_scale must be in (0, 1]")
+        if self.attention_scope not in ("all", "module"):
+            raise ValueError(
+                f"attention_scope must be 'all' or 'module', got {self.attention_scope!r}"
+            )
+        if self.max_actions < 0 or self.backoff_steps < 0:
+            raise ValueError("max_actions and backoff_steps must be >= 0")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RemedyPolicy:
+        """A policy file: TOML (a ``[remedy]`` table, or the top level) or JSON, with the
+        fields above; unknown keys are refused, naming them."""
+        path = Path(path)
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        data = data.get("remedy", data)
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ValueError(f"{path}: unknown policy keys {extra}; known: {sorted(known)}")
+        return cls(**data)
+
+
+class Remedies(Protocol):
+    """What a trainer integration offers; a method it lacks is an action it cannot take."""
+
+    def precise_attention(self, module: str | None) -> None: ...
+
+
+@dataclass
+class Action:
+    """One decision of the policy: what, for which warning, at which step, and how it went."""
+
+    kind: str
+    warning_id: str
+    family: str
+    module: str | None
+    step: int  # the step at which the action was applied (the next step boundary)
+    applied: bool
+    dry_run: bool = False
+    rolled_back_to: int | None = None
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Remediator:
+    """``act(step, warnings)`` at a step boundary: the actions the policy takes for the
+    warnings that opened; never raises."""
+
+    def __init__(self, policy: RemedyPolicy, remedies: Any) -> None:
+        self.policy, self.remedies = policy, remedies
+        self.actions: list[Action] = []
+        self._last_step: int | None = None
+
+    def act(self, step: int, warnings: Iterable[RunWarning]) -> list[Action]:
+        taken = []
+        for warning in warnings:
+            kind = self._kind_for(warning)
+            if kind is None or not self._allowed(step):
+                continue
+            action = self._apply(kind, warning, step)
+            self.actions.append(action)
+            taken.append(action)
+            self._last_step = step
+        return taken
+
+    def _kind_for(self, warning: RunWarning) -> str | None:
+        cause = cause_of(warning)
+        return None if cause is None else self.policy.actions.get(cause)
+
+    def _allowed(self, step: int) -> bool:
+        if len(self.actions) >= self.policy.max_actions:
+            return False
+        last = self._last_step
+        return last is None or step - last >= self.policy.backoff_steps
+
+    def _apply(self, kind: str, warning: RunWarning, step: int) -> Action:
+        action = Action(kind, warning.id, warning.family, warning.module, step, False)
+        if self.policy.dry_run:
+            action.dry_run = True
+            log.warning("foreshock remedy (dry run): would %s for %s", kind, warning.id)
+            return action
+        try:
+            if self.policy.rollback:
+                action.rolled_back_to = self._call("rollback", _first_evidence(warning))
+            self._remedy(kind, warning)
+            action.applied = True
+            log.warning("foreshock remedy: %s at step %d for %s", kind, step, warning.id)
+        except Exception as exc:  # a remedy that fails never stops training
+            action.error = repr(exc)[:500]
+            log.warning("foreshock remedy: %s failed: %r", kind, exc)
+        return action
+
+    def _remedy(self, kind: str, warning: RunWarning) -> None:
+        p = self.policy
+        if kind == "precise-attention":
+            self._call("precise_attention", None if p.attention_scope == "all" else warning.module)
+        elif kind == "hold-lr":
+            self._call("hold_lr", p.lr_scale)
+        elif kind == "scale-router-lr":
+            self._call("scale_router_lr", p.router_lr_scale)
+        else:
+            self._call("stop")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        remedy = getattr(self.remedies, method, None)
+        if remedy is None:
+            raise NotImplementedError(f"this trainer offers no {method}")
+        return remedy(*args)
+
+
+def cause_of(warning: RunWarning) -> str | None:
+    """The cause an opened warning names (see the module docstring), else None."""
+    if warning.event != EventKind.OPENED:
+        return None
+    if warning.role == Role.OPTIMIZER or warning.family == "optimizer":
+        return "optimizer"
+    return warning.family if warning.role == Role.CAUSE else None
+
+
+def _first_evidence(warning: RunWarning) -> int:
+    """The step of the warning's first record of evidence (its recent window), else its own."""
+    recent = (warning.evidence or {}).get("recent") or []
+    steps = [int(r[0]) for r in recent if isinstance(r, list | tuple) and r]
+    return min(steps, default=warning.step)
+
+
+def _opened(family: str, module: str | None) -> RunWarning:
+    """A warning as the detectors open it (for the examples)."""
+    return RunWarning(
+        f"w-{family}", "r", family, module, "s", "up", 450, Role.CAUSE, 1.0, 1.0, None, "v", {}
+    )
+
+
+def policy_summary(policy: RemedyPolicy) -> Mapping[str, Any]:
+    """The policy as it goes into a run's labels."""
+    return {**asdict(policy), "actions": dict(policy.actions)}

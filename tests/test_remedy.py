@@ -1,0 +1,173 @@
+"""The remedy policy: which warning acts, bounded and never raising; snapshots that restore
+bit for bit; the lab's remedies acting on its training computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foreshock.lab.faults import Fault
+from foreshock.lab.model import GPTConfig
+from foreshock.lab.run import RunConfig, run_lab
+from foreshock.producers.remedy import Remediator, RemedyPolicy, cause_of
+from foreshock.producers.snapshots import SnapshotRing
+from foreshock.transport.run_files import load_run
+from foreshock.transport.warning import EventKind, Role, RunWarning
+
+
+def _warning(family: str, role: Role, module: str | None = "h.1.attn", step: int = 450):
+    recent = [[step - 50, 1.0, 3.0], [step - 25, 1.1, 3.5], [step, 1.2, 4.0]]
+    return RunWarning(
+        f"w-{family}-{role}-{step}",
+        "r",
+        family,
+        module,
+        "s",
+        "up",
+        step,
+        role,
+        1.0,
+        1.0,
+        None,
+        "v",
+        {"recent": recent},
+    )
+
+
+class Trainer:
+    """Records what the policy asked for."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def precise_attention(self, module):
+        if self.fail:
+            raise RuntimeError("the attention registry refused")
+        self.calls.append(("precise", module))
+
+    def hold_lr(self, scale):
+        self.calls.append(("hold", scale))
+
+    def rollback(self, before):
+        self.calls.append(("rollback", before))
+        return before - 30
+
+
+def test_the_cause_names_the_action_and_nothing_else_acts():
+    assert cause_of(_warning("attention-numerics", Role.CAUSE)) == "attention-numerics"
+    assert cause_of(_warning("router", Role.OPTIMIZER)) == "optimizer"
+    assert cause_of(_warning("optimizer", Role.OPTIMIZER, None)) == "optimizer"
+    assert cause_of(_warning("router", Role.SECONDARY)) is None
+    assert cause_of(_warning("symptom", Role.SYMPTOM, None)) is None
+    cleared = _warning("router", Role.CAUSE)
+    cleared.event = EventKind.CLEARED
+    assert cause_of(cleared) is None
+
+
+def test_actions_are_bounded_by_count_and_backoff():
+    trainer = Trainer()
+    remediator = Remediator(RemedyPolicy(max_actions=2, backoff_steps=100), trainer)
+    first = remediator.act(450, [_warning("attention-numerics", Role.CAUSE)])
+    too_soon = remediator.act(500, [_warning("router", Role.OPTIMIZER, step=500)])
+    later = remediator.act(600, [_warning("router", Role.OPTIMIZER, step=600)])
+    spent = remediator.act(900, [_warning("router", Role.OPTIMIZER, step=900)])
+    assert [len(first), len(too_soon), len(later), len(spent)] == [1, 0, 1, 0]
+    assert trainer.calls == [("precise", None), ("hold", 0.5)]
+
+
+def test_a_failing_remedy_is_reported_not_raised_and_a_dry_run_does_nothing():
+    failing = Remediator(RemedyPolicy(), Trainer(fail=True))
+    (action,) = failing.act(450, [_warning("attention-numerics", Role.CAUSE)])
+    assert not action.applied and "refused" in action.error
+    missing = Remediator(RemedyPolicy(), object())
+    (action,) = missing.act(450, [_warning("router", Role.CAUSE, "h.0.mlp.gate")])
+    assert not action.applied and "scale_router_lr" in action.error
+    trainer = Trainer()
+    (action,) = Remediator(RemedyPolicy(dry_run=True), trainer).act(
+        450, [_warning("attention-numerics", Role.CAUSE)]
+    )
+    assert action.dry_run and not action.applied and trainer.calls == []
+
+
+def test_a_rollback_goes_before_the_warnings_first_evidence():
+    trainer = Trainer()
+    policy = RemedyPolicy(rollback=True, attention_scope="module")
+    (action,) = Remediator(policy, trainer).act(451, [_warning("attention-numerics", Role.CAUSE)])
+    assert trainer.calls == [("rollback", 400), ("precise", "h.1.attn")]
+    assert action.rolled_back_to == 370 and action.applied
+
+
+def test_a_policy_file_is_read_and_its_mistakes_named(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('[remedy]\nlr_scale = 0.25\nactions = {optimizer = "stop"}\n')
+    policy = RemedyPolicy.from_file(path)
+    assert policy.lr_scale == 0.25 and dict(policy.actions) == {"optimizer": "stop"}
+    path.write_text("[remedy]\nlr_scael = 0.25\n")
+    with pytest.raises(ValueError, match="lr_scael"):
+        RemedyPolicy.from_file(path)
+    with pytest.raises(ValueError, match="unknown remedy action"):
+        RemedyPolicy(actions={"router": "reboot"})
+
+
+def test_a_snapshot_restores_model_and_optimizer_bit_for_bit():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ring = SnapshotRing(capacity=2, every=5)
+
+    def train(step):
+        ring.maybe_take(step, model, optimizer)
+        loss = model(torch.randn(4, 8)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for step in range(5):
+        train(step)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_moments = [s["exp_avg"].clone() for s in optimizer.state.values()]
+    for step in range(5, 12):
+        train(step)
+    assert ring.steps == [5, 10]
+    assert ring.restore_before(8, model, optimizer) == 5
+    assert all(torch.equal(v, saved_model[k]) for k, v in model.state_dict().items())
+    moments = [s["exp_avg"] for s in optimizer.state.values()]
+    assert all(torch.equal(a, b) for a, b in zip(moments, saved_moments, strict=True))
+    assert ring.steps == [5] and ring.nbytes > 0  # the future it replaced is gone
+
+
+@pytest.mark.slow
+def test_a_lab_run_with_a_policy_acts_on_its_own_computation(monkeypatch, tmp_path):
+    """The lab's remedies change the training computation: the fault's rounding switched off
+    on every layer, the learning rate held; the end record says what was done."""
+    from foreshock.lab import remedies as lab_remedies
+
+    opened = {}
+
+    def act_at_step_50(self, step, record):  # the detectors' warning, at a known step
+        opened.setdefault("remedies", self)
+        if record is not None and record["step"] == 50 and "step" not in opened:
+            opened["step"] = step
+            return self.remediator.act(step + 1, [_warning("attention-numerics", Role.CAUSE)])
+        return []
+
+    monkeypatch.setattr(lab_remedies.LabRemedies, "after_record", act_at_step_50)
+    model = GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, n_experts=4)
+    config = RunConfig(
+        fault=Fault.default("fa-lowprec", onset=10),
+        steps=80,
+        every=25,
+        batch_size=4,
+        model=model,
+        policy=RemedyPolicy(),
+    )
+    out = tmp_path / "run.jsonl"
+    run_lab(config, out, progress=False)
+    run = load_run(out)
+    (action,) = run.end["actions"]
+    assert action["kind"] == "precise-attention" and action["applied"] and action["step"] == 51
+    assert run.start["labels"]["remedy"]["attention_scope"] == "all"
+    assert run.end["steps_redone"] == 0 and run.end["status"] == "finished"
+    layers = opened["remedies"].lab.attention.values()
+    assert all(layer.lowp is None for layer in layers)  # the backward exact again, every layer
