@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import os
 import pickle
 import time
 from collections import Counter
@@ -53,7 +52,7 @@ from .sharding import PlainShard, is_dtensor, local_values, plain_shard
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor, Shard
 
-__all__ = ["Peers", "gathers_of", "rank_and_world"]
+__all__ = ["Peers", "gathers_of"]
 
 log = logging.getLogger("foreshock.monitor")
 
@@ -211,14 +210,6 @@ class Peers:
             return None
         self.bytes_received += (shard.size - 1) * local.numel() * local.element_size()
         return torch.cat(buffers, dim=shard.dim)
-
-
-def rank_and_world() -> tuple[int, int]:
-    """This process's rank and the world size: the process group's when one is up, else
-    torchrun's environment, else a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def _plan_digest(plan: list[tuple[str, int]]) -> int:

@@ -39,7 +39,7 @@ from foreshock.transport.wire import check_run_id
 
 from .alone import Refusals
 from .checkpoint_state import load_monitoring_state, monitoring_state
-from .collective import Peers, gathers_of, rank_and_world
+from .collective import Peers, gathers_of
 from .discovery import Discovery, discover
 from .fsdp1 import whole_parameters
 from .layouts import AttentionSpec, RouterSpec
@@ -52,10 +52,11 @@ from .names import named_modules
 from .observations import StepObservations
 from .partials import RankPart, combine
 from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
-from .record_out import error_record, finite_record
+from .record_out import error_record, finite_record, say_nonfinite
 from .sharding import is_dtensor
-from .signature import model_signature
+from .signature import signature_or_none
 from .sinks import Sink
+from .world import rank_and_world
 
 __all__ = ["Monitor", "MonitorConfig"]
 
@@ -103,7 +104,7 @@ class Monitor:
         """A rank measuring alone drops what only the group could read (``alone``)."""
         if self.peers is None:
             attention, routers = self._current_specs()
-            self._refusals.check(self.model, self.discovery, attention, routers, self._live_params)
+            self._refusals.check(self.model, self.discovery, attention, routers, self.live.params)
 
     @property
     def refused(self) -> list[str]:
@@ -113,12 +114,6 @@ class Monitor:
     def _current_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
         """The discovered specs, read from the model's live parameters (see ``live``)."""
         return self.live.specs(self.discovery.attention, self.discovery.routers)
-
-    def _live_named_params(self) -> list[tuple[str, torch.Tensor]]:
-        return self.live.named_params()
-
-    def _live_params(self) -> list[torch.Tensor]:
-        return self.live.params()
 
     # ---- registration -------------------------------------------------------------------
     def register_attention(
@@ -310,12 +305,12 @@ class Monitor:
                 raise failure
             return attention, routers
         first = self.peers.holders is None  # parameter names travel with the first plan only
-        names = [name for name, _ in self._live_named_params()] if first else []
+        names = [name for name, _ in self.live.named_params()] if first else []
         return owned_by_me(self.peers, self.rank, specs, plan, failure, names)
 
     def _symptom_chunk(self, loss: torch.Tensor | float | None) -> tuple[list[str], torch.Tensor]:
         """Loss, this rank's shares of Σ‖g‖² and Σ‖w‖², max logits and dropped tokens."""
-        named = [] if self._refusals.norms else self._live_named_params()
+        named = [] if self._refusals.norms else self.live.named_params()
         if self.peers is None:
             named = [(n, p) for n, p in named if not is_dtensor(p)]
         observed = self._observed
@@ -333,12 +328,7 @@ class Monitor:
         if nonfinite:
             self.nonfinite_records += 1
             if self.nonfinite_records == 1:
-                log.warning(
-                    "foreshock monitor: non-finite values at step %s (%s); they are "
-                    "emitted as null with these flags, and this is logged once",
-                    step,
-                    ", ".join(nonfinite),
-                )
+                say_nonfinite(step, nonfinite)
         return message
 
     def _fail_part(self, step: int, part: str, exc: Exception) -> None:
@@ -376,16 +366,8 @@ class Monitor:
     def signature(self) -> dict[str, Any] | None:
         """The model's architecture signature (``producers.signature``): the detectors choose
         a calibrated profile by it. None when it cannot be read (never raises)."""
-        try:
-            return model_signature(
-                self.model,
-                self.discovery.attention,
-                self.discovery.routers,
-                self.attention_modules(),
-            )
-        except Exception as exc:  # a model we cannot read: the zero-shot profile applies
-            log.warning("foreshock: no architecture signature: %r", exc)
-            return None
+        d = self.discovery
+        return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the monitoring (``checkpoint_state``): save it with the

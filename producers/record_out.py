@@ -14,11 +14,14 @@ for a run-level one (loss, grad_norm, …).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from foreshock.transport.records import MetricsRecord, parse_series_key
 
-__all__ = ["error_record", "finite_record"]
+__all__ = ["error_record", "finite_record", "say_nonfinite"]
+
+log = logging.getLogger("foreshock.monitor")
 
 
 def finite_record(
@@ -45,6 +48,16 @@ def finite_record(
         run_id, int(step), out, tuple(flags), rank, world_size, emit_ranks=emit_ranks
     )
     return record.to_message(), nonfinite
+
+
+def say_nonfinite(step: int, nonfinite: list[str]) -> None:
+    """The one log line for a run's first record with non-finite values."""
+    log.warning(
+        "foreshock monitor: non-finite values at step %s (%s); they are "
+        "emitted as null with these flags, and this is logged once",
+        step,
+        ", ".join(nonfinite),
+    )
 
 
 def error_record(

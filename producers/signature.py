@@ -9,13 +9,15 @@ are None; the detectors fill the model type from the run's ``arch`` label where 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from .layouts import AttentionSpec, RouterSpec
 
-__all__ = ["model_signature"]
+__all__ = ["model_signature", "signature_or_none"]
 
 QK_NORM_NAMES = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 
@@ -76,3 +78,20 @@ def _attention_kind(first: AttentionSpec | None) -> str | None:
     if first.q_latent is not None or first.k_latent is not None:
         return "mla"
     return "gqa" if first.n_kv_heads < first.n_heads else "mha"
+
+
+def signature_or_none(
+    model: nn.Module,
+    attention: list[AttentionSpec],
+    routers: list[RouterSpec],
+    modules: Callable[[], dict[str, nn.Module]],
+) -> dict[str, Any] | None:
+    """``model_signature``, or None (logged) for a model it cannot read: the zero-shot profile
+    then applies. Never raises (``modules`` is called inside, for the same reason)."""
+    try:
+        return model_signature(model, attention, routers, modules())
+    except Exception as exc:
+        logging.getLogger("foreshock.monitor").warning(
+            "foreshock: no architecture signature: %r", exc
+        )
+        return None

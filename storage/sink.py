@@ -54,6 +54,7 @@ from .acks import event_key
 from .attempts import AttemptTracker
 from .held import HeldBatches
 from .location import RETAIN_HOURS, StoreLocation
+from .periodic import periodically
 from .retention import prune
 from .rows import BatchBuilder, RecordError
 from .second_writer import SecondWriterError, refuse_a_second_writer
@@ -369,22 +370,8 @@ class StorageSink:
 
     def run(self, stop: threading.Event, idle_exit: float | None = None) -> None:
         self._stop = stop
-        stop_maintenance = threading.Event()
-
-        def maintenance() -> None:
-            while not stop_maintenance.wait(self.config.compact_every):
-                try:
-                    self.maintain()
-                except Exception:
-                    log.exception("foreshock sink: maintenance failed (will retry)")
-
-        thread = threading.Thread(target=maintenance, name="foreshock-compact", daemon=True)
-        thread.start()
-        try:
+        with periodically(self.config.compact_every, self.maintain, "maintenance"):
             run_service(self, stop, idle_exit)
-        finally:
-            stop_maintenance.set()
-            thread.join()
 
     def turn(self) -> bool:
         """One loop (:meth:`step`) for :func:`~foreshock.transport.service_loop.run_service`;
