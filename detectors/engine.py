@@ -31,6 +31,7 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -161,7 +162,7 @@ class RunDetector:
         self._attempt = attempt
         self._rewind.keep(message, self._snapshot)
         self.last_step = max(self.last_step, step)
-        values = dict(record.values)
+        values = record.values
         events += self._metrics(step, values)
         if "loss" in values:  # null is a non-finite loss (a divergence); absent is no news
             self.divergence.update(step, values["loss"])
@@ -215,7 +216,7 @@ class RunDetector:
             self.run_id, family, module, step, self.config.version, rank, self._id_attempt
         )
 
-    def _metrics(self, step: int, values: dict[str, Any]) -> list[RunWarning]:
+    def _metrics(self, step: int, values: Mapping[str, Any]) -> list[RunWarning]:
         """Update every series first, then open warnings: attribution sees the whole record."""
         fired = self._track_inflation(step, values.get(INFLATION_METRIC))
         for key, value in values.items():

@@ -31,14 +31,14 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import as_config
-from foreshock.transport.service_loop import run_service
+from foreshock.transport.service_loop import ServiceStats, run_service
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
@@ -79,7 +79,7 @@ class WorkerConfig:
 
 
 @dataclass
-class WorkerStats:
+class WorkerStats(ServiceStats):
     """Counts since the worker started, for its telemetry and its exit line. One dataclass, as
     the sink's (:class:`~foreshock.storage.sink_stats.SinkStats`), rather than loose
     attributes: a miscounted name is an AttributeError at once, not a new zero nobody reads.
@@ -94,9 +94,6 @@ class WorkerStats:
     values: int = 0  # metric values in them
     warnings: int = 0  # warning events produced
     resent: int = 0  # warning events re-sent after the broker forgot its data
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 class DetectorWorker:

@@ -33,7 +33,6 @@ from foreshock.producers.integrations.trackers import InProcessDetector
 from foreshock.producers.remedy import Action, Remediator, RemedyPolicy
 from foreshock.producers.snapshots import SnapshotRing
 
-from .faults import Fault
 from .lab_model import LabModel, set_switch
 
 __all__ = ["LabRemedies"]
@@ -65,7 +64,7 @@ class LabRemedies:
         self._step = 0
 
     # ---- the loop's hooks ---------------------------------------------------------------
-    def before_step(self, step: int, fault: Fault) -> None:
+    def before_step(self, step: int) -> None:
         """Snapshot when due, then undo the fault where a remedy cured it."""
         self._step = step
         if self.ring is not None:

@@ -251,7 +251,7 @@ def run_lab(
             fault = config.fault
             fault.apply_attention(list(lab.attention.values()), step)
             if remedies is not None:
-                remedies.before_step(step, fault)
+                remedies.before_step(step)
             for group in optimizer.param_groups:
                 faulted = group.get("faulted", True)
                 factor = fault.lr_factor(step) if faulted else 1.0

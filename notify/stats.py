@@ -6,13 +6,15 @@ new zero that no exit line or test reads. ``as_dict()`` is what the CLI prints.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from foreshock.transport.service_loop import ServiceStats
 
 __all__ = ["CourierStats", "NotifierStats"]
 
 
 @dataclass
-class NotifierStats:
+class NotifierStats(ServiceStats):
     """``delivered`` and ``failed`` count (event, target) pairs settled (failed: refused, given
     up on, or dropped from a full queue); ``duplicates`` events dropped as repeats; ``skipped``
     updates not sent (``updates=False``) and people's events on resolved warnings;
@@ -27,12 +29,9 @@ class NotifierStats:
     invalid: int = 0
     refreshed: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
 
 @dataclass
-class CourierStats:
+class CourierStats(ServiceStats):
     """One receiver's jobs: ``delivered``; ``failed`` (refused or given up on); ``dropped``
     from a full queue (settled as failed); ``retries`` sent again; ``abandoned`` unsettled at
     close (the next notifier sends them again)."""
@@ -42,6 +41,3 @@ class CourierStats:
     dropped: int = 0
     retries: int = 0
     abandoned: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)

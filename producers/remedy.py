@@ -17,7 +17,7 @@ attention-numerics   ``precise-attention``   the attention backward in full prec
                                              layer (``attention_scope = "all"``: the kernel
                                              that rounds is shared, and in the lab curing
                                              the named layer alone left the other to warn
-                                             600 steps later) or the named one ("module")
+                                             later) or the named one ("module")
 optimizer            ``hold-lr``             the learning rate held at ``lr_scale`` × its
                                              value at the warning from then on (a one-off
                                              cut while the schedule keeps ramping did not
@@ -48,11 +48,11 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
-__all__ = ["ACTIONS", "Action", "Remediator", "Remedies", "RemedyPolicy", "cause_of"]
+__all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "cause_of"]
 
 log = logging.getLogger("foreshock.remedy")
 
@@ -106,12 +106,6 @@ class RemedyPolicy:
         return cls(**data)
 
 
-class Remedies(Protocol):
-    """What a trainer integration offers; a method it lacks is an action it cannot take."""
-
-    def precise_attention(self, module: str | None) -> None: ...
-
-
 @dataclass
 class Action:
     """One decision of the policy: what, for which warning, at which step, and how it went."""
@@ -133,12 +127,13 @@ class Action:
 
 class Remediator:
     """``act(step, warnings)`` at a step boundary: the actions the policy takes for the
-    warnings that opened; never raises."""
+    warnings that opened; never raises. ``remedies`` is the trainer's side: any of
+    ``precise_attention(module)``, ``hold_lr(scale)``, ``scale_router_lr(scale)``, ``stop()``,
+    ``rollback(step)``; a method it lacks is an action it cannot take (reported as such)."""
 
     def __init__(self, policy: RemedyPolicy, remedies: Any) -> None:
         self.policy, self.remedies = policy, remedies
         self.actions: list[Action] = []
-        self._last_step: int | None = None
 
     def act(self, step: int, warnings: Iterable[RunWarning]) -> list[Action]:
         taken = []
@@ -149,7 +144,6 @@ class Remediator:
             action = self._apply(kind, warning, step)
             self.actions.append(action)
             taken.append(action)
-            self._last_step = step
         return taken
 
     def _kind_for(self, warning: RunWarning) -> str | None:
@@ -159,8 +153,7 @@ class Remediator:
     def _allowed(self, step: int) -> bool:
         if len(self.actions) >= self.policy.max_actions:
             return False
-        last = self._last_step
-        return last is None or step - last >= self.policy.backoff_steps
+        return not self.actions or step - self.actions[-1].step >= self.policy.backoff_steps
 
     def _apply(self, kind: str, warning: RunWarning, step: int) -> Action:
         action = Action(kind, warning.id, warning.family, warning.module, step, False)

@@ -6,13 +6,15 @@ a new zero-valued entry that no dashboard reads.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from foreshock.transport.service_loop import ServiceStats
 
 __all__ = ["SinkStats"]
 
 
 @dataclass
-class SinkStats:
+class SinkStats(ServiceStats):
     """Counts since the sink started (messages, values and batches stored; the rest, events)."""
 
     messages: int = 0  # metrics, lifecycle and warning messages added to a batch
@@ -24,6 +26,3 @@ class SinkStats:
     read_backs: int = 0  # times the dedup state was read back from the store
     read_back_retries: int = 0  # read-backs that failed and were retried
     collisions: int = 0  # records of a second job under a run id
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)

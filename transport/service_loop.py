@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from foreshock.memory import MemoryTrimmer
 
-__all__ = ["ConsumerService", "StopServiceError", "run_service"]
+__all__ = ["ConsumerService", "ServiceStats", "StopServiceError", "run_service"]
+
+
+@dataclass
+class ServiceStats:
+    """The base of a service's counts (a dataclass of ints: the sink's, the worker's, the
+    notifier's): ``as_dict()`` is what its exit line and telemetry print."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 class StopServiceError(Exception):
