@@ -363,6 +363,8 @@ def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
             errors.append(repr(exc))
     batches = int(writer.communicate()[0])
     assert errors == []
-    assert queries_run > 20 and counts == sorted(counts)
+    # the reads' count follows the machine's load (the writer's work is fixed): under the full
+    # suite on two cores it came to exactly 20 once; ten reads still interleave with its commits
+    assert queries_run >= 10 and counts == sorted(counts)
     with open_history(root) as history:
         assert history.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"] == 50 * batches
