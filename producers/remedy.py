@@ -44,15 +44,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
-__all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "cause_of"]
+__all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "action_record", "cause_of"]
 
 log = logging.getLogger("foreshock.remedy")
 
@@ -120,9 +122,28 @@ class Action:
     rolled_back_to: int | None = None
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    source: str = "policy"  # "policy": the automatic path; "approved": a person's request
+    request_id: str | None = None  # the approved request it answers (``warnings act``)
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def action_record(run_id: str, rank: int, action: Action) -> dict[str, Any]:
+    """The wire record a trainer writes for an action it took (or failed to take): kind
+    ``action``, its step, ``action`` (what), the warning it answers, and how it went. The
+    detectors read it as the warning's resolution (``resolved_by: action``); a request from
+    ``foreshock warnings act`` is acknowledged by the record carrying its ``request_id``."""
+    body = action.to_message()
+    body["action"] = body.pop("kind")
+    return {
+        "schema": RUN_SCHEMA,
+        "kind": "action",
+        "run_id": run_id,
+        "rank": rank,
+        "time": time.time(),
+        **body,
+    }
 
 
 class Remediator:
@@ -145,6 +166,34 @@ class Remediator:
             self.actions.append(action)
             taken.append(action)
         return taken
+
+    def approve(self, step: int, request: Mapping[str, Any]) -> Action | None:
+        """Apply a person's request (``foreshock warnings act``) at this step boundary; never
+        raises. ``request``: ``request_id``, ``warning_id``, ``family``, ``module``, and
+        optionally ``action`` (else the policy's for the family), ``rollback`` and
+        ``lr_scale`` (else the policy's). Approved means decided: no backoff, no count limit;
+        a request seen twice (its ``request_id``) is applied once (None the second time)."""
+        request_id = str(request.get("request_id") or "")
+        if request_id and any(a.request_id == request_id for a in self.actions):
+            return None
+        family = str(request.get("family") or "")
+        kind = request.get("action") or self.policy.actions.get(family)
+        warning = _requested(request, family, step)
+        if kind not in ACTIONS:
+            action = Action(str(kind), warning.id, family, warning.module, step, False)
+            action.error = f"no action for {family!r}: give one of {list(ACTIONS)}"
+        else:
+            overrides = {
+                k: request[k] for k in ("rollback", "lr_scale") if request.get(k) is not None
+            }
+            saved, self.policy = self.policy, replace(self.policy, **overrides)
+            try:
+                action = self._apply(str(kind), warning, step)
+            finally:
+                self.policy = saved
+        action.source, action.request_id = "approved", request_id or None
+        self.actions.append(action)
+        return action
 
     def _kind_for(self, warning: RunWarning) -> str | None:
         cause = cause_of(warning)
@@ -197,6 +246,25 @@ def cause_of(warning: RunWarning) -> str | None:
     if warning.role == Role.OPTIMIZER or warning.family == "optimizer":
         return "optimizer"
     return warning.family if warning.role == Role.CAUSE else None
+
+
+def _requested(request: Mapping[str, Any], family: str, step: int) -> RunWarning:
+    """The warning a request names, as far as the request says (id, family, module, step)."""
+    return RunWarning(
+        str(request.get("warning_id") or ""),
+        str(request.get("run_id") or ""),
+        family,
+        request.get("module"),
+        "",
+        "up",
+        int(request.get("step") or step),
+        Role.CAUSE,
+        0.0,
+        0.0,
+        None,
+        "",
+        dict(request.get("evidence") or {}),
+    )
 
 
 def _first_evidence(warning: RunWarning) -> int:
