@@ -1,12 +1,23 @@
-"""Act before the loss moves: lab runs with a remedy policy inside, against no action.
+"""Act before the loss moves: lab runs with a remedy policy inside, against loss-triggered rollback.
 
-Each (scenario, seed) trains twice on the lab's GPT-MoE through :func:`foreshock.lab.run.
-run_lab`, the product's training loop with the Monitor: once with no action, once with the
-policy acting on the warnings of the detectors run in the training process
-(:mod:`foreshock.lab.remedies`, :mod:`foreshock.producers.remedy`: the shipped profiles, as
-``foreshock detect --replay`` would warn). Faults are the lab's, injected into the training
-computation; the remedy changes that computation (the attention backward back to full
-precision; the learning rate held). Per scenario and policy:
+Each (scenario, seed) trains once per policy on the lab's GPT-MoE through :func:`foreshock.lab.
+run.run_lab`, the product's training loop with the Monitor:
+
+* ``none``: no action;
+* ``foreshock``: the default policy acting on the warnings of the detectors run in the training
+  process (:mod:`foreshock.lab.remedies`, :mod:`foreshock.producers.remedy`: the shipped
+  profiles, as ``foreshock detect --replay`` would warn) — the cause's remedy, no rollback;
+* ``loss-rollback``: what trainers do today (:mod:`foreshock.lab.loss_trigger`): once the loss
+  diverged (the project's rule, every step), restore a snapshot ≥ 100 steps before, skip 200
+  batches, fault left on; at most 3 times;
+* ``loss-rollback+fix``: the same trigger, plus the right remedy (as if the operator guessed
+  the cause);
+* ``stop``: stop at the first warning (the run ends ``stopped``: compute saved, nothing
+  finished).
+
+Faults are the lab's, injected into the training computation; a remedy changes that
+computation (the attention backward back to full precision; the learning rate held). Per
+scenario and policy:
 
 * diverged: the run's loss diverged (the lab's every-step rule);
 * saved: of the runs that diverged with no action, those that finished the horizon with the
@@ -17,7 +28,7 @@ precision; the learning rate held). Per scenario and policy:
 Healthy runs (``--healthy`` seeds, held out of the profile's calibration) train with the policy
 too: any action on them is a false one.
 
-    python -m benchmarks.remediation --quick      # 3 seeds a scenario (~10 min on 2 cores)
+    python -m benchmarks.remediation --quick      # 3 seeds a scenario (~45 min on 2 cores)
     python -m benchmarks.remediation              # 7 seeds a scenario
 """
 
@@ -27,19 +38,47 @@ import argparse
 import multiprocessing
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.lab.faults import Fault
+from foreshock.catalogue import scenario as catalogue_scenario
+from foreshock.lab.arch import default_model
+from foreshock.lab.faults import Fault, default_capacity
+from foreshock.lab.loss_trigger import LossTriggerPolicy
 from foreshock.lab.recorded import RECORDED_DIR, load_run, shipped_runs
 from foreshock.lab.run import RunConfig, run_lab
-from foreshock.producers.remedy import RemedyPolicy
+from foreshock.producers.remedy import DEFAULT_ACTIONS, RemedyPolicy
 from foreshock.transport.run_files import load_run as load_file
 
 from ._table import emit_json, format_table
 
-SCENARIOS = ("fa-lowprec", "lr-high")
-POLICIES: dict[str, RemedyPolicy | None] = {"none": None, "default": RemedyPolicy()}
+SCENARIOS = ("fa-lowprec", "lr-high", "router-collapse")
+DIVERGING = ("fa-lowprec", "lr-high")  # judged by the final loss; router-collapse by routing
+HEALTHY = ("healthy", "healthy+capacity-1")  # dropless, and the router scenarios' dispatch
+POLICIES = ("none", "foreshock", "loss-rollback", "loss-rollback+fix", "stop")
+ARCH = "gpt-moe"
+STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"))
+
+
+def right_fix(scenario: str) -> str:
+    """The remedy for the scenario's first right cause (what a guessing operator would do)."""
+    return DEFAULT_ACTIONS[catalogue_scenario(scenario).right_causes[0]]
+
+
+def run_config(scenario: str, seed: int, policy: str) -> RunConfig:
+    """The lab run of one (scenario, seed) under one policy of :data:`POLICIES`."""
+    name, _, dispatch = scenario.partition("+")
+    capacity = 1.0 if dispatch == "capacity-1" else default_capacity(name, ARCH)
+    base = RunConfig(fault=Fault.default(name), seed=seed, model=default_model(ARCH, capacity))
+    if policy == "foreshock":
+        return replace(base, policy=RemedyPolicy())
+    if policy == "stop":
+        return replace(base, policy=STOP)
+    if policy.startswith("loss-rollback"):
+        fix = right_fix(scenario) if policy.endswith("+fix") else None
+        return replace(base, loss_trigger=LossTriggerPolicy(fix=fix))
+    return base
 
 
 def run_one(job: tuple[str, int, str]) -> dict[str, Any]:
@@ -47,9 +86,9 @@ def run_one(job: tuple[str, int, str]) -> dict[str, Any]:
     scenario, seed, policy = job
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.jsonl"
-        config = RunConfig(fault=Fault.default(scenario), seed=seed, policy=POLICIES[policy])
-        run_lab(config, out, progress=False)
-        end = load_file(out).end or {}
+        run_lab(run_config(scenario, seed, policy), out, progress=False)
+        run = load_file(out)
+    end, last = run.end or {}, (run.records[-1]["values"] if run.records else {})
     return {
         "scenario": scenario,
         "seed": seed,
@@ -57,9 +96,39 @@ def run_one(job: tuple[str, int, str]) -> dict[str, Any]:
         "status": end.get("status"),
         "divergence_step": end.get("divergence_step"),
         "final_loss": end.get("final_loss"),
+        "last_step": end.get("last_step"),
         "actions": [a["kind"] for a in end.get("actions", [])],
+        "rollbacks": end.get("rollbacks", 0),
         "steps_redone": end.get("steps_redone", 0),
         "snapshot_bytes": end.get("snapshot_bytes", 0),
+        **routing(last),
+    }
+
+
+def routing(values: dict[str, Any]) -> dict[str, float | None]:
+    """A record's routing: the layers' mean per-token routing entropy (nats) and mean dropped
+    fraction (capacity-limited dispatch), None where the record has none."""
+
+    def mean(prefix: str) -> float | None:
+        found = [v for k, v in values.items() if k.startswith(prefix) and v is not None]
+        return statistics.mean(found) if found else None
+
+    return {
+        "token_entropy": mean("router.token_entropy@"),
+        "dropped": mean("router.dropped_fraction@"),
+    }
+
+
+def routing_band() -> dict[str, tuple[float, float]]:
+    """[min, max] final routing of the shipped healthy capacity-limited GPT-MoE runs."""
+    finals = [
+        routing(load_run(p).records[-1]["values"])
+        for p in shipped_runs(RECORDED_DIR / "gpt-moe+capacity-1")
+        if p.name.startswith("healthy-")
+    ]
+    return {
+        key: (min(f[key] for f in finals), max(f[key] for f in finals))
+        for key in ("token_entropy", "dropped")
     }
 
 
@@ -73,42 +142,75 @@ def healthy_band() -> tuple[float, float]:
     return min(finals), max(finals)
 
 
-def summarise(results: list[dict[str, Any]], band: tuple[float, float]) -> list[dict[str, Any]]:
-    lo, hi = band
+def summarise(
+    results: list[dict[str, Any]], band: tuple[float, float], routes: dict[str, tuple[float, float]]
+) -> list[dict[str, Any]]:
+    """One row per (scenario, policy): what it did, and how many of the runs that needed saving
+    it saved (:func:`needs_saving`, :func:`saved`)."""
     rows = []
     for scenario in sorted({r["scenario"] for r in results}):
-        baseline = {
-            r["seed"]: r for r in results if r["scenario"] == scenario and r["policy"] == "none"
-        }
-        would_diverge = {s for s, r in baseline.items() if r["divergence_step"] is not None}
+        of = [r for r in results if r["scenario"] == scenario]
+        needing = {r["seed"] for r in of if r["policy"] == "none" and needs_saving(r, routes)}
         for policy in POLICIES:
-            mine = [r for r in results if r["scenario"] == scenario and r["policy"] == policy]
+            mine = [r for r in of if r["policy"] == policy]
             if not mine:
                 continue
-            judged = (
-                [r for r in mine if r["seed"] in would_diverge] if scenario != "healthy" else mine
-            )
-            saved = [
-                r
-                for r in judged
-                if r["status"] == "finished"
-                and r["final_loss"] is not None
-                and lo <= r["final_loss"] <= hi
-            ]
+            judged = [r for r in mine if r["seed"] in needing]
+            rescued = [r for r in judged if saved(r, band, routes)]
             rows.append(
                 {
                     "scenario": scenario,
                     "policy": policy,
                     "runs": len(mine),
                     "diverged": sum(r["divergence_step"] is not None for r in mine),
-                    "saved": f"{len(saved)}/{len(judged)}" if scenario != "healthy" else "-",
-                    "runs with an action": sum(bool(r["actions"]) for r in mine),
-                    "actions": sum(len(r["actions"]) for r in mine),
+                    "saved": "-" if scenario in HEALTHY else f"{len(rescued)}/{len(judged)}",
+                    "runs with an action": sum(bool(r["actions"] or r["rollbacks"]) for r in mine),
+                    "actions": sum(len(r["actions"]) + r["rollbacks"] for r in mine),
                     "steps re-done (median)": statistics.median(r["steps_redone"] for r in mine),
+                    "stopped": sum(r["status"] == "stopped" for r in mine),
+                    "steps trained (median)": statistics.median(
+                        (r["last_step"] or 0) + 1 + r["steps_redone"] for r in mine
+                    ),
                     "final loss (median)": _median_loss(mine),
+                    "routing entropy (median)": _median(mine, "token_entropy"),
                 }
             )
     return rows
+
+
+def needs_saving(run: dict[str, Any], routes: dict[str, tuple[float, float]]) -> bool:
+    """A run with no action that a remedy should save: it diverged, or (router-collapse, which
+    does not diverge) its routing ended collapsed: its per-token entropy below the healthy
+    runs' lowest, or its dropped fraction above their highest."""
+    if run["scenario"] in HEALTHY:
+        return False
+    if run["scenario"] in DIVERGING:
+        return run["divergence_step"] is not None
+    return not _routing_healthy(run, routes)
+
+
+def saved(run: dict[str, Any], band: tuple[float, float], routes: dict[str, tuple[float, float]]):
+    """Finished the horizon healthy: the final loss inside the healthy band (the diverging
+    scenarios), the routing not collapsed (router-collapse)."""
+    if run["status"] != "finished":
+        return False
+    if run["scenario"] in DIVERGING:
+        return run["final_loss"] is not None and band[0] <= run["final_loss"] <= band[1]
+    return _routing_healthy(run, routes)
+
+
+def _routing_healthy(run: dict[str, Any], routes: dict[str, tuple[float, float]]) -> bool:
+    """One-sided, in the direction of a collapse: entropy not below, drops not above, the
+    healthy runs' range (more even routing than the healthy runs' is not a collapse)."""
+    entropy, dropped = run["token_entropy"], run["dropped"]
+    if entropy is None or dropped is None:
+        return False
+    return entropy >= routes["token_entropy"][0] and dropped <= routes["dropped"][1]
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    found = [r[key] for r in runs if r.get(key) is not None]
+    return round(statistics.median(found), 3) if found else None
 
 
 def _median_loss(runs: list[dict[str, Any]]) -> float | None:
@@ -118,19 +220,26 @@ def _median_loss(runs: list[dict[str, Any]]) -> float | None:
 
 def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
     """Per scenario and policy: runs saved, actions, steps re-done; healthy: false actions."""
+    entropy, dropped = result["routes"]["token_entropy"], result["routes"]["dropped"]
     rows = [
         (
             "healthy band of final loss (shipped healthy runs)",
             f"{result['band'][0]:.3f}–{result['band'][1]:.3f}",
-        )
+        ),
+        (
+            "healthy routing at the end (shipped capacity-1 healthy runs)",
+            f"token entropy {entropy[0]:.3f}–{entropy[1]:.3f} nats; "
+            f"dropped {dropped[0]:.3f}–{dropped[1]:.3f}",
+        ),
     ]
     for row in result["rows"]:
-        if row["scenario"] == "healthy":
+        if row["scenario"] in HEALTHY:
             value = f"{row['runs with an action']}/{row['runs']} runs with an action (false)"
         else:
             value = (
                 f"{row['diverged']}/{row['runs']} diverged; saved {row['saved']}; "
-                f"{row['actions']} actions; steps re-done {row['steps re-done (median)']}"
+                f"{row['actions']} actions; steps re-done {row['steps re-done (median)']}; "
+                f"{row['stopped']} stopped; steps trained {row['steps trained (median)']}"
             )
         rows.append((f"{row['scenario']}, policy {row['policy']}", value))
     return rows
@@ -149,14 +258,23 @@ def main() -> None:
     seeds = range(first, last + 1)
     h_first, h_last = (int(x) for x in args.healthy.split("-"))
     jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in POLICIES]
-    jobs += [("healthy", seed, "default") for seed in range(h_first, h_last + 1)]
+    jobs = [j for j in jobs if j[0] in DIVERGING or j[2] in ("none", "foreshock")]
+    jobs += [(h, seed, "foreshock") for h in HEALTHY for seed in range(h_first, h_last + 1)]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_one, jobs, chunksize=1)
-    band = healthy_band()
-    rows = summarise(results, band)
+    band, routes = healthy_band(), routing_band()
+    rows = summarise(results, band, routes)
     headers = list(rows[0])
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))
-    emit_json({"benchmark": "remediation", "band": band, "rows": rows, "runs": results})
+    emit_json(
+        {
+            "benchmark": "remediation",
+            "band": band,
+            "routes": routes,
+            "rows": rows,
+            "runs": results,
+        }
+    )
 
 
 if __name__ == "__main__":

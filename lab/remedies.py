@@ -12,8 +12,13 @@ same computation, as a trainer would on its own:
   the routers in their own group; with one group for the whole model it is refused);
 * ``stop()``: training stops at the next step boundary (the run ends ``stopped``);
 * ``rollback(step)``: the newest snapshot (:class:`~foreshock.producers.snapshots.
-  SnapshotRing`) before ``step`` is restored; the data go on from where they were (the
-  batches since the snapshot are skipped, as PaLM's restarts did), the step count too.
+  SnapshotRing`) before ``step`` is restored and the run goes on from that step (the loop
+  truncates its loss history and rewinds the schedule, as a checkpoint restore does); the data
+  go on from where they were (the batches since the snapshot are not replayed).
+
+The same hooks carry the baseline a remedy is judged against: loss-triggered rollback
+(:mod:`.loss_trigger`), which restores a snapshot once the loss diverged, with or without the
+right fix.
 
 The policy's decisions come from the detectors run in the training process, on the records the
 Monitor writes (:class:`~foreshock.producers.integrations.trackers.InProcessDetector`, the
@@ -34,6 +39,7 @@ from foreshock.producers.remedy import Action, Remediator, RemedyPolicy
 from foreshock.producers.snapshots import SnapshotRing
 
 from .lab_model import LabModel, set_switch
+from .loss_trigger import LossTrigger, LossTriggerPolicy
 
 __all__ = ["LabRemedies"]
 
@@ -45,22 +51,30 @@ class LabRemedies:
 
     def __init__(
         self,
-        policy: RemedyPolicy,
+        policy: RemedyPolicy | None,
         lab: LabModel,
         optimizer: torch.optim.Optimizer,
         start: dict[str, Any],
         snapshot_every: int = 100,
+        trigger: LossTriggerPolicy | None = None,
     ) -> None:
         self.lab, self.optimizer = lab, optimizer
-        self.detector = InProcessDetector(str(start["run_id"]), shipped_profiles())
-        self.detector.update(start)
-        self.remediator = Remediator(policy, self)
-        self.ring = SnapshotRing(3, snapshot_every) if policy.rollback else None
+        self.detector = (
+            None if policy is None else InProcessDetector(str(start["run_id"]), shipped_profiles())
+        )
+        if self.detector is not None:
+            self.detector.update(start)
+        self.remediator = Remediator(policy or RemedyPolicy(), self)
+        self.trigger = None if trigger is None else LossTrigger(trigger)
+        rolls = trigger is not None or (policy is not None and policy.rollback)
+        self.ring = SnapshotRing(4, snapshot_every) if rolls else None
         self.cured: set[str] = set()  # attention layers back to full precision
         self.lr_hold: float | None = None  # the held factor on the faulted groups
+        self._hold_scale: float | None = None  # a hold asked, fixed at the next step's factor
         self.router_scale = 1.0
         self.stopped = False
         self.redone = 0  # steps whose training a rollback undid
+        self.rewind: int | None = None  # the step a rollback restored, for the loop to resume at
         self._step = 0
 
     # ---- the loop's hooks ---------------------------------------------------------------
@@ -73,18 +87,43 @@ class LabRemedies:
             set_switch(self.lab.attention[name], "lowp", None)
 
     def lr_factor(self, scheduled: float, faulted: bool) -> float:
-        """The factor on a group's base learning rate, the schedule's unless a remedy holds."""
+        """The factor on a group's base learning rate, the schedule's unless a remedy holds
+        (a hold fixes ``scale`` × the schedule's factor at the first step after it)."""
         if not faulted:
             return scheduled
+        if self._hold_scale is not None:
+            self.lr_hold, self._hold_scale = scheduled * self._hold_scale, None
         held = scheduled if self.lr_hold is None else self.lr_hold
         return held * self.router_scale
 
     def after_record(self, step: int, record: dict[str, Any] | None) -> list[Action]:
         """Feed the Monitor's record to the detectors; act on the warnings that opened."""
-        if record is None:
+        if record is None or self.detector is None:
             return []
         warnings = self.detector.update({**record, "kind": "metrics"})
         return self.remediator.act(step + 1, warnings)  # applied before the next step
+
+    def after_loss(self, losses: list[float]) -> None:
+        """The loss trigger's turn (``losses``: the run's history, this step's last): on a
+        confirmed divergence, restore a snapshot ``back`` steps before it and apply the fix."""
+        trigger = self.trigger
+        if trigger is None or trigger.spent:
+            return
+        diverged = trigger.observe(len(losses) - 1, losses[-1])
+        if diverged is None:
+            return
+        restored = self.rollback(diverged - trigger.policy.back + 1)
+        if restored is None:
+            log.warning("loss trigger: no snapshot before step %d", diverged)
+            return
+        trigger.restart(losses[:restored])
+        if trigger.policy.fix is not None:
+            self.remediator._remedy(trigger.policy.fix, _fixed(self.lab))
+
+    def take_rewind(self) -> int | None:
+        """The step a rollback restored since the last call (the loop resumes there), once."""
+        rewind, self.rewind = self.rewind, None
+        return rewind
 
     @property
     def actions(self) -> list[Action]:
@@ -99,9 +138,7 @@ class LabRemedies:
         self.cured.update(names)
 
     def hold_lr(self, scale: float) -> None:
-        group = next(g for g in self.optimizer.param_groups if g.get("faulted", True))
-        current = group["lr"] / group.get("base_lr", group["lr"])
-        self.lr_hold = current * scale
+        self._hold_scale = scale
 
     def scale_router_lr(self, scale: float) -> None:
         if not any(g.get("faulted") is True for g in self.optimizer.param_groups):
@@ -116,5 +153,13 @@ class LabRemedies:
             raise RuntimeError("rollback needs the policy's snapshots (rollback = true)")
         restored = self.ring.restore_before(before, self.lab.model, self.optimizer)
         if restored is not None:
-            self.redone += self._step - restored
+            self.redone += self._step + 1 - restored
+            self.rewind = restored
         return restored
+
+
+def _fixed(lab: LabModel) -> Any:
+    """The warning a loss trigger's fix answers: the whole model (every attention layer)."""
+    from foreshock.producers.remedy import _opened
+
+    return _opened("loss", None)

@@ -34,6 +34,7 @@ from .arch import LabModel, build, check_fault
 from .data import ByteBatches, stdlib_bytes
 from .faults import Fault
 from .lab_model import set_switch
+from .loss_trigger import LossTriggerPolicy
 from .model import GPTConfig
 from .remedies import LabRemedies
 
@@ -56,6 +57,7 @@ class RunConfig:
     project: str | None = None  # a label the dashboard filters on
     arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or a transformers one (arch.ARCHS)
     policy: RemedyPolicy | None = None  # act on warnings in the run (lab.remedies); None: off
+    loss_trigger: LossTriggerPolicy | None = None  # the loss-triggered rollback baseline
 
     @property
     def run_id(self) -> str:
@@ -124,6 +126,7 @@ def _labels(config: RunConfig, lab: LabModel) -> dict[str, Any]:
         "model": asdict(config.model),  # dimensions: n_layer, n_embd, n_head, n_kv_head, ...
         **built,
         **({} if config.policy is None else {"remedy": policy_summary(config.policy)}),
+        **({} if config.loss_trigger is None else {"loss_trigger": config.loss_trigger.summary()}),
         "parameters": lab.n_parameters,
         "divergence_rule": asdict(config.divergence),
         "foreshock": __version__,
@@ -190,6 +193,27 @@ def _past_divergence(losses: list[float], config: RunConfig) -> bool:
     return diverged_at is not None and len(losses) - 1 >= diverged_at + config.after_divergence
 
 
+def _rewound(
+    remedies: LabRemedies,
+    update: int,
+    record: dict[str, Any] | None,
+    losses: list[float],
+    batches: ByteBatches,
+) -> bool:
+    """The remedies' turn after a step; True when a rollback restored an earlier step: the
+    history is cut back to it and the batches a restore skips are drawn and dropped."""
+    remedies.after_record(update, record)
+    remedies.after_loss(losses)
+    restored = remedies.take_rewind()
+    if restored is None:
+        return False
+    del losses[restored:]
+    skip = remedies.trigger.policy.skip_batches if remedies.trigger is not None else 0
+    for _ in range(skip):
+        batches.next()
+    return True
+
+
 def _status(diverged_at: int | None, remedies: LabRemedies | None) -> str:
     if diverged_at is not None:
         return "diverged"
@@ -201,6 +225,7 @@ def _remedy_summary(remedies: LabRemedies) -> dict[str, Any]:
     ring = remedies.ring
     return {
         "actions": [a.to_message() for a in remedies.actions],
+        "rollbacks": len(remedies.trigger.fired) if remedies.trigger is not None else 0,
         "steps_redone": remedies.redone,
         "snapshot_bytes": 0 if ring is None else ring.nbytes,
     }
@@ -241,13 +266,17 @@ def run_lab(
         "monitor": monitor.describe(),
     }
     sink.write(start)
-    remedies = None if config.policy is None else LabRemedies(config.policy, lab, optimizer, start)
+    remedies = None
+    if config.policy is not None or config.loss_trigger is not None:
+        remedies = LabRemedies(config.policy, lab, optimizer, start, trigger=config.loss_trigger)
     bar = _Progress(config.steps, progress)
     losses: list[float] = []
     cpu0, wall0, monitor_seconds = time.process_time(), time.perf_counter(), 0.0
     torch.set_flush_denormal(True)  # subnormals take a slow path on x86: ~5 % of a step
     try:
-        for step in range(config.steps):
+        update = 0  # the optimizer updates done; the step is the run's history length
+        while len(losses) < config.steps:
+            step = len(losses)  # behind ``update`` after a rollback: the schedule rewinds
             fault = config.fault
             fault.apply_attention(list(lab.attention.values()), step)
             if remedies is not None:
@@ -266,13 +295,14 @@ def run_lab(
             if lab.after_step is not None:
                 lab.after_step()  # e.g. DeepSeek-V3's router-bias update
             tick = time.perf_counter()
-            record = monitor.step(step, loss=loss)
+            record = monitor.step(update, loss=loss)
             monitor_seconds += time.perf_counter() - tick
-            if remedies is not None:
-                remedies.after_record(step, record)
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
+            update += 1
             bar.update(step, losses[-1])
+            if remedies is not None and _rewound(remedies, update - 1, record, losses, batches):
+                continue
             if len(losses) > config.divergence.warmup and not torch.isfinite(loss):
                 break  # nothing more to learn from a NaN run
             if _past_divergence(losses, config) or (remedies is not None and remedies.stopped):

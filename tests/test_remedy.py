@@ -171,3 +171,39 @@ def test_a_lab_run_with_a_policy_acts_on_its_own_computation(monkeypatch, tmp_pa
     assert run.end["steps_redone"] == 0 and run.end["status"] == "finished"
     layers = opened["remedies"].lab.attention.values()
     assert all(layer.lowp is None for layer in layers)  # the backward exact again, every layer
+
+
+@pytest.mark.slow
+def test_a_loss_triggered_rollback_rewinds_the_run_and_applies_its_fix(monkeypatch, tmp_path):
+    """The baseline a remedy is judged against: once the loss trigger fires, the newest
+    snapshot ``back`` steps before the divergence is restored, the history and the schedule
+    rewind to it, 200 batches are skipped, the fix (if any) is applied, and the run still
+    trains its whole horizon; the monitoring records keep counting updates."""
+    from foreshock.lab.loss_trigger import LossTrigger, LossTriggerPolicy
+
+    def fire_at_60(self, step, loss):  # the rule's confirmation, at a known step
+        if step == 60 and not self.fired:
+            self.fired.append(50)
+            return 50
+        return None
+
+    monkeypatch.setattr(LossTrigger, "observe", fire_at_60)
+    model = GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, n_experts=4)
+    trigger = LossTriggerPolicy(back=20, max_rollbacks=1, fix="precise-attention")
+    config = RunConfig(
+        fault=Fault.default("fa-lowprec", onset=10),
+        steps=80,
+        every=25,
+        batch_size=4,
+        model=model,
+        loss_trigger=trigger,
+    )
+    out = tmp_path / "run.jsonl"
+    run_lab(config, out, progress=False)
+    run = load_run(out)
+    end = run.end
+    assert end["rollbacks"] == 1 and end["steps_redone"] == 61  # steps 0..60 trained again
+    assert end["status"] == "finished" and end["last_step"] == 79  # the whole horizon
+    assert [r["step"] for r in run.records] == [0, 25, 50, 75, 100, 125]  # 141 updates
+    assert end["snapshot_bytes"] > 0
+    assert run.start["labels"]["loss_trigger"]["fix"] == "precise-attention"
