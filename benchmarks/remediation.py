@@ -25,8 +25,8 @@ scenario and policy:
   healthy runs of the same model and horizon);
 * actions and steps re-done per run; a policy that rolls back also the snapshots' bytes.
 
-Healthy runs (``--healthy`` seeds, held out of the profile's calibration) train with the policy
-too: any action on them is a false one.
+Healthy runs (``--healthy`` seeds, dropless and capacity-limited) and the controls (fa-noise,
+router-mild) train with the policy too: any action on them is a false one.
 
     python -m benchmarks.remediation --quick      # 3 seeds a scenario (~45 min on 2 cores)
     python -m benchmarks.remediation              # 7 seeds a scenario
@@ -55,7 +55,9 @@ from ._table import emit_json, format_table
 
 SCENARIOS = ("fa-lowprec", "lr-high", "router-collapse")
 DIVERGING = ("fa-lowprec", "lr-high")  # judged by the final loss; router-collapse by routing
-HEALTHY = ("healthy", "healthy+capacity-1")  # dropless, and the router scenarios' dispatch
+# no action is right on these: healthy runs (dropless, and the router scenarios' dispatch) and
+# the controls (unbiased rounding noise; a router learning rate ×2 that leaves routing healthy)
+HEALTHY = ("healthy", "healthy+capacity-1", "fa-noise", "router-mild")
 POLICIES = ("none", "foreshock", "loss-rollback", "loss-rollback+fix", "stop")
 ARCH = "gpt-moe"
 STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"))
