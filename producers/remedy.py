@@ -213,7 +213,9 @@ class Remediator:
         try:
             if self.policy.rollback:
                 action.rolled_back_to = self._call("rollback", _first_evidence(warning))
-            self._remedy(kind, warning)
+            result = self._remedy(kind, warning)
+            if result is not None:  # what the trainer did (the held lr, the layers switched)
+                action.detail["result"] = result
             action.applied = True
             log.warning("foreshock remedy: %s at step %d for %s", kind, step, warning.id)
         except Exception as exc:  # a remedy that fails never stops training
@@ -221,16 +223,16 @@ class Remediator:
             log.warning("foreshock remedy: %s failed: %r", kind, exc)
         return action
 
-    def _remedy(self, kind: str, warning: RunWarning) -> None:
+    def _remedy(self, kind: str, warning: RunWarning) -> Any:
         p = self.policy
         if kind == "precise-attention":
-            self._call("precise_attention", None if p.attention_scope == "all" else warning.module)
-        elif kind == "hold-lr":
-            self._call("hold_lr", p.lr_scale)
-        elif kind == "scale-router-lr":
-            self._call("scale_router_lr", p.router_lr_scale)
-        else:
-            self._call("stop")
+            module = None if p.attention_scope == "all" else warning.module
+            return self._call("precise_attention", module)
+        if kind == "hold-lr":
+            return self._call("hold_lr", p.lr_scale)
+        if kind == "scale-router-lr":
+            return self._call("scale_router_lr", p.router_lr_scale)
+        return self._call("stop")
 
     def _call(self, method: str, *args: Any) -> Any:
         remedy = getattr(self.remedies, method, None)

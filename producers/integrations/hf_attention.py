@@ -19,6 +19,7 @@ monitoring step one extra Q Kᵀ per layer in float32, in blocks of query rows
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -38,7 +39,7 @@ except ImportError as exc:
 if TYPE_CHECKING:
     from foreshock.producers.monitor import Monitor
 
-__all__ = ["record_max_logit"]
+__all__ = ["record_max_logit", "switch_layer"]
 
 PREFIX = "foreshock+"
 _OBSERVER = "_foreshock_max_logit"  # attribute on a watched attention module: (monitor, name)
@@ -70,6 +71,38 @@ def record_max_logit(model: nn.Module, monitor: Monitor) -> dict[str, str]:
 
     monitor.on_close(forget)
     return {name: "registry" if name in via_registry else "sdpa" for name in layers}
+
+
+def switch_layer(layer: nn.Module, implementation: str) -> str:
+    """Switch one attention layer alone to ``implementation`` (a remedy: precise attention).
+
+    Why a copy of the config: a transformers layer reads ``self.config._attn_implementation``
+    at every call, and its config is the model's, shared by every layer; the layer gets its
+    own copy with the new implementation, so the named layer switches and the others do not.
+    The mask the model builds is unchanged (it follows the model's config): the precise
+    implementation must take the one the model's implementation does (causal, no padding in
+    the common case: none). A layer on foreshock's ``max_logit`` wrapper keeps it
+    (``foreshock+<implementation>``). Returns the layer's implementation now; raises for a
+    layer that does not dispatch through the registry or an unknown implementation."""
+    config = getattr(layer, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if config is None or not _uses_registry(layer):
+        raise TypeError(
+            f"{type(layer).__name__} does not call transformers' attention registry: its "
+            "implementation cannot be switched"
+        )
+    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise KeyError(f"no attention implementation {implementation!r} in transformers")
+    target = implementation
+    if isinstance(current, str) and current.startswith(PREFIX):
+        target = PREFIX + implementation
+        if target not in ALL_ATTENTION_FUNCTIONS:
+            AttentionInterface.register(target, _wrapper(implementation))
+    if current != target:
+        own = copy.copy(config)
+        own._attn_implementation_internal = target
+        layer.config = own
+    return target
 
 
 def _pretrained_roots(model: nn.Module) -> list[nn.Module]:

@@ -20,7 +20,10 @@ Hooks:
   a Trainer subclass that skips it), and its records then lack ``grad_norm``;
 * ``on_step_end`` also writes the step's mechanism series and warnings through the Trainer's
   ``report_to`` loggers (below);
-* ``on_train_end`` writes the ``end`` record and closes the Monitor and its sink.
+* ``on_train_end`` writes the ``end`` record and closes the Monitor and its sink;
+* with ``remedy=``: ``on_step_begin`` snapshots (a policy that rolls back) and ``on_step_end``
+  acts on the step's warnings and approved requests, after the scheduler's step and
+  ``zero_grad()``: the boundary before the next update.
 
 The trackers (``trackers=True``): foreshock's scalars (:mod:`.trackers`: one per mechanism
 metric, and the warnings of the detectors run in-process) go to each ``report_to`` callback
@@ -90,6 +93,7 @@ if TYPE_CHECKING:
     from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
+    from foreshock.producers.remedy import RemedyPolicy
     from foreshock.producers.sinks import Sink
 
 __all__ = ["ForeshockCallback"]
@@ -124,6 +128,11 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
              ``ProfileConfigs``; ``False`` for the series only
     divergence: the ``DivergenceRule`` applied to every step's loss for the ``end`` record's
              ``divergence_step`` (default: the project's, the lab's)
+    remedy:  a ``RemedyPolicy`` (or a policy file's path) acting on the in-process warnings
+             at the step boundaries (``on_step_end``, before the next update): precise
+             attention, the learning rate held, the routers' scaled, stop (the Trainer's
+             ``should_training_stop``), a rollback (:mod:`foreshock.producers.remediation`);
+             each action an ``action`` record in the sink. Off by default
 
     One callback per training run: after ``on_train_end`` its sink is closed. Each checkpoint
     keeps the monitoring's state (``ExportableState``: the attempt and its restart count), and
@@ -142,8 +151,13 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         trackers: bool = True,
         warnings: bool | DetectorConfig | ProfileConfigs = True,
         divergence: DivergenceRule | None = None,
+        remedy: RemedyPolicy | str | os.PathLike[str] | None = None,
         **config_options: Any,
     ) -> None:
+        # here, not above: it imports torch, and a missing extra must fail on the framework
+        from foreshock.producers.remediation import RemedyHooks
+
+        self.remedy = RemedyHooks(remedy, warnings)
         self._max_logit = max_logit
         config = make_config(config, config_options)
         self.run = MonitoredRun(sink, run_id, config, labels, "transformers", divergence)
@@ -199,6 +213,14 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
             except Exception:
                 log.warning("foreshock: no loss hook on the model", exc_info=True)
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def setup() -> tuple[Any, Any, Any]:  # the Trainer's, once the remedy starts
+            return kwargs["optimizer"], kwargs.get("lr_scheduler"), kwargs["model"]
+
+        self.remedy.before_step(
+            self.monitor if self.run.running else None, state.global_step, setup
+        )
+
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # After optimizer.step(), before zero_grad(); global_step is not yet incremented.
         self._optimizer_stepped_at = state.global_step
@@ -210,12 +232,16 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         step = state.global_step - 1
         if self._optimizer_stepped_at != step:
             self._step(step, state)
+        update = self._pending
         self._report(args, state, control, kwargs)
+        if self.remedy.at_boundary(state.global_step, update):  # acts before the next update
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._pending = None  # on_step_end wrote it; the loggers may be closed by now
         self._remove_hook()
-        self.run.finish("finished", global_step=state.global_step)
+        status, fields = self.remedy.finish("finished")
+        self.run.finish(status, global_step=state.global_step, **fields)
 
     # ---- internals ----------------------------------------------------------------------
     def _step(self, step: int, state: Any) -> None:

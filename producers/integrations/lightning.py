@@ -25,7 +25,10 @@ Hooks:
   and never after the last update; the router statistics gathered in a step's forward would
   be reported against the previous step;
 * ``on_fit_end`` writes the ``end`` record and closes; ``on_exception`` does so with status
-  ``crashed``.
+  ``crashed``;
+* with ``remedy=``: ``on_train_batch_start`` snapshots (a policy that rolls back) and
+  ``on_train_batch_end`` of an update acts on its warnings and approved requests (Lightning
+  has stepped the scheduler by then: the boundary before the next update).
 
 Sharded strategies need nothing more: every rank runs the callback, so every rank builds a
 Monitor and measures with its peers (``producers.collective``). ``ModelParallelStrategy``
@@ -95,6 +98,7 @@ if TYPE_CHECKING:
     from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
+    from foreshock.producers.remedy import RemedyPolicy
     from foreshock.producers.sinks import Sink
 
 __all__ = ["ForeshockLightningCallback"]
@@ -118,9 +122,14 @@ class _ForeshockHooks(RunAccess):
         trackers: bool = True,
         warnings: bool | DetectorConfig | ProfileConfigs = True,
         divergence: DivergenceRule | None = None,
+        remedy: RemedyPolicy | str | os.PathLike[str] | None = None,
         **config_options: Any,
     ) -> None:
         super().__init__()
+        # here, not above: it imports torch, and a missing extra must fail on the framework
+        from foreshock.producers.remediation import RemedyHooks
+
+        self.remedy = RemedyHooks(remedy, warnings)
         config = make_config(config, config_options)
         self.run = MonitoredRun(sink, run_id, config, labels, "lightning", divergence)
         self.loss_key = loss_key
@@ -161,6 +170,13 @@ class _ForeshockHooks(RunAccess):
     ) -> None:
         self._step_before = trainer.global_step
 
+        def setup() -> tuple[Any, Any, Any]:  # the trainer's, once the remedy starts
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+            return trainer.optimizers[0], (schedulers or [None])[0], pl_module
+
+        monitor = self.run.monitor if self.run.running else None
+        self.remedy.before_step(monitor, trainer.global_step, setup)
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -181,16 +197,20 @@ class _ForeshockHooks(RunAccess):
             log.debug("foreshock: no loss for this step", exc_info=True)
         self._loss = None
         record = self.run.step(step - 1, loss=loss, own=own)
-        if record is not None:
-            update = self.feed.update(record)
-            if update is not None and self._trackers:
-                self._report(trainer, update)
+        update = self.feed.update(record) if record is not None else None
+        if update is not None and self._trackers:
+            self._report(trainer, update)
+        if self.remedy.at_boundary(step, update):  # the scheduler has stepped: a boundary
+            trainer.should_stop = True
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self.run.finish("finished", global_step=trainer.global_step)
+        status, fields = self.remedy.finish("finished")
+        self.run.finish(status, global_step=trainer.global_step, **fields)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.run.finish("crashed", global_step=trainer.global_step, error=repr(exception)[:500])
+        _, fields = self.remedy.finish("crashed")
+        error = repr(exception)[:500]
+        self.run.finish("crashed", global_step=trainer.global_step, error=error, **fields)
 
     # ---- internals ----------------------------------------------------------------------
     def _report(self, trainer: Any, update: TrackerUpdate) -> None:
@@ -306,6 +326,11 @@ class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc
               ``ProfileConfigs``; ``False`` for the series only
     divergence: the ``DivergenceRule`` applied to every step's loss for the ``end`` record's
               ``divergence_step`` (default: the project's, the lab's)
+    remedy:   a ``RemedyPolicy`` (or a policy file's path) acting on the in-process warnings
+              at the end of each update's batch (the scheduler has stepped): precise attention,
+              the learning rate held, the routers' scaled, stop (``trainer.should_stop``), a
+              rollback (:mod:`foreshock.producers.remediation`); each action an ``action``
+              record in the sink. Off by default
 
     One callback per fit: after ``on_fit_end`` its sink is closed.
     """

@@ -1,0 +1,299 @@
+"""The runner of a remedy policy at a training loop's step boundaries, shared by the Hugging
+Face and Lightning callbacks (``remedy=``) and a plain loop.
+
+It takes the snapshots before a step when the policy rolls back, gives the warnings that
+opened to ``Remediator.act`` and a person's approved requests (a sink with a non-blocking
+``poll_requests()``, e.g. ``KafkaSink``) to ``Remediator.approve`` at the boundary after an
+update, and writes each action to the run's sink as an ``action`` record
+(:func:`~.remedy.action_record`). The remedies themselves are
+:class:`~.trainer_remedies.TrainerRemedies`. Why here and not in each callback: a framework
+only says where the boundary is; what happens there is the same everywhere. It never raises
+into the training loop: a failure is logged and counted (``errors``), and a remedy that fails
+is an action with its error.
+
+In a plain loop (the detectors run in the process on the Monitor's records)::
+
+    remediation = Remediation.for_monitor(RemedyPolicy(), monitor, optimizer, scheduler)
+    for step, batch in enumerate(loader):
+        remediation.before_step(step)
+        loss = train_step(batch)  # forward, backward, optimizer.step(), scheduler.step()
+        if remediation.after_step(step, monitor.step(step, loss=loss)):
+            break  # the policy stopped the run
+
+Single process only for now: under torch.distributed with more than one rank the decisions
+would be taken on the writing rank alone and the ranks' models would part, so remediation is
+turned off there (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .remedy import Action, Remediator, RemedyPolicy, action_record, policy_summary
+from .snapshots import SnapshotRing
+from .trainer_remedies import PRECISE, TrainerRemedies
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from foreshock.transport.warning import RunWarning
+
+    from .integrations.trackers import TrackerFeed, TrackerUpdate
+    from .monitor import Monitor
+
+__all__ = ["Remediation", "RemedyHooks", "as_policy"]
+
+log = logging.getLogger("foreshock.remedy")
+
+Requests = Callable[[], Iterable[Mapping[str, Any]]]
+
+
+def as_policy(remedy: RemedyPolicy | str | os.PathLike[str] | None) -> RemedyPolicy | None:
+    """A callback's ``remedy=``: a policy, a policy file's path, or None (off)."""
+    if remedy is None or isinstance(remedy, RemedyPolicy):
+        return remedy
+    if isinstance(remedy, str | os.PathLike):
+        return RemedyPolicy.from_file(Path(remedy))
+    raise TypeError(f"remedy must be a RemedyPolicy or a policy file's path, not {remedy!r}")
+
+
+def check_remedy(remedy: Any, warnings: Any) -> RemedyPolicy | None:
+    """The callbacks' check at construction: a policy acts on the in-process warnings."""
+    policy = as_policy(remedy)
+    if policy is not None and (warnings is False or warnings is None):
+        raise ValueError("remedy= acts on the in-process warnings: leave warnings= on")
+    return policy
+
+
+class Remediation:
+    """The runner at the step boundaries of one run (see the module docstring); never raises.
+
+    write:    where an action's record goes (the run's sink; None: not written)
+    requests: a person's approved requests (``sink.poll_requests``; None: none)
+    feed:     the detectors run in the process, for :meth:`after_step` (a plain loop; the
+              callbacks have their own and call :meth:`at_boundary` with its events)
+    """
+
+    def __init__(
+        self,
+        policy: RemedyPolicy,
+        remedies: TrainerRemedies,
+        *,
+        run_id: str | None = None,
+        rank: int = 0,
+        write: Callable[[dict[str, Any]], None] | None = None,
+        requests: Requests | None = None,
+        feed: TrackerFeed | None = None,
+    ) -> None:
+        self.policy, self.remedies = policy, remedies
+        self.remediator = Remediator(policy, remedies)
+        self.run_id, self.rank = run_id or "", rank
+        self.write, self.requests, self.feed = write, requests, feed
+        self.errors = 0
+
+    @classmethod
+    def for_monitor(
+        cls,
+        policy: RemedyPolicy,
+        monitor: Monitor,
+        optimizer: Any,
+        lr_scheduler: Any = None,
+        *,
+        model: nn.Module | None = None,
+        warnings: Any = True,
+        labels: Mapping[str, Any] | None = None,
+        precise: str = PRECISE,
+        snapshot_every: int = 100,
+        snapshots: int = 3,
+    ) -> Remediation | None:
+        """The runner for a monitored run: its actions written to the Monitor's sink,
+        requests polled from it; ``warnings`` (True: the shipped profiles, or a detector
+        config; None: the caller feeds the events) run the detectors for :meth:`after_step`.
+        None (logged) where it cannot act: more than one rank, or a failure to build."""
+        try:
+            if monitor.world_size > 1:
+                log.warning("foreshock remedy: off, it acts in a single process only for now")
+                return None
+            ring = SnapshotRing(snapshots, snapshot_every) if policy.rollback else None
+            remedies = TrainerRemedies(
+                model if model is not None else monitor.model,
+                optimizer,
+                lr_scheduler,
+                monitor=monitor,
+                precise=precise,
+                snapshots=ring,
+            )
+            sink = monitor.sink
+            return cls(
+                policy,
+                remedies,
+                run_id=monitor.run_id,
+                rank=monitor.rank,
+                write=sink.write if monitor.active else None,
+                requests=getattr(sink, "poll_requests", None),
+                feed=_feed(warnings, monitor.run_id, labels),
+            )
+        except Exception:
+            log.warning("foreshock remedy: off, it could not be set up", exc_info=True)
+            return None
+
+    @property
+    def stopped(self) -> bool:
+        return self.remedies.stopped
+
+    @property
+    def actions(self) -> list[Action]:
+        return self.remediator.actions
+
+    def before_step(self, step: int) -> None:
+        """Before training step ``step`` (the optimizer update's 0-based index)."""
+        try:
+            self.remedies.before_step(step)
+        except Exception:
+            self._failed("the snapshot before step %d failed", step)
+
+    def after_step(self, step: int, record: Mapping[str, Any] | None) -> bool:
+        """A plain loop's call after step ``step`` with the Monitor's record (None off the
+        monitoring steps): act at the boundary; True when the policy stopped the run."""
+        events: list[RunWarning] = []
+        if record is not None and self.feed is not None:
+            update = self.feed.update(record)
+            events = update.events if update is not None else []
+        self.at_boundary(step + 1, events)
+        return self.stopped
+
+    def at_boundary(self, step: int, events: Iterable[RunWarning] = ()) -> list[Action]:
+        """Before training step ``step``: act on the warnings that opened, then on the
+        approved requests; each action written as an ``action`` record."""
+        try:
+            self.remedies.step = step
+            taken = self.remediator.act(step, list(events))
+            taken += self._approved(step)
+        except Exception:
+            self._failed("acting at step %d failed", step)
+            return []
+        for action in taken:
+            self._report(action)
+        return taken
+
+    def end_fields(self) -> dict[str, Any]:
+        """What the run's ``end`` record says of the remediation."""
+        ring = self.remedies.ring
+        return {
+            "remedy": {
+                "policy": policy_summary(self.policy),
+                "actions": [a.to_message() for a in self.actions],
+                "steps_redone": self.remedies.redone,
+                "snapshot_bytes": ring.nbytes if ring is not None else 0,
+                "errors": self.errors,
+            }
+        }
+
+    def status(self, default: str = "finished") -> str:
+        return "stopped" if self.stopped else default
+
+    def close(self) -> None:
+        try:
+            self.remedies.close()
+        except Exception:
+            self._failed("closing the remedies failed")
+
+    # ---- internals ----------------------------------------------------------------------
+    def _approved(self, step: int) -> list[Action]:
+        """The approved requests for this run the sink holds now (non-blocking)."""
+        if self.requests is None:
+            return []
+        try:
+            requests = list(self.requests() or [])
+        except Exception:
+            self._failed("polling the approved requests failed")
+            return []
+        taken = []
+        for request in requests:
+            if not isinstance(request, Mapping):
+                continue
+            if request.get("run_id") not in (None, "", self.run_id):
+                continue  # another run's
+            action = self.remediator.approve(step, request)
+            if action is not None:
+                taken.append(action)
+        return taken
+
+    def _report(self, action: Action) -> None:
+        if self.write is None:
+            return
+        try:
+            self.write(action_record(self.run_id, self.rank, action))
+        except Exception:
+            self._failed("writing the %s action record failed", action.kind)
+
+    def _failed(self, what: str, *args: Any) -> None:
+        self.errors += 1
+        log.warning("foreshock remedy: " + what, *args, exc_info=True)
+
+
+def _feed(warnings: Any, run_id: str, labels: Mapping[str, Any] | None) -> TrackerFeed | None:
+    if warnings is None or warnings is False:
+        return None
+    from .integrations.trackers import TrackerFeed
+
+    feed = TrackerFeed(warnings)
+    feed.start(run_id, dict(labels or {}))
+    return feed
+
+
+class RemedyHooks:
+    """What a framework callback keeps of the remediation (``remedy=``): the runner, built
+    at the first step boundary (when the trainer's optimizer exists), once; never raises.
+    Its settings (``precise``, ``snapshot_every``, ``snapshots``) may be changed until then:
+    ``callback.remedy.precise = "eager"``."""
+
+    def __init__(self, remedy: RemedyPolicy | str | os.PathLike[str] | None, warnings: Any):
+        self.policy = check_remedy(remedy, warnings)
+        self.runner: Remediation | None = None
+        self.precise, self.snapshot_every, self.snapshots = PRECISE, 100, 3
+        self._tried = False
+
+    def before_step(self, monitor: Monitor | None, step: int, setup: Callable[[], Any]) -> None:
+        """Before training step ``step``; ``setup()`` gives (optimizer, lr_scheduler, model)."""
+        if self.policy is None or monitor is None:
+            return
+        if not self._tried:
+            self._tried = True
+            try:
+                optimizer, scheduler, model = setup()
+            except Exception:
+                log.warning("foreshock remedy: off, no optimizer found", exc_info=True)
+                return
+            self.runner = Remediation.for_monitor(
+                self.policy,
+                monitor,
+                optimizer,
+                scheduler,
+                model=model,
+                warnings=None,
+                precise=self.precise,
+                snapshot_every=self.snapshot_every,
+                snapshots=self.snapshots,
+            )
+        if self.runner is not None:
+            self.runner.before_step(step)
+
+    def at_boundary(self, step: int, update: TrackerUpdate | None) -> bool:
+        """After the update before step ``step``, with the monitoring step's warnings (None
+        off the monitoring steps): act; True when the run is to stop."""
+        if self.runner is None:
+            return False
+        self.runner.at_boundary(step, update.events if update is not None else ())
+        return self.runner.stopped
+
+    def finish(self, status: str) -> tuple[str, dict[str, Any]]:
+        """The end record's status (``stopped`` where the policy stopped it) and fields."""
+        if self.runner is None:
+            return status, {}
+        self.runner.close()
+        return self.runner.status(status), self.runner.end_fields()

@@ -1,0 +1,216 @@
+"""The remedies of a remedy policy inside a real training loop: any torch model and optimizer.
+
+:mod:`.remedy` decides what to do about a warning; this module is the trainer's side of it,
+the same for the Hugging Face and Lightning callbacks and for a plain loop
+(:mod:`.remediation` runs it at the step boundaries). Why one module: the remedies act on
+what every loop has — the model, the optimizer, its scheduler — at the one place every loop
+has, the boundary between two optimizer steps; a framework adapter only says where that
+boundary is and turns ``stop`` into its own flag.
+
+:class:`TrainerRemedies` is what the :class:`~.remedy.Remediator` asks for:
+
+* ``precise_attention(module)``: that attention layer (every one for ``None``) switched to a
+  higher-precision implementation through transformers' attention registry (``"sdpa"`` by
+  default): the layer gets its own copy of the config
+  (:func:`~.integrations.hf_attention.switch_layer`), foreshock's ``max_logit`` wrapper kept;
+  a name that is no attention layer of the model, or a layer outside the registry, is an
+  error (the action reports it; training goes on);
+* ``hold_lr(scale)``: every parameter group's learning rate held at ``scale`` × its value at
+  the warning, set again by an optimizer step pre-hook, so no scheduler's ``step()`` undoes it
+  (the Trainer's logged ``learning_rate`` stays the schedule's: the action record has the
+  held values);
+* ``scale_router_lr(scale)``: the routers' update × ``scale`` under any optimizer: step hooks
+  keep the routers' weights before the step and set w = w_old + scale · (w_new − w_old)
+  (exactly the learning rate × ``scale`` for SGD and Adam(W), whose update is linear in it);
+  the routers are the ones the Monitor finds;
+* ``stop()``: a flag the adapter turns into its trainer's stop;
+* ``rollback(step)``: the newest in-memory snapshot (model, optimizer, scheduler) taken before
+  ``step`` restored, bit for bit; the data go on as the trainer would (the batches since the
+  snapshot are not seen again), the steps re-done are counted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .snapshots import SnapshotRing
+
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
+__all__ = ["PRECISE", "TrainerRemedies"]
+
+PRECISE = "sdpa"  # the default precise attention implementation
+
+
+def _innermost(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under a framework's wrapper (accelerate's, Lightning's): its hooks
+    run at every real step, whatever calls it."""
+    while not type(optimizer).__module__.startswith("torch.") and isinstance(
+        getattr(optimizer, "optimizer", None), torch.optim.Optimizer
+    ):
+        optimizer = optimizer.optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"not a torch optimizer: {type(optimizer).__name__}")
+    return optimizer
+
+
+class _TrainingState:
+    """The optimizer and its scheduler as one state for :class:`SnapshotRing` (restored
+    together: a schedule left ahead of the weights it steps would skip its own steps)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        self.optimizer, self.scheduler = optimizer, scheduler
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": scheduler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+class TrainerRemedies:
+    """The remedies for a torch ``model`` trained by ``optimizer`` (see the module docstring).
+
+    monitor:   the run's Monitor, whose attention layers and routers the remedies act on
+               (default: found in ``model`` as the Monitor would)
+    precise:   the attention implementation ``precise_attention`` switches to
+    snapshots: a :class:`SnapshotRing` for ``rollback`` (None: rollback refused)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        lr_scheduler: Any = None,
+        *,
+        monitor: Monitor | None = None,
+        precise: str = PRECISE,
+        snapshots: SnapshotRing | None = None,
+    ) -> None:
+        self.model, self.monitor, self.precise = model, monitor, precise
+        self.optimizer = _innermost(optimizer)
+        self.state = _TrainingState(self.optimizer, lr_scheduler)
+        self.ring = snapshots
+        self.switched: dict[str, str] = {}  # attention layer -> its implementation now
+        self.held: list[float] | None = None  # each group's held learning rate
+        self.router_scale = 1.0
+        self.stopped = False
+        self.redone = 0  # steps whose training a rollback undid
+        self.step = 0  # the step about to be trained
+        self._routers: list[torch.Tensor] = []
+        self._before: list[torch.Tensor] = []
+        self._hooks: list[Any] = []
+
+    # ---- the loop's boundary ------------------------------------------------------------
+    def before_step(self, step: int) -> None:
+        """Snapshot when due (once per step: a loop may call it per micro-batch), and hold
+        the learning rate (the pre-hook does it too; this keeps the groups' lr readable)."""
+        if self.ring is not None and step not in self.ring.steps:
+            self.ring.maybe_take(step, self.model, self.state)
+        self.step = step
+        self._apply_held()
+
+    # ---- the remedies -------------------------------------------------------------------
+    def precise_attention(self, module: str | None) -> dict[str, str]:
+        from .integrations.hf_attention import switch_layer
+
+        layers = self._attention_layers()
+        names = list(layers) if module is None else [module]
+        unknown = [n for n in names if n not in layers]
+        if unknown or not names:
+            known = ", ".join(sorted(layers)[:6]) or "none"
+            raise KeyError(f"no attention layer {unknown or module!r} in this model ({known})")
+        for name in names:
+            self.switched[name] = switch_layer(layers[name], self.precise)
+        return {n: self.switched[n] for n in names}
+
+    def hold_lr(self, scale: float) -> list[float]:
+        self.held = [scale * float(g["lr"]) for g in self.optimizer.param_groups]
+        self._apply_held()
+        if not any(h[0] == "lr" for h in self._hooks):
+            hook = self.optimizer.register_step_pre_hook(lambda *_: self._apply_held())
+            self._hooks.append(("lr", hook))
+        return self.held
+
+    def scale_router_lr(self, scale: float) -> float:
+        if not self._routers:
+            self._routers = self._router_parameters()
+        if not self._routers:
+            raise LookupError("no router of this model is trained by the optimizer")
+        self.router_scale *= scale
+        if not any(h[0] == "router" for h in self._hooks):
+            pre = self.optimizer.register_step_pre_hook(lambda *_: self._keep_routers())
+            post = self.optimizer.register_step_post_hook(lambda *_: self._scale_routers())
+            self._hooks += [("router", pre), ("router", post)]
+        return self.router_scale
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def rollback(self, before: int) -> int | None:
+        if self.ring is None:
+            raise RuntimeError("rollback needs the policy's snapshots (rollback = true)")
+        restored = self.ring.restore_before(before, self.model, self.state)
+        if restored is not None:
+            self.redone += max(0, self.step - restored)
+        return restored
+
+    def close(self) -> None:
+        """Remove the optimizer hooks (the held lr and the routers' scale end with them)."""
+        for _, hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # ---- internals ----------------------------------------------------------------------
+    def _apply_held(self) -> None:
+        if self.held is None:
+            return
+        for group, lr in zip(self.optimizer.param_groups, self.held, strict=False):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def _keep_routers(self) -> None:
+        self._before = [p.detach().clone() for p in self._routers]
+
+    @torch.no_grad()
+    def _scale_routers(self) -> None:
+        if len(self._before) != len(self._routers):
+            return
+        for weight, old in zip(self._routers, self._before, strict=True):
+            weight.copy_(torch.lerp(old, weight.detach(), self.router_scale))
+        self._before = []
+
+    def _discovery(self) -> Any:
+        if self.monitor is not None:
+            return self.monitor.discovery
+        from .discovery import discover
+
+        return discover(self.model)
+
+    def _attention_layers(self) -> dict[str, nn.Module]:
+        """{name: module} of the attention layers, named as the Monitor names them."""
+        if self.monitor is not None:
+            return self.monitor.attention_modules()
+        from .names import named_modules
+
+        modules = dict(named_modules(self.model))
+        return {a.name: modules[a.name] for a in self._discovery().attention if a.name in modules}
+
+    def _router_parameters(self) -> list[torch.Tensor]:
+        """The routers' weights (and biases) the optimizer trains, each once."""
+        trained = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        found: dict[int, torch.Tensor] = {}
+        for router in self._discovery().routers:
+            for tensor in (router.weight, router.bias):
+                if tensor is not None and id(tensor) in trained:
+                    found[id(tensor)] = tensor
+        return list(found.values())
