@@ -469,3 +469,35 @@ def test_an_action_record_write_failure_is_counted_not_raised() -> None:
     taken = remediation.at_boundary(5, [warning(4, 2)])
     assert [a.kind for a in taken] == ["stop"] and remediation.stopped
     assert remediation.errors == 1 and isinstance(taken[0], Action)
+
+
+def test_a_plain_loop_gets_the_same_runner() -> None:
+    """The module docstring's loop: the runner runs the detectors on the Monitor's records,
+    and ``after_step`` says when the policy stopped the run."""
+    from foreshock.lab.model import GPT, GPTConfig
+    from foreshock.producers.monitor import Monitor, MonitorConfig
+    from foreshock.producers.sinks import ListSink
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32, n_experts=4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sink = ListSink()
+    monitor = Monitor(model, sink, run_id="plain", config=MonitorConfig(every=EVERY))
+    policy = RemedyPolicy(actions={"attention-numerics": "stop"})
+    remediation = Remediation.for_monitor(policy, monitor, optimizer, warnings=plumbing_config())
+    assert remediation is not None
+    data = Tokens(STEPS * BATCH, SEQ + 1, 256).ids.split(BATCH)
+    trained = 0
+    for step, batch in enumerate(data):
+        remediation.before_step(step)
+        loss = model(batch[:, :-1], batch[:, 1:])[1]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        trained += 1
+        if remediation.after_step(step, monitor.step(step, loss=loss.detach())):
+            break
+    monitor.close()
+    assert trained == ACTED and remediation.stopped
+    [record] = [r for r in sink.records if r.get("kind") == "action"]
+    assert (record["action"], record["step"], record["run_id"]) == ("stop", ACTED, "plain")
