@@ -168,6 +168,7 @@ def _run_page(
         return {
             "summary": summary,
             "warnings": queries.run_warnings(history, run_id),
+            "actions": queries.run_actions(history, run_id),
             "loss": loss,
             "attempts": queries.run_attempts(history, run_id),
             "series": series,

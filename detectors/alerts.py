@@ -137,13 +137,17 @@ def action_event(
     }
 
 
-def publish(settings: Any, event: dict[str, Any], timeout: float = 15.0) -> None:
-    """Produce ``event`` to the warnings topic (key: its run id); raise if it is not acknowledged
-    by the broker within ``timeout`` s: a person must know their click did not land."""
+def publish(
+    settings: Any, event: dict[str, Any], timeout: float = 15.0, topic: str | None = None
+) -> None:
+    """Produce ``event`` to the warnings topic, or ``topic`` (key: its run id); raise if it is
+    not acknowledged by the broker within ``timeout`` s: a person must know their click did
+    not land."""
     from confluent_kafka import KafkaException, Producer
 
     from foreshock.transport.settings import RDKAFKA_LOG
 
+    topic = topic or settings.warnings_topic
     errors: list[Any] = []
     producer = Producer(
         settings.librdkafka(
@@ -157,14 +161,14 @@ def publish(settings: Any, event: dict[str, Any], timeout: float = 15.0) -> None
     )
     try:
         producer.produce(
-            settings.warnings_topic,
+            topic,
             key=str(event["run_id"]).encode(),
             value=json.dumps(event).encode(),
             on_delivery=lambda err, _msg: errors.append(err),
         )
     except KafkaException as exc:
-        raise RuntimeError(f"cannot send to {settings.warnings_topic}: {exc}") from None
+        raise RuntimeError(f"cannot send to {topic}: {exc}") from None
     left = producer.flush(timeout + 5)  # the delivery report comes by message.timeout.ms
     if left or not errors or errors[0] is not None:
         reason = errors[0] if errors and errors[0] is not None else "no answer from the broker"
-        raise RuntimeError(f"not delivered to {settings.warnings_topic}: {reason}")
+        raise RuntimeError(f"not delivered to {topic}: {reason}")

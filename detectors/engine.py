@@ -13,9 +13,11 @@ these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that ra
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
   per (run, family, module) until every one of its statistics has stayed back below h for
   ``release`` records in a row (hysteresis: a warning that flapped paged twice), or until the
-  run ends (every rank that wrote to it sent its ``end``): then a ``cleared`` event (resolved,
-  in what people read) whose ``evidence.resolved_by`` says which, ``"statistic"`` or ``"run
-  ended"``. A run that ended leaves no warning open: nothing else would ever close it.
+  run ends (every rank that wrote to it sent its ``end``), or until the trainer acted on it
+  (an applied ``action`` record naming it: :mod:`~foreshock.detectors.action_records`): then
+  a ``cleared`` event (resolved, in what people read) whose ``evidence.resolved_by`` says
+  which, ``"statistic"``, ``"run ended"`` or ``"action"``. A run that ended leaves no warning
+  open: nothing else would ever close it.
 * Attribution is earned, not assumed (:mod:`~foreshock.detectors.attribution`): the first
   mechanism family to fire is the ``cause`` when the other family is calm at that record
   (each of its sustained statistics below ``calm_ratio`` × h), ``optimizer`` when every
@@ -38,6 +40,7 @@ from typing import Any
 from foreshock.transport.records import MetricsRecord
 from foreshock.transport.warning import EventKind, RunWarning
 
+from .action_records import resolution
 from .attribution import cause_of, role
 from .bands import INFLATION_METRIC
 from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
@@ -129,6 +132,8 @@ class RunDetector:
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         kind = message.get("kind", "metrics")
         events: list[RunWarning] = []
+        if kind == "action":  # it names its warning: whichever attempt or rank took it
+            return self._on_action(message)
         if not self._replaying and self.superseded(message):
             self.ignored += 1
             return events
@@ -169,6 +174,17 @@ class RunDetector:
         if self.divergence.divergence_step is not None:
             events += self._diverged(self.divergence.divergence_step)
         return events
+
+    def _on_action(self, message: dict[str, Any]) -> list[RunWarning]:
+        """An action the trainer took: an applied one resolves the open warning it names. Kept
+        with the records, so that a rebuild after a resume resolves it again."""
+        why = resolution(message)
+        wanted = message.get("warning_id")
+        key = next((k for k, alert in self._open.items() if alert.id == wanted), None)
+        if why is None or key is None:
+            return []
+        self._rewind.note(message)
+        return self._resolve(*key, int(message["step"]), why)
 
     def _follow(self, attempt: int, step: int) -> list[RunWarning]:
         """A newer attempt takes over at ``step`` (see the class docstring): resolve what the

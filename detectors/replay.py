@@ -42,8 +42,13 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
     run_id = run.start.get("run_id") or run.path.name.split(".")[0]
     detector = RunStreams(run_id, config)
     events = detector.update({**run.start, "kind": "start"})
+    actions = list(run.actions)
     for record in run.records:
+        while actions and _order(actions[0]) < _order(record):
+            events += detector.update({**actions.pop(0), "kind": "action"})
         events += detector.update({**record, "kind": "metrics"})
+    for action in actions:
+        events += detector.update({**action, "kind": "action"})
     if run.end is not None:
         events += detector.finish(run.end)
     exact = (run.end or {}).get("divergence_step")
@@ -59,6 +64,12 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
         profile.reason,
         detector.unruled,
     )
+
+
+def _order(record: dict[str, Any]) -> tuple[int, int]:
+    """Where a record falls in its run: an action taken at step s follows the record of s
+    (the trainer acts at the step boundary, after the step's monitoring)."""
+    return int(record.get("attempt") or 0), int(record["step"])
 
 
 def replay(paths: list[str | Path], config: DetectorConfig | ProfileConfigs) -> list[RunReport]:

@@ -58,6 +58,13 @@ class Rewind:
         self.records.append(message)
         self._since += 1
 
+    def note(self, message: dict[str, Any]) -> None:
+        """Keep ``message`` without a snapshot before it: a message at the step of a record
+        already kept (an action), where a snapshot would hold that record's effect."""
+        if self.window > 0:
+            self.dropped |= len(self.records) == self.window
+            self.records.append(message)
+
     def back_to(self, step: int) -> tuple[bytes | None, list[dict[str, Any]], bool]:
         """``(snapshot or None, records to replay, exact)`` to rebuild the state just before
         ``step``; what was kept at or after ``step`` is forgotten (that timeline is over)."""

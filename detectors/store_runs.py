@@ -32,8 +32,8 @@ def store_recorded_runs(
     config: DetectorConfig | ProfileConfigs | None,
     received_at: float | None = None,
 ) -> int:
-    """Write each run (start, records, end, and its warnings unless ``config`` is None) as
-    one batch; returns the number of runs."""
+    """Write each run (start, records, actions, end, and its warnings unless ``config`` is
+    None) as one batch; returns the number of runs."""
     now = time.time() if received_at is None else received_at
     count = 0
     for path in paths:
@@ -43,8 +43,10 @@ def store_recorded_runs(
         builder.add_lifecycle({**run.start, "run_id": run_id, "kind": "start", "seq": 0}, now)
         for seq, record in enumerate(run.records, start=1):
             builder.add_metrics({**record, "run_id": run_id, "seq": seq}, now)
+        for seq, action in enumerate(run.actions, start=len(run.records) + 1):
+            builder.add_lifecycle({**action, "run_id": run_id, "kind": "action", "seq": seq}, now)
         if run.end is not None:
-            last = len(run.records) + 1
+            last = len(run.records) + len(run.actions) + 1
             builder.add_lifecycle(
                 {**run.end, "run_id": run_id, "kind": "end", "seq": last, "last_seq": last}, now
             )

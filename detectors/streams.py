@@ -52,6 +52,8 @@ class RunStreams:
 
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         rank, kind = int(message.get("rank") or 0), message.get("kind", "metrics")
+        if kind == "action":  # it names its warning, whichever rank's detector holds it
+            return [e for _, d in sorted(self.ranks.items()) for e in d.update(message)]
         if kind == "start":
             self._labels(message, rank)
             if not message.get("labels") and self._start is not None:

@@ -1,11 +1,12 @@
-"""``foreshock warnings list | ack | silence``: see the warnings and their states; take one.
+"""``foreshock warnings list | ack | silence | act``: see the warnings and their states; take one.
 
 ``list`` reads the store (:func:`foreshock.storage.acks.warning_states`). ``ack`` and
 ``silence`` find the warning there — by its id or a unique start of it, as ``list`` prints —
 and send a person's event (:func:`foreshock.detectors.alerts.action_event`) to the warnings
 topic, where the sink stores it with who and when and the notifier tells the receivers. Who is
 ``--by``, or the login name. The command returns once the broker has the event: the store and
-the receivers follow within seconds.
+the receivers follow within seconds. ``act`` finds the warning the same way and asks the
+running trainer to act on it (:mod:`foreshock.detectors.remedy_requests`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from datetime import UTC, datetime
 
 from foreshock.table import format_table
+
+from .remedy_requests import add_act_arguments
 
 __all__ = [
     "MAX_SILENCE_DAYS",
@@ -191,6 +194,28 @@ def _act(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remedy(args: argparse.Namespace) -> int:
+    """``warnings act``: the warning from the store, as ``ack`` finds it; the request out."""
+    from foreshock.storage.acks import find_warning
+    from foreshock.storage.reader import open_history
+    from foreshock.storage.store import store_exists
+    from foreshock.transport.settings import load_settings
+
+    from .remedy_requests import act
+
+    location = _location(args)
+    if not store_exists(location):
+        print(f"foreshock warnings: no store at {location.uri}", file=sys.stderr)
+        return 2
+    try:
+        with open_history(location) as history:
+            warning = find_warning(history, args.id)
+        return act(args, warning, load_settings(args.config), args.by or _login())
+    except (LookupError, ValueError, RuntimeError) as exc:
+        print(f"foreshock warnings: {exc}", file=sys.stderr)
+        return 1
+
+
 def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument(
@@ -203,7 +228,7 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
     person.add_argument("--by", help="who (default: your login name)")
     person.add_argument("--note", help="why, for the others (one line)")
 
-    warnings = sub.add_parser("warnings", help="list warnings; acknowledge or silence one")
+    warnings = sub.add_parser("warnings", help="list warnings; acknowledge, silence or act on one")
     what = warnings.add_subparsers(dest="warnings_command", required=True)
     listing = what.add_parser("list", parents=[store], help="warnings and their states")
     listing.add_argument("--run", help="only this run's")
@@ -228,3 +253,12 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
         help="ISO 8601, e.g. 2025-06-01T18:00 (local) or …Z",
     )
     silence.set_defaults(func=_act)
+    remedy = what.add_parser(
+        "act",
+        parents=[store],
+        help="ask the running trainer to act on a warning (on the control topic)",
+    )
+    remedy.add_argument("id", help="the warning's id, or a unique start of it")
+    remedy.add_argument("--by", help="who (default: your login name)")
+    add_act_arguments(remedy)
+    remedy.set_defaults(func=_remedy)

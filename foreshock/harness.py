@@ -203,6 +203,7 @@ _ENV_FIELDS = (
     "metrics_topic",
     "warnings_topic",
     "deadletter_topic",
+    "control_topic",
     "partitions",
     "spool_dir",
 )
@@ -220,8 +221,9 @@ def service_env(settings: KafkaSettings, **overrides: str) -> dict[str, str]:
 
 
 def scoped(settings: KafkaSettings, name: str, **changes: object) -> KafkaSettings:
-    """``settings`` with topics of their own, ``NAME.metrics``, ``NAME.warnings`` and
-    ``NAME.dead``: several cases on one broker, none reading another's messages.
+    """``settings`` with topics of their own, ``NAME.metrics``, ``NAME.warnings``,
+    ``NAME.dead`` and ``NAME.control``: several cases on one broker, none reading another's
+    messages.
 
     >>> scoped(KafkaSettings(spool_dir="s"), "case1").warnings_topic
     'case1.warnings'
@@ -230,6 +232,7 @@ def scoped(settings: KafkaSettings, name: str, **changes: object) -> KafkaSettin
         "metrics_topic": f"{name}.metrics",
         "warnings_topic": f"{name}.warnings",
         "deadletter_topic": f"{name}.dead",
+        "control_topic": f"{name}.control",
     }
     return replace(settings, **{**topics, **changes})  # type: ignore[arg-type]
 

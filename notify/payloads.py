@@ -87,6 +87,7 @@ _WHY = {
     "statistic": "back under its threshold",
     "run ended": "the run ended",
     "superseded": "the run resumed from an earlier step",
+    "action": "the trainer acted",
 }
 
 
@@ -99,6 +100,9 @@ def _why(event: WarningEvent) -> str:
     'the run resumed from an earlier step (500)'
     >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "run ended"}}))
     'the run ended'
+    >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "action",
+    ...     "action": {"what": "hold-lr", "step": 470, "source": "approved"}}}))
+    'the trainer acted: hold-lr at step 470, approved by a person'
     >>> from foreshock.transport.warning import RESOLVED_BY
     >>> sorted(_WHY) == sorted(RESOLVED_BY)  # every reason the wire allows has its words
     True
@@ -107,6 +111,10 @@ def _why(event: WarningEvent) -> str:
     resumed_at = _evidence(event).get("resumed_at")
     if why == "superseded" and resumed_at is not None:
         return f"{_WHY[why]} ({resumed_at})"
+    action = _evidence(event).get("action")
+    if why == "action" and isinstance(action, dict):
+        source = "approved by a person" if action.get("source") == "approved" else "its policy"
+        return f"{_WHY[why]}: {action.get('what')} at step {action.get('step')}, {source}"
     return _WHY[why]
 
 

@@ -15,6 +15,9 @@ happens in small pieces, one idea each:
   sends, spools what the broker did not acknowledge, probes with back-off, re-sends the
   spools in order, replays what a restarted broker forgot, and at close waits for the storage
   sink's group to confirm (``foreshock spool flush`` re-sends by hand).
+* :mod:`~foreshock.producers.control_requests` — the other way: a person's requests for this
+  sink's runs from the control topic (``foreshock warnings act``), read by a thread of its
+  own and handed to the trainer by ``poll_requests()`` at a step boundary.
 
 Delivery is at least once: consumers drop duplicates on (run_id, rank, attempt, seq).
 
@@ -52,6 +55,7 @@ from foreshock.transport.attempts import attempt_number, scheduler_restart
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.settings import KafkaSettings, load_settings
 
+from .control_requests import ControlRequests
 from .rejects import Rejects
 from .sender import PRODUCER_DEFAULTS, Sender, client_max_bytes
 from .sink_encoding import RECORD_OVERHEAD, Encoder
@@ -135,6 +139,9 @@ class KafkaSink:
         self._sender = Sender(
             self.settings, c, self._queue, self._spool, self._rejects, self._encoder
         )
+        self._control = ControlRequests(
+            self.settings, self._started_us / 1e6, self._numbers.run_ids
+        )
 
     # ---- the training thread ------------------------------------------------------------
     @property
@@ -176,6 +183,17 @@ class KafkaSink:
         except Exception as exc:
             self._rejects.error("write()", exc)
 
+    def poll_requests(self) -> list[dict[str, Any]]:
+        """A person's requests for this sink's runs (``foreshock warnings act``: checked
+        ``foreshock.control/1`` remedy requests), each once, made since this sink started; []
+        when none came. For a trainer's step boundary: it only drains what a background
+        thread read (started on the first call), never blocks, never raises. The trainer
+        answers each with an ``action`` record carrying its ``request_id``, through ``write``.
+        """
+        if self._sender.closing.is_set():
+            return []
+        return self._control.poll()
+
     def fits(self, item: SpooledMessage) -> bool:
         """Whether the client and the wire format both take ``item``."""
         return self._encoder.fits(item)
@@ -190,6 +208,7 @@ class KafkaSink:
         sender = self._sender
         if sender.closing.is_set():
             return
+        self._control.close()
         for run_id, rank in self._numbers.open_streams():
             self.write(
                 {

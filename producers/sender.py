@@ -224,7 +224,11 @@ class Sender:
                 self.settings,
                 timeout=min(timeout, 5.0, self.probe_interval + 1.0),
                 quiet=True,
-                names=[self.settings.metrics_topic, self.settings.deadletter_topic],
+                names=[
+                    self.settings.metrics_topic,
+                    self.settings.deadletter_topic,
+                    self.settings.control_topic,
+                ],
             )
         except Exception:
             self.lost_brokers = self.lost_brokers or self.producer is not None

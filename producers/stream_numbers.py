@@ -47,6 +47,10 @@ class StreamNumbers:
         """Whether any message was numbered (an attempt is kept from then on)."""
         return bool(self._seq)
 
+    def run_ids(self) -> set[str]:
+        """The runs this producer has written to (any rank, ended or not)."""
+        return {run_id for run_id, _ in self._seq}
+
     def open_streams(self) -> list[Stream]:
         """Streams with no ``end`` yet, in the order they started."""
         return [s for s in self._seq if s not in self._ended]

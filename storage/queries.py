@@ -30,6 +30,7 @@ __all__ = [
     "fleet",
     "idle_runs",
     "lead_table",
+    "run_actions",
     "run_attempts",
     "run_count",
     "run_ranks",
@@ -228,6 +229,19 @@ def run_warnings(history: History, run_id: str) -> list[dict[str, Any]]:
     for row in rows:
         row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else None
     return rows
+
+
+def run_actions(history: History, run_id: str) -> list[dict[str, Any]]:
+    """What the run's trainer did about its warnings: its ``action`` records as they came
+    (what, at which step, for which warning, from the policy or a person's request, how it
+    went), in the order it took them; one per (rank, attempt, seq), a redelivery stored twice
+    shown once."""
+    rows = history.sql(
+        "SELECT any_value(body) AS body FROM run_events WHERE run_id = ? AND kind = 'action' "
+        "GROUP BY rank, attempt, seq ORDER BY attempt, rank, seq",
+        [run_id],
+    ).to_pylist()
+    return [json.loads(row["body"]) for row in rows]
 
 
 _LEADS = """

@@ -1,7 +1,7 @@
 """Messages to Arrow columns: a batch is built column by column, never row by row in SQL.
 
-:class:`BatchBuilder` takes decoded wire messages (metrics, start, end), warning events and
-dead letters, and appends their fields to Python lists per column; ``take()`` turns the lists
+:class:`BatchBuilder` takes decoded wire messages (metrics, start, end, action), warning events
+and dead letters, and appends their fields to Python lists per column; ``take()`` turns the lists
 into one Arrow table per store table (the only way rows reach DuckDB/Parquet: measured here,
 an Arrow insert is ~10,000× faster than ``executemany``). Series keys are split into (metric,
 module, head) once per distinct key.
@@ -32,7 +32,9 @@ from foreshock.transport.wire import RUN_ID_PATTERN
 
 from .schema import TABLES
 
-__all__ = ["BatchBuilder", "RecordError", "split_key", "stored_warning"]
+__all__ = ["RUN_EVENT_KINDS", "BatchBuilder", "RecordError", "split_key", "stored_warning"]
+
+RUN_EVENT_KINDS = ("start", "end", "action")  # the messages ``run_events`` keeps
 
 
 _isfinite = math.isfinite
@@ -136,9 +138,10 @@ class BatchBuilder:
         self.values += n
 
     def add_lifecycle(self, message: dict[str, Any], received_at: float) -> None:
-        """A ``start`` or ``end`` message, kept whole in ``body``."""
+        """A ``start``, ``end`` or ``action`` message (a run's own, not a monitoring step),
+        kept whole in ``body``: an action's seq counts in its stream like the others'."""
         kind = message.get("kind")
-        if kind not in ("start", "end"):
+        if kind not in RUN_EVENT_KINDS:
             raise RecordError(f"lifecycle message of kind {_short(kind)}")
         labels = message.get("labels") or {}
         if not isinstance(labels, dict):

@@ -4,8 +4,9 @@ Five tables, each an Arrow schema and a Delta table of the store (:mod:`.store`)
 description records the schema version.
 
 * ``run_events`` — one row per lifecycle message (``start`` / ``end``) as it came: labels and
-  the producer's version on start, status and divergence step on end. The ``runs`` view folds
-  them into one row per run (see :mod:`foreshock.storage.reader`).
+  the producer's version on start, status and divergence step on end; and one per ``action``
+  the trainer took about a warning (what, at which step, how it went: in ``body``). The
+  ``runs`` view folds them into one row per run (see :mod:`foreshock.storage.reader`).
 * ``steps`` — one row per (run, rank, monitoring step): seq, times, how many values, flags. The
   fleet page's "last step / last data" and the reconciliation of produced vs stored records
   read this small table, never the values.

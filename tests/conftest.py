@@ -73,6 +73,7 @@ def kafka_settings(broker: EmbeddedBroker, tmp_path, request) -> KafkaSettings:
         metrics_topic=f"t.{name}.metrics",
         warnings_topic=f"t.{name}.warnings",
         deadletter_topic=f"t.{name}.deadletter",
+        control_topic=f"t.{name}.control",
         partitions=3,
         spool_dir=str(tmp_path / "spool"),
     )

@@ -148,8 +148,8 @@ good_numbers = st.one_of(
 
 @st.composite
 def valid_messages(draw, kind: str | None = None, run_id: str | None = None) -> dict[str, Any]:
-    """A message the wire accepts (metrics, start or end)."""
-    kind = kind or draw(st.sampled_from(["metrics", "metrics", "start", "end"]))
+    """A message the wire accepts (metrics, start, end or action)."""
+    kind = kind or draw(st.sampled_from(["metrics", "metrics", "start", "end", "action"]))
     seq = draw(st.integers(0, MAX_INT))
     message: dict[str, Any] = {"kind": kind, "run_id": run_id or draw(run_ids), "seq": seq}
     if draw(st.booleans()):
@@ -162,6 +162,25 @@ def valid_messages(draw, kind: str | None = None, run_id: str | None = None) -> 
         message["values"] = draw(st.dictionaries(series_keys, good_numbers, max_size=6))
         if draw(st.booleans()):
             message["flags"] = draw(st.lists(st.text(max_size=8), max_size=3))
+    elif kind == "action":
+        message.update(
+            schema="foreshock.run/1",
+            step=draw(st.integers(0, MAX_INT)),
+            action=draw(st.sampled_from(["hold-lr", "stop", "None"])),
+            warning_id=draw(st.text(max_size=12)),
+            family=draw(st.sampled_from(["router", "optimizer", ""])),
+            applied=draw(st.booleans()),
+        )
+        for name, values in (
+            ("module", st.one_of(st.none(), st.text(max_size=8))),
+            ("dry_run", st.booleans()),
+            ("rolled_back_to", st.one_of(st.none(), st.integers(0, MAX_INT))),
+            ("error", st.one_of(st.none(), st.text(max_size=8))),
+            ("source", st.sampled_from(["policy", "approved"])),
+            ("request_id", st.one_of(st.none(), st.text(max_size=8))),
+        ):
+            if draw(st.booleans()):
+                message[name] = draw(values)
     elif kind == "start":
         message["schema"] = "foreshock.run/1"
         message["labels"] = draw(
@@ -196,6 +215,15 @@ FIELDS = [
     "world_size",
     "error",
     "producer",
+    "action",
+    "warning_id",
+    "family",
+    "applied",
+    "dry_run",
+    "rolled_back_to",
+    "source",
+    "request_id",
+    "detail",
 ]
 SCHEMAS = [
     "foreshock.metrics/2",
@@ -324,8 +352,8 @@ def _decode_or_reason(data: Any) -> dict[str, Any] | None:
     assert _finite_tree(message)
     for value in message["values"].values() if message["kind"] == "metrics" else ():
         assert value is None or (not isinstance(value, bool) and math.isfinite(float(value)))
-    ints = {"metrics": ("step",), "end": ("last_seq",), "start": ()}[message["kind"]]
-    for name in ("seq", "rank", *ints):
+    ints = {"metrics": ("step",), "end": ("last_seq",), "start": (), "action": ("step",)}
+    for name in ("seq", "rank", *ints[message["kind"]]):
         if name in message:
             assert 0 <= message[name] <= MAX_INT and not isinstance(message[name], bool)
     return message
@@ -366,7 +394,15 @@ def test_wire_validate_agrees_with_the_schema_file(message):
         or str(message.get("run_id")).endswith("\n")
         or any(
             isinstance(message.get(f), float)
-            for f in ("seq", "rank", "step", "last_seq", "world_size", "divergence_step")
+            for f in (
+                "seq",
+                "rank",
+                "step",
+                "last_seq",
+                "world_size",
+                "divergence_step",
+                "rolled_back_to",
+            )
         )
         or any(
             isinstance(v, int) and not isinstance(v, bool) and abs(v) > int(sys.float_info.max)

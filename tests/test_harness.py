@@ -114,6 +114,7 @@ def test_the_services_get_the_settings_through_their_environment():
         metrics_topic="case.metrics",
         warnings_topic="case.warnings",
         deadletter_topic="case.dead",
+        control_topic="case.control",
         partitions=3,
         spool_dir="/tmp/other",
     )

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 METRICS_SCHEMA = "foreshock.metrics/1"
-RUN_SCHEMA = "foreshock.run/1"  # run-lifecycle records: kind "start" / "end"
+RUN_SCHEMA = "foreshock.run/1"  # a run's own records: kind "start" / "end" / "action"
 _KEY = re.compile(r"^(?P<metric>[A-Za-z0-9_.]+)(?:@(?P<module>[^#@]*))?(?:#h(?P<head>\d+))?$")
 
 

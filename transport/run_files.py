@@ -1,4 +1,5 @@
-"""A run file: the start, metric records and end one run wrote (plain or gzipped JSON Lines).
+"""A run file: the start, metric records, actions and end one run wrote (plain or gzipped JSON
+Lines).
 
 Torch-free, and below every room that reads runs: the detectors replay them, the store imports
 them, the lab ships them (:mod:`foreshock.lab.recorded` lists the shipped ones). What
@@ -20,12 +21,15 @@ __all__ = ["RecordedRun", "load_run"]
 
 @dataclass
 class RecordedRun:
-    """A run's start labels, its metric records in step order, and its end record."""
+    """A run's start labels, its metric records in step order, its end record, and the
+    actions its trainer took (``action`` records, in step order: kept apart from the metric
+    records, which every reader takes for monitoring steps)."""
 
     path: Path
     start: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
@@ -76,7 +80,7 @@ def load_run(path: str | Path) -> RecordedRun:
     """Parse a run file; ValueError if it has no start record or a record is malformed (a
     step or attempt that is not an int in 0..2**63-1, values that are not an object)."""
     path = Path(path)
-    start, end, records = None, None, []
+    start, end, records, actions = None, None, [], []
     for number, line in enumerate(_lines(path), start=1):
         try:
             record = json.loads(line)
@@ -91,12 +95,15 @@ def load_run(path: str | Path) -> RecordedRun:
             start = record
         elif kind == "end":
             end = record
+        elif kind == "action":
+            actions.append(record)
         else:
             records.append(record)
     if start is None:
         raise ValueError(f"{path}: no start record; not a foreshock lab run")
     records.sort(key=lambda r: (r.get("attempt", 0), r["step"]))
-    return RecordedRun(path, start, records, end)
+    actions.sort(key=lambda r: (r.get("attempt", 0), r["step"]))
+    return RecordedRun(path, start, records, end, actions)
 
 
 def _check_record(record: dict, where: str) -> None:

@@ -6,6 +6,7 @@ Read, later sources winning, from: defaults; a TOML file (``--config PATH`` or
     [kafka]
     bootstrap_servers = "kafka-1:9092,kafka-2:9092"
     metrics_topic = "foreshock.metrics"
+    control_topic = "foreshock.control"
     partitions = 12
     replication_factor = 3
     retention_ms = 604800000          # 7 days
@@ -93,6 +94,8 @@ class KafkaSettings:
     metrics_topic: str = "foreshock.metrics"
     warnings_topic: str = "foreshock.warnings"
     deadletter_topic: str = "foreshock.deadletter"
+    # a person's requests to a running trainer (``foreshock warnings act``), keyed by run id
+    control_topic: str = "foreshock.control"
     partitions: int = 6
     replication_factor: int = 1
     retention_ms: int = 7 * 24 * 3600 * 1000

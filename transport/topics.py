@@ -25,7 +25,12 @@ class Topics:
 
 
 def topic_names(settings: KafkaSettings) -> list[str]:
-    return [settings.metrics_topic, settings.warnings_topic, settings.deadletter_topic]
+    return [
+        settings.metrics_topic,
+        settings.warnings_topic,
+        settings.deadletter_topic,
+        settings.control_topic,
+    ]
 
 
 def ensure_topics(

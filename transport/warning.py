@@ -85,7 +85,9 @@ class Direction(StrEnum):
 DETECTOR_EVENTS = (EventKind.OPENED, EventKind.UPDATED, EventKind.CLEARED)
 ACTIONS = (EventKind.ACKNOWLEDGED, EventKind.SILENCED)
 EVENTS = DETECTOR_EVENTS + ACTIONS
-RESOLVED_BY = ("statistic", "run ended", "superseded")
+# why a warning resolved (``cleared``'s ``evidence.resolved_by``): its statistic went back, its
+# run ended, a newer attempt took over, or the trainer acted on it (an ``action`` record)
+RESOLVED_BY = ("statistic", "run ended", "superseded", "action")
 
 _TEXT = ("id", "event", "run_id", "family")  # required strings
 _OPTIONAL_TEXT = ("module", "series", "direction", "role", "config_version")

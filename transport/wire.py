@@ -4,7 +4,7 @@ One Kafka message per (run, monitoring step), keyed by run id so that a run's me
 ordered in one partition. The value is a UTF-8 JSON object: a monitoring record (see
 :mod:`foreshock.transport.records`) or a run-lifecycle record, plus two wire fields:
 
-* ``kind``: ``start`` | ``metrics`` | ``end``;
+* ``kind``: ``start`` | ``metrics`` | ``action`` | ``end``;
 * ``seq``: the message's number in its stream, 0, 1, 2, … with no gaps — a stream is one
   producer's messages for one (run_id, rank, attempt), so a consumer sees a gap or a
   duplicate at once;
@@ -19,6 +19,17 @@ ordered in one partition. The value is a UTF-8 JSON object: a monitoring record 
 
 ``start`` carries ``labels`` and the producer's version; ``end`` carries ``status`` and
 ``last_seq`` (its own seq: storage knows a run is complete when it holds 0..last_seq).
+
+``action`` is what the trainer did about a warning (:func:`foreshock.producers.remedy.
+action_record`): ``step``, ``action`` (what), ``warning_id``, ``family``, ``applied``, and
+optionally ``module``, ``dry_run``, ``rolled_back_to``, ``error``, ``detail``, ``source``
+(``policy`` | ``approved``) and ``request_id`` (the ``foreshock warnings act`` request it
+answers). It travels in the run's stream, numbered like the rest, so that the detectors read
+it in order with the records around it: an applied action resolves the warning it names
+(``resolved_by: action``), and the store keeps it beside the run's start and end. Why in the
+stream and not on a topic of its own: a second topic would need its own ordering against the
+records, and a reader of v1 that knows no ``action`` only has to skip one more kind. (Adding
+a kind kept the version: every earlier message is still valid.)
 
 **Run ids** match :data:`RUN_ID_PATTERN`, ``[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}``: a letter
 or digit, then up to 199 letters, digits and ``. _ : @ + = -`` (ASCII only). No ``/``, ``\\``,
@@ -48,6 +59,7 @@ import re
 from typing import Any
 
 __all__ = [
+    "ACTION_SOURCES",
     "KINDS",
     "RUN_ID_PATTERN",
     "WIRE_VERSION",
@@ -60,8 +72,14 @@ __all__ = [
 ]
 
 WIRE_VERSION = 1
-KINDS = ("start", "metrics", "end")
-_SCHEMAS = {"start": "foreshock.run/1", "end": "foreshock.run/1", "metrics": "foreshock.metrics/1"}
+KINDS = ("start", "metrics", "end", "action")
+_SCHEMAS = {
+    "start": "foreshock.run/1",
+    "end": "foreshock.run/1",
+    "action": "foreshock.run/1",
+    "metrics": "foreshock.metrics/1",
+}
+ACTION_SOURCES = ("policy", "approved")  # the automatic path; a person's request
 MAX_MESSAGE_BYTES = 1_000_000  # Kafka's default message.max.bytes
 MAX_INT = 2**63 - 1  # seq, step, rank: the store keeps them as int64
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}"
@@ -167,6 +185,8 @@ def validate(message: Any) -> None:
             raise WireError("metrics: flags must be an array of strings")
         if not isinstance(message.get("error", ""), str):
             raise WireError("metrics: error must be a string")
+    elif kind == "action":
+        _check_action(message)
     elif kind == "end":
         _check_int(message, "last_seq")
         if message["last_seq"] != message["seq"]:
@@ -182,6 +202,31 @@ def validate(message: Any) -> None:
         if "producer" in message and not isinstance(message["producer"].get("foreshock"), str):
             raise WireError("start: producer.foreshock must be a string (the version)")
     _check_finite(message, skip="values" if kind == "metrics" else None)
+
+
+def _check_action(message: dict[str, Any]) -> None:
+    """An ``action`` record: what the detectors and ``warnings act --wait`` read of it has the
+    type they expect (a clearing decided on a string "false" would be wrong silently)."""
+    _check_int(message, "step")
+    for name in ("action", "warning_id", "family"):
+        if not isinstance(message.get(name), str):
+            raise WireError(f"action: {name} must be a string, got {_short(message.get(name))}")
+    for name, value in (
+        ("applied", message.get("applied")),
+        ("dry_run", message.get("dry_run", False)),
+    ):
+        if not isinstance(value, bool):
+            raise WireError(f"action: {name} must be true or false, got {_short(value)}")
+    for name in ("module", "error", "request_id"):
+        if message.get(name) is not None and not isinstance(message[name], str):
+            raise WireError(f"action: {name} must be a string or null, got {_short(message[name])}")
+    if message.get("rolled_back_to") is not None:
+        _check_int(message, "rolled_back_to")
+    if not isinstance(message.get("detail", {}), dict):
+        raise WireError("action: detail must be an object")
+    source = message.get("source", "policy")
+    if source not in ACTION_SOURCES:
+        raise WireError(f"action: source must be one of {ACTION_SOURCES}, got {_short(source)}")
 
 
 def _short(value: Any) -> str:

@@ -1,5 +1,6 @@
 """Run: the loss with its divergence, the mechanism monitors with warning markers, the lead
-time as a span, and each warning explained (family, module, false-alarm rate, evidence).
+time as a span, each warning explained (family, module, false-alarm rate, evidence), and what
+the trainer did about them (its actions: what, at which step, by its policy or approved).
 
 A run written per rank (``emit_ranks="all"``) has one series per rank: the page shows one rank
 at a time (a ``rank`` picker, the lowest first) with that rank's warnings marked, and lists
@@ -91,7 +92,49 @@ def _statistic_name(warning: dict) -> str:
     return STATISTIC_NAMES.get(detector, "its CUSUM statistic")
 
 
-def _warnings(warnings: list[dict]) -> None:
+def _outcome(action: dict) -> str:
+    """How an action went, in words."""
+    if action.get("error"):
+        return f"failed: {action['error']}"
+    if action.get("dry_run"):
+        return "dry run (nothing done)"
+    return "applied" if action.get("applied") else "not applied"
+
+
+def _action_line(action: dict) -> str:
+    """One action as HTML text: what, at which step, who decided, how it went."""
+    source = "approved by a person" if action.get("source") == "approved" else "by the policy"
+    back = action.get("rolled_back_to")
+    back = "" if back is None else f", rolled back to step {html_text(back)}"
+    return (
+        f"<b>Action:</b> {html_text(action.get('action'))} at step {html_text(action.get('step'))}"
+        f", {source}{back}: {html_text(_outcome(action))}"
+    )
+
+
+def _actions(actions: list[dict]) -> None:
+    """Every action the trainer took, as a table (its cells are plain text)."""
+    if not actions:
+        return
+    st.subheader("Actions")
+    rows = [
+        {
+            "step": a.get("step"),
+            "action": a.get("action"),
+            "warning": a.get("warning_id"),
+            "family": a.get("family"),
+            "module": a.get("module") or "run",
+            "source": a.get("source") or "policy",
+            "outcome": _outcome(a),
+            "rolled back to": a.get("rolled_back_to"),
+            "request": a.get("request_id"),
+        }
+        for a in actions
+    ]
+    st.dataframe(rows, hide_index=True)
+
+
+def _warnings(warnings: list[dict], actions: list[dict]) -> None:
     st.subheader("Warnings")
     if not warnings:
         st.write("No warning for this run.")
@@ -130,6 +173,8 @@ def _warnings(warnings: list[dict]) -> None:
                 st.markdown(
                     block(f"<b>What to check:</b> {html_text(check)}"), unsafe_allow_html=True
                 )
+            for action in (a for a in actions if a.get("warning_id") == w["id"]):
+                st.markdown(block(_action_line(action)), unsafe_allow_html=True)
             st.json(w["evidence"] or {}, expanded=False)  # a JSON viewer: its strings are text
 
 
@@ -192,7 +237,8 @@ def main() -> None:
         metric, family = data.MONITORS[label]
         figure = charts.monitor_figure(label, page["series"][metric], marked, family)
         grid[i % 2].plotly_chart(figure, width="stretch", key=f"m-{metric}")
-    _warnings(warnings)
+    _warnings(warnings, page.get("actions", []))
+    _actions(page.get("actions", []))
 
 
 main()
