@@ -119,7 +119,7 @@ class TrainerRemedies:
 
     # ---- the remedies -------------------------------------------------------------------
     def precise_attention(self, module: str | None) -> dict[str, str]:
-        from .integrations.hf_attention import switch_layer
+        from .integrations.hf_attention import check_switchable, switch_layer
 
         layers = self._attention_layers()
         names = list(layers) if module is None else [module]
@@ -127,6 +127,8 @@ class TrainerRemedies:
         if unknown or not names:
             known = ", ".join(sorted(layers)[:6]) or "none"
             raise KeyError(f"no attention layer {unknown or module!r} in this model ({known})")
+        for name in names:  # all or none
+            check_switchable(layers[name], self.precise)
         for name in names:
             self.switched[name] = switch_layer(layers[name], self.precise)
         return {n: self.switched[n] for n in names}

@@ -31,7 +31,7 @@ from foreshock.producers.max_logit import masked_max_logit
 from . import missing_extra
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PretrainedConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 except ImportError as exc:
     raise missing_extra(__name__, "transformers", "hf") from exc
@@ -39,7 +39,7 @@ except ImportError as exc:
 if TYPE_CHECKING:
     from foreshock.producers.monitor import Monitor
 
-__all__ = ["record_max_logit", "switch_layer"]
+__all__ = ["check_switchable", "record_max_logit", "switch_layer"]
 
 PREFIX = "foreshock+"
 _OBSERVER = "_foreshock_max_logit"  # attribute on a watched attention module: (monitor, name)
@@ -84,15 +84,9 @@ def switch_layer(layer: nn.Module, implementation: str) -> str:
     the common case: none). A layer on foreshock's ``max_logit`` wrapper keeps it
     (``foreshock+<implementation>``). Returns the layer's implementation now; raises for a
     layer that does not dispatch through the registry or an unknown implementation."""
-    config = getattr(layer, "config", None)
+    check_switchable(layer, implementation)
+    config: Any = layer.config  # a PretrainedConfig (checked)
     current = getattr(config, "_attn_implementation", None)
-    if config is None or not _uses_registry(layer):
-        raise TypeError(
-            f"{type(layer).__name__} does not call transformers' attention registry: its "
-            "implementation cannot be switched"
-        )
-    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
-        raise KeyError(f"no attention implementation {implementation!r} in transformers")
     target = implementation
     if isinstance(current, str) and current.startswith(PREFIX):
         target = PREFIX + implementation
@@ -103,6 +97,19 @@ def switch_layer(layer: nn.Module, implementation: str) -> str:
         own._attn_implementation_internal = target
         layer.config = own
     return target
+
+
+def check_switchable(layer: nn.Module, implementation: str) -> None:
+    """Raise, saying why, where :func:`switch_layer` cannot switch ``layer``: checked for
+    every layer before any switches, so a remedy never leaves a model half switched."""
+    config = getattr(layer, "config", None)
+    if not (isinstance(config, PretrainedConfig) and _uses_registry(layer)):
+        raise TypeError(
+            f"{type(layer).__name__} does not call transformers' attention registry: its "
+            "implementation cannot be switched"
+        )
+    if implementation != "eager" and implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise KeyError(f"no attention implementation {implementation!r} in transformers")
 
 
 def _pretrained_roots(model: nn.Module) -> list[nn.Module]:
