@@ -151,6 +151,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "remediation",
         "Remediation: lab runs with the default policy against no action",
     ),
+    "snapshot_cost": (
+        ["--quick"],
+        "snapshot_cost",
+        "What a rollback costs: snapshot memory and time",
+    ),
 }
 
 

@@ -32,6 +32,18 @@ import torch
 __all__ = ["SnapshotRing"]
 
 
+def _clone(state: Any) -> Any:
+    """A copy of a state tree whose tensors are cloned (``copy.deepcopy`` of an optimizer's
+    state takes ~25× the time of cloning its tensors); other leaves are copied."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: _clone(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_clone(v) for v in state)
+    return copy.deepcopy(state)
+
+
 def _nbytes(state: Any) -> int:
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
@@ -56,7 +68,7 @@ class SnapshotRing:
         if step % self.every:
             return False
         model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self._ring.append((step, model_state, copy.deepcopy(optimizer.state_dict())))
+        self._ring.append((step, model_state, _clone(optimizer.state_dict())))
         return True
 
     def restore_before(self, step: int, model: torch.nn.Module, optimizer: Any) -> int | None:
@@ -67,7 +79,7 @@ class SnapshotRing:
             return None
         taken, model_state, optimizer_state = older[-1]
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        optimizer.load_state_dict(_clone(optimizer_state))  # loading may alias its tensors
         while self._ring and self._ring[-1][0] > taken:  # the future it replaces is gone
             self._ring.pop()
         return taken
