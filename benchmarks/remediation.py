@@ -222,27 +222,33 @@ def _median_loss(runs: list[dict[str, Any]]) -> float | None:
 
 def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
     """Per scenario and policy: runs saved, actions, steps re-done; healthy: false actions."""
-    entropy, dropped = result["routes"]["token_entropy"], result["routes"]["dropped"]
     rows = [
         (
             "healthy band of final loss (shipped healthy runs)",
             f"{result['band'][0]:.3f}–{result['band'][1]:.3f}",
-        ),
-        (
-            "healthy routing at the end (shipped capacity-1 healthy runs)",
-            f"token entropy {entropy[0]:.3f}–{entropy[1]:.3f} nats; "
-            f"dropped {dropped[0]:.3f}–{dropped[1]:.3f}",
-        ),
+        )
     ]
+    if "routes" in result:  # results before router-collapse was judged have none
+        entropy, dropped = result["routes"]["token_entropy"], result["routes"]["dropped"]
+        rows.append(
+            (
+                "healthy routing at the end (shipped capacity-1 healthy runs)",
+                f"token entropy {entropy[0]:.3f}–{entropy[1]:.3f} nats; "
+                f"dropped {dropped[0]:.3f}–{dropped[1]:.3f}",
+            )
+        )
     for row in result["rows"]:
         if row["scenario"] in HEALTHY:
             value = f"{row['runs with an action']}/{row['runs']} runs with an action (false)"
         else:
             value = (
                 f"{row['diverged']}/{row['runs']} diverged; saved {row['saved']}; "
-                f"{row['actions']} actions; steps re-done {row['steps re-done (median)']}; "
-                f"{row['stopped']} stopped; steps trained {row['steps trained (median)']}"
+                f"{row['actions']} actions; steps re-done {row['steps re-done (median)']}"
             )
+            if "stopped" in row:
+                value += (
+                    f"; {row['stopped']} stopped; steps trained {row['steps trained (median)']}"
+                )
         rows.append((f"{row['scenario']}, policy {row['policy']}", value))
     return rows
 
