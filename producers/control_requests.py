@@ -39,6 +39,7 @@ __all__ = ["ControlRequests"]
 log = logging.getLogger("foreshock.producers.control")
 
 MAX_HELD = 1000  # requests held for runs this sink does not (yet) write; queued ones
+_PROBE = 2.0  # s: the longest a probe of the broker takes (``close`` waits for it to end)
 _GONE = {"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"}
 
 
@@ -106,8 +107,9 @@ class ControlRequests:
         self._held = held[-MAX_HELD:]
         return out
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the thread (it closes its consumer); never raises."""
+    def close(self, timeout: float = _PROBE + 1.0) -> None:
+        """Stop the thread (it closes its consumer; a probe under way ends first); never
+        raises. The thread is a daemon: one that outlives ``timeout`` keeps no process up."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread.is_alive():
@@ -140,7 +142,7 @@ class ControlRequests:
         from foreshock.transport.topics import ensure_topics
 
         name = self.settings.control_topic
-        topics = ensure_topics(self.settings, timeout=5.0, names=[name], quiet=True)
+        topics = ensure_topics(self.settings, timeout=_PROBE, names=[name], quiet=True)
         if not topics.partitions.get(name):
             raise _RebuildError(f"no topic {name}")
         config = {

@@ -232,3 +232,24 @@ def test_the_batch_builder_takes_an_action_whole():
     (row,) = builder.take()["run_events"].to_pylist()
     assert (row["kind"], row["seq"], row["status"]) == ("action", 3, None)
     assert json.loads(row["body"])["request_id"] == "q-1"
+
+
+@pytest.mark.slow
+def test_the_run_page_shows_what_was_done_beside_the_warning(tmp_path, monkeypatch):
+    from test_dashboard import _html, _page
+
+    path, _, step = _with_action(tmp_path)
+    with DeltaStore(tmp_path / "h") as store:
+        store_recorded_runs(store, [path], default_config())
+    app = _page("run", tmp_path / "h", monkeypatch, run=RUN)
+    line = f"<b>Action:</b> hold-lr at step {step}, approved by a person: applied"
+    assert line in _html(app)
+    assert "Actions" in [h.value for h in app.subheader]
+    (table,) = app.dataframe
+    row = table.value.iloc[0]
+    assert (row["action"], row["step"], row["source"], row["outcome"]) == (
+        "hold-lr",
+        step,
+        "approved",
+        "applied",
+    )

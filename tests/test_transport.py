@@ -42,6 +42,7 @@ def test_topics_are_created_once_with_the_configured_partitions(kafka_settings):
         kafka_settings.metrics_topic,
         kafka_settings.warnings_topic,
         kafka_settings.deadletter_topic,
+        kafka_settings.control_topic,
     }
 
 

@@ -1,0 +1,247 @@
+"""The control topic: ``foreshock warnings act`` asks a running trainer to act on a warning,
+the trainer's ``KafkaSink.poll_requests()`` hands the request over at a step boundary — never
+blocking, never raising, each request once, only its own runs', only those made after it
+started — and ``act --wait`` hears the trainer's answer (its ``action`` record)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from _kafka import service_env
+from test_notify import _closed_port, _event
+
+from foreshock.detectors import alerts, warnings_commands
+from foreshock.producers.control_requests import ControlRequests
+from foreshock.producers.kafka_sink import KafkaSink
+from foreshock.producers.remedy import Remediator, RemedyPolicy, action_record
+from foreshock.storage.rows import BatchBuilder
+from foreshock.storage.store import DeltaStore
+from foreshock.transport.control import ControlError, check_request, remedy_request
+from foreshock.transport.settings import KafkaSettings
+from foreshock.transport.topics import ensure_topics
+
+RUN = "r-act"
+
+
+def _cli(argv: list[str]) -> int:
+    """``foreshock warnings …`` as the CLI runs it (``--config`` is the CLI's own)."""
+    parser = argparse.ArgumentParser(prog="foreshock")
+    parser.add_argument("--config")
+    warnings_commands.add_warnings_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _store(tmp_path, *events: dict) -> list[str]:
+    """A store holding ``events``; the ``--store`` arguments that name it."""
+    builder = BatchBuilder()
+    for event in events:
+        builder.add_warning(event, time.time())
+    DeltaStore(tmp_path / "store").write(builder.take(), 1)
+    return ["--store", str(tmp_path / "store")]
+
+
+def _metrics(run_id: str, step: int) -> dict:
+    return {"schema": "foreshock.metrics/1", "run_id": run_id, "step": step, "values": {"x": 1.0}}
+
+
+def _until(get, timeout: float):
+    """``get()``'s first truthy value within ``timeout`` s, else the last one."""
+    deadline = time.monotonic() + timeout
+    while not (value := get()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+class _Trainer:
+    """The trainer's side of the remedies: what it was asked to do."""
+
+    def __init__(self) -> None:
+        self.held: list[float] = []
+
+    def hold_lr(self, scale: float) -> None:
+        self.held.append(scale)
+
+
+# ---------------------------------------------------------------- the request
+
+
+def test_a_request_says_what_to_do_and_a_bad_one_names_its_field():
+    warning = {**_event(RUN, "blocks.1.moe", 450), "evidence": {"recent": [[400, 1.0, 2.0]]}}
+    request = remedy_request(warning, "ana", "hold-lr", True, 0.5, now=10.0)
+    assert {k: request[k] for k in ("run_id", "warning_id", "family", "module", "step")} == {
+        "run_id": RUN,
+        "warning_id": warning["id"],
+        "family": "router",
+        "module": "blocks.1.moe",
+        "step": 450,
+    }
+    assert (request["action"], request["rollback"], request["lr_scale"]) == ("hold-lr", True, 0.5)
+    assert request["evidence"] == {"recent": [[400, 1.0, 2.0]]}
+    assert check_request(json.loads(json.dumps(request))) == request
+    for change, field in [
+        ({"action": "lower-lr"}, "unknown action"),
+        ({"lr_scale": 0.0}, "lr_scale"),
+        ({"lr_scale": 1.5}, "lr_scale"),
+        ({"rollback": "yes"}, "rollback"),
+        ({"run_id": "../x"}, "run_id"),
+        ({"request_id": ""}, "request_id"),
+        ({"step": -1}, "step"),
+        ({"evidence": {"recent": [["a"]]}}, "evidence"),
+        ({"schema": "foreshock.warning/1"}, "foreshock.control/1"),
+    ]:
+        with pytest.raises(ControlError, match=field):
+            check_request({**request, **change})
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--action", "lower-lr"], "invalid choice: 'lower-lr'"),
+        (["--lr-scale", "1.5"], "--lr-scale must be in (0, 1], got 1.5"),
+        (["--lr-scale", "0"], "--lr-scale must be in (0, 1], got 0"),
+        (["--wait", "-1"], "--wait must be in (0, 3600] s"),
+    ],
+    ids=["action", "scale-high", "scale-zero", "wait"],
+)
+def test_act_refuses_bad_arguments_with_a_reason(tmp_path, capsys, argv, said):
+    with pytest.raises(SystemExit) as exited:
+        _cli(["warnings", "act", "abc", *argv, "--store", str(tmp_path)])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_act_refuses_what_no_trainer_could_follow_before_sending_anything(tmp_path, capsys):
+    opened, done = _event(RUN, "blocks.1.moe", 450), _event(RUN, "blocks.2.moe", 500)
+    store = _store(tmp_path, opened, {**done, "event": "cleared", "cleared_step": 600})
+    scale = ["--action", "stop", "--lr-scale", "0.5"]
+    assert _cli(["warnings", "act", opened["id"], *scale, *store]) == 2
+    assert "--lr-scale is for hold-lr only" in capsys.readouterr().err
+    assert _cli(["warnings", "act", done["id"], *store]) == 1
+    assert "resolved already" in capsys.readouterr().err
+    assert _cli(["warnings", "act", "ffff", *store]) == 1
+    assert "no warning 'ffff'" in capsys.readouterr().err
+    assert _cli(["warnings", "act", "ffff", "--store", str(tmp_path / "none")]) == 2
+
+
+# ---------------------------------------------------------------- the trainer's side, alone
+
+
+def _raw(request: dict) -> SimpleNamespace:
+    """A consumed message as confluent-kafka gives it."""
+    value = json.dumps(request).encode()
+    return SimpleNamespace(error=lambda: None, value=lambda: value)
+
+
+def test_the_trainer_keeps_its_own_runs_requests_made_since_it_started_each_once():
+    runs = {"r1"}
+    control = ControlRequests(KafkaSettings(spool_dir="s"), 100.0, lambda: runs)
+    warning = _event("r1", "b.1", 450)
+    mine = remedy_request(warning, "ana", "hold-lr", now=150.0)
+    old = remedy_request(warning, "ana", "hold-lr", now=50.0)  # an earlier producer's
+    later = remedy_request(_event("r2", "b.1", 450), "bo", "stop", now=160.0)  # not yet mine
+    for request in (mine, old, mine, later):
+        control._take(_raw(request))
+    control._take(SimpleNamespace(error=lambda: None, value=lambda: b'{"kind": "x"}'))
+    assert (control.taken, control.invalid) == (2, 1)
+    assert control._mine() == [mine]
+    assert control._mine() == []
+    runs.add("r2")  # the sink starts writing r2: its request, held, is handed over
+    assert control._mine() == [later]
+
+
+@pytest.mark.slow
+def test_a_broker_that_is_down_never_blocks_nor_raises_into_training(tmp_path):
+    down = f"127.0.0.1:{_closed_port()}"
+    settings = KafkaSettings(bootstrap_servers=down, spool_dir=str(tmp_path / "spool"))
+    sink = KafkaSink(settings, probe_interval=0.2, close_timeout=0.5, confirm_group=None)
+    sink.write(_metrics(RUN, 0))
+    slowest = 0.0
+    for _ in range(50):
+        tick = time.perf_counter()
+        assert sink.poll_requests() == []
+        slowest = max(slowest, time.perf_counter() - tick)
+        time.sleep(0.02)
+    assert slowest < 0.05
+    tick = time.monotonic()
+    sink.close()
+    assert time.monotonic() - tick < 10
+    thread = sink._control._thread
+    assert thread is not None
+    thread.join(5)  # (close waits 3 s: a probe under way ends by then, but for a slow machine)
+    assert not thread.is_alive()
+    assert sink.poll_requests() == []  # after close: nothing, no new thread
+
+
+# ---------------------------------------------------------------- through the broker
+
+
+def test_act_reaches_the_running_trainer_and_hears_its_answer(
+    kafka_settings, tmp_path, monkeypatch, capsys
+):
+    """A KafkaSink in this process stands in for a running trainer: ``warnings act --wait``
+    publishes the request, ``poll_requests()`` hands it over once, the trainer applies it
+    (``Remediator.approve``) and writes the action record, and ``act`` prints the answer."""
+    for name, value in service_env(kafka_settings).items():
+        monkeypatch.setenv(name, value)
+    ensure_topics(kafka_settings)
+    warning, other = _event(RUN, "blocks.1.moe", 450), _event(RUN, "blocks.2.moe", 500)
+    store = _store(tmp_path, warning, other)
+    # before the trainer started: a request of an earlier attempt, and another run's
+    stale = remedy_request(warning, "ana", "stop")
+    alerts.publish(kafka_settings, stale, topic=kafka_settings.control_topic)
+    elsewhere = remedy_request(_event("r-other", "b.1", 5), "ana", "stop")
+    time.sleep(0.05)  # (the trainer starts after them, by the clocks too)
+
+    sink = KafkaSink(kafka_settings, close_timeout=5.0, confirm_group=None)
+    trainer = _Trainer()
+    remediator = Remediator(RemedyPolicy(), trainer)
+    try:
+        sink.write(_metrics(RUN, 0))
+        assert sink.poll_requests() == []  # starts the control thread
+        alerts.publish(kafka_settings, elsewhere, topic=kafka_settings.control_topic)
+        codes: list[int] = []
+        argv = ["warnings", "act", warning["id"][:8], "--action", "hold-lr", "--lr-scale"]
+        argv += ["0.25", "--by", "ana", "--wait", "20", *store]
+        acting = threading.Thread(target=lambda: codes.append(_cli(argv)))
+        tick = time.monotonic()
+        acting.start()
+        requests = _until(sink.poll_requests, 15)
+        assert len(requests) == 1, requests
+        (request,) = requests
+        handed = time.monotonic() - tick
+        assert (request["warning_id"], request["action"], request["lr_scale"]) == (
+            warning["id"],
+            "hold-lr",
+            0.25,
+        )
+        assert (request["by"], request["run_id"], request["step"]) == ("ana", RUN, 450)
+        action = remediator.approve(470, request)
+        assert action is not None and action.applied and trainer.held == [0.25]
+        sink.write(action_record(RUN, 0, action))
+        acting.join(25)
+        assert codes == [0]
+        out = capsys.readouterr().out
+        assert f"request {request['request_id']}" in out
+        assert "acknowledged: hold-lr at step 470, applied" in out
+        answer = json.loads(out.strip().splitlines()[-1])
+        assert (answer["kind"], answer["request_id"], answer["source"]) == (
+            "action",
+            request["request_id"],
+            "approved",
+        )
+        assert remediator.approve(480, request) is None  # a request seen twice: applied once
+        # nobody answers this one: act says so, with its own exit code
+        argv = ["warnings", "act", other["id"], "--action", "stop", "--wait", "1.5", *store]
+        assert _cli(argv) == 3
+        assert "no answer from the trainer within 1.5 s" in capsys.readouterr().err
+        late = _until(sink.poll_requests, 10)
+        assert [r["warning_id"] for r in late] == [other["id"]]
+        assert sink.poll_requests() == []  # each once; never the stale nor the other run's
+    finally:
+        sink.close()
+    assert handed < 15
