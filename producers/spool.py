@@ -47,8 +47,8 @@ class SpooledMessage(NamedTuple):
 
 
 def is_lifecycle(message: SpooledMessage) -> bool:
-    """A run's ``start`` or ``end`` (small, and what proves a run ended), judged without
-    decoding: a full memory buffer still keeps these.
+    """A run's ``start``, ``end`` or ``action`` (small; what proves a run ended, what resolves
+    a warning), judged without decoding: a full memory buffer still keeps these.
 
     >>> is_lifecycle(SpooledMessage("t", b"r", b'{"schema":"foreshock.run/1","kind":"end"}'))
     True
