@@ -245,3 +245,67 @@ def test_act_reaches_the_running_trainer_and_hears_its_answer(
     finally:
         sink.close()
     assert handed < 15
+
+
+@pytest.mark.slow
+def test_act_reaches_a_training_loop_through_the_product_runner(
+    kafka_settings, tmp_path, monkeypatch
+):
+    """End to end, nothing stood in: a plain training loop (the lab's tiny GPT-MoE, the
+    Monitor on a KafkaSink, :class:`~foreshock.producers.remediation.Remediation`) trains in a
+    thread; ``warnings act --action hold-lr --lr-scale 0.25 --wait`` reaches it through the
+    broker, the runner applies it at a step boundary (every group's learning rate held at a
+    quarter), writes the acknowledgement, and the loop trains on."""
+    import torch
+
+    from foreshock.lab.arch import build
+    from foreshock.lab.model import GPTConfig
+    from foreshock.producers.monitor import Monitor, MonitorConfig
+    from foreshock.producers.remediation import Remediation
+
+    for name, value in service_env(kafka_settings).items():
+        monkeypatch.setenv(name, value)
+    ensure_topics(kafka_settings)
+    run = "r-act-loop"
+    warning = _event(run, "h.1.mlp.gate", 40)
+    store = _store(tmp_path, warning)
+    torch.manual_seed(0)
+    lab = build("gpt-moe", GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, n_experts=4))
+    optimizer = torch.optim.AdamW(lab.model.parameters(), lr=1e-3)
+    sink = KafkaSink(kafka_settings, close_timeout=5.0, confirm_group=None)
+    monitor = Monitor(lab.model, sink, run_id=run, config=MonitorConfig(every=10))
+    remediation = Remediation.for_monitor(RemedyPolicy(), monitor, optimizer, warnings=None)
+    assert remediation is not None
+    done, steps = threading.Event(), []
+
+    def train() -> None:
+        x = torch.randint(0, 256, (4, 16))
+        for step in range(100_000):
+            if done.is_set():
+                break
+            remediation.before_step(step)
+            loss = lab.loss(x, x.roll(-1, 1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            remediation.after_step(step, monitor.step(step, loss=loss))
+            steps.append(step)
+            time.sleep(0.01)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        argv = ["warnings", "act", warning["id"], "--action", "hold-lr", "--lr-scale", "0.25"]
+        code = _cli([*argv, "--by", "ana", "--wait", "30", *store])
+        applied_by = len(steps)
+        assert code == 0
+        (action,) = remediation.actions
+        assert (action.kind, action.source, action.applied) == ("hold-lr", "approved", True)
+        _until(lambda: len(steps) > applied_by + 5, 10)  # the loop trains on
+        assert all(abs(g["lr"] - 0.25e-3) < 1e-12 for g in optimizer.param_groups)
+    finally:
+        done.set()
+        trainer.join(10)
+        remediation.close()
+        monitor.close()
+    assert len(steps) > applied_by + 5
