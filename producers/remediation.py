@@ -20,9 +20,14 @@ In a plain loop (the detectors run in the process on the Monitor's records)::
         if remediation.after_step(step, monitor.step(step, loss=loss)):
             break  # the policy stopped the run
 
-Single process only for now: under torch.distributed with more than one rank the decisions
-would be taken on the writing rank alone and the ranks' models would part, so remediation is
-turned off there (logged).
+Under torch.distributed with more than one rank, rank 0 decides and every rank applies the
+same actions at the boundary after each monitoring step (:mod:`.remedy_ranks`): build the
+runner on every rank. Only rank 0 writes the action records and polls the approved requests.
+
+An applied action also resolves its warning in the detectors run in the process (``feed``,
+:meth:`~.integrations.trackers.TrackerFeed.note`), as the service's detectors do on the action
+record: the trackers' open count drops at once, and the cleared event is in ``updates`` for a
+callback to report.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .remedy import Action, Remediator, RemedyPolicy, action_record, policy_summary
+from .remedy import Action, Decision, Remediator, RemedyPolicy, action_record, policy_summary
+from .remedy_ranks import RemedyRanks
 from .snapshots import SnapshotRing
 from .trainer_remedies import PRECISE, TrainerRemedies
 
@@ -74,8 +80,10 @@ class Remediation:
 
     write:    where an action's record goes (the run's sink; None: not written)
     requests: a person's approved requests (``sink.poll_requests``; None: none)
-    feed:     the detectors run in the process, for :meth:`after_step` (a plain loop; the
-              callbacks have their own and call :meth:`at_boundary` with its events)
+    feed:     the detectors run in the process: :meth:`after_step` feeds them the records (a
+              plain loop; the callbacks feed theirs and call :meth:`at_boundary` with its
+              events), and an applied action resolves its warning there
+    ranks:    under torch.distributed, this rank's part in acting together (None: alone)
     """
 
     def __init__(
@@ -88,12 +96,16 @@ class Remediation:
         write: Callable[[dict[str, Any]], None] | None = None,
         requests: Requests | None = None,
         feed: TrackerFeed | None = None,
+        ranks: RemedyRanks | None = None,
     ) -> None:
         self.policy, self.remedies = policy, remedies
         self.remediator = Remediator(policy, remedies)
         self.run_id, self.rank = run_id or "", rank
         self.write, self.requests, self.feed = write, requests, feed
+        self.ranks = ranks
+        self.off = False  # a failed collective: this rank no longer acts (see remedy_ranks)
         self.errors = 0
+        self.updates: list[TrackerUpdate] = []  # resolved warnings, for the trackers
 
     @classmethod
     def for_monitor(
@@ -109,15 +121,17 @@ class Remediation:
         precise: str = PRECISE,
         snapshot_every: int = 100,
         snapshots: int = 3,
+        feed: TrackerFeed | None = None,
     ) -> Remediation | None:
         """The runner for a monitored run: its actions written to the Monitor's sink,
         requests polled from it; ``warnings`` (True: the shipped profiles, or a detector
-        config; None: the caller feeds the events) run the detectors for :meth:`after_step`.
-        None (logged) where it cannot act: more than one rank, or a failure to build."""
+        config; None: the caller feeds the events) run the detectors for :meth:`after_step`,
+        unless ``feed`` gives the caller's own (where applied actions resolve their warnings).
+        Under torch.distributed with more than one rank, call it on every rank: the ranks
+        join once (:meth:`~.remedy_ranks.RemedyRanks.join`). None (logged) where it cannot
+        act: a failure to build, or ranks that cannot act together."""
+        runner = None
         try:
-            if monitor.world_size > 1:
-                log.warning("foreshock remedy: off, it acts in a single process only for now")
-                return None
             ring = SnapshotRing(snapshots, snapshot_every) if policy.rollback else None
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
@@ -128,18 +142,25 @@ class Remediation:
                 snapshots=ring,
             )
             sink = monitor.sink
-            return cls(
+            runner = cls(
                 policy,
                 remedies,
                 run_id=monitor.run_id,
                 rank=monitor.rank,
                 write=sink.write if monitor.active else None,
                 requests=getattr(sink, "poll_requests", None),
-                feed=_feed(warnings, monitor.run_id, labels),
+                feed=feed if feed is not None else _feed(warnings, monitor.run_id, labels),
             )
         except Exception:
             log.warning("foreshock remedy: off, it could not be set up", exc_info=True)
-            return None
+        if monitor.world_size > 1:  # every rank joins, built or not: none waits in vain
+            ranks = RemedyRanks.join(monitor, ready=runner is not None)
+            if ranks is None or runner is None:
+                return None
+            runner.ranks = ranks
+            if not ranks.decides:  # the decider writes the action records, polls requests
+                runner.write, runner.requests = None, None
+        return runner
 
     @property
     def stopped(self) -> bool:
@@ -151,6 +172,8 @@ class Remediation:
 
     def before_step(self, step: int) -> None:
         """Before training step ``step`` (the optimizer update's 0-based index)."""
+        if self.off:
+            return
         try:
             self.remedies.before_step(step)
         except Exception:
@@ -168,14 +191,34 @@ class Remediation:
 
     def at_boundary(self, step: int, events: Iterable[RunWarning] = ()) -> list[Action]:
         """Before training step ``step``: act on the warnings that opened, then on the
-        approved requests; each action written as an ``action`` record."""
+        approved requests; each action written as an ``action`` record. Under
+        torch.distributed: at the boundaries after monitoring steps only, on every rank,
+        with rank 0's decisions (:mod:`.remedy_ranks`)."""
+        ranks = self.ranks
+        if self.off or (ranks is not None and not ranks.due(step)):
+            return []
+        decided: list[Decision] = []
         try:
             self.remedies.step = step
-            taken = self.remediator.act(step, list(events))
-            taken += self._approved(step)
+            if ranks is None or ranks.decides:
+                decided = self._decide(step, events)
         except Exception:
             self._failed("acting at step %d failed", step)
-            return []
+            if ranks is None:
+                return []
+        if ranks is not None:
+            try:
+                decided = ranks.share(decided)
+            except Exception:
+                self.off = True
+                self._failed("sharing the decisions at step %d failed: off on this rank", step)
+                return []
+        taken = []
+        for decision in decided:
+            try:
+                taken.append(self.remediator.apply(decision))
+            except Exception:
+                self._failed("applying a decision at step %d failed", step)
         for action in taken:
             self._report(action)
         return taken
@@ -203,7 +246,16 @@ class Remediation:
             self._failed("closing the remedies failed")
 
     # ---- internals ----------------------------------------------------------------------
-    def _approved(self, step: int) -> list[Action]:
+    def _decide(self, step: int, events: Iterable[RunWarning]) -> list[Decision]:
+        """The policy's decisions for the warnings that opened, then the approved requests'."""
+        decided = self.remediator.decide(step, list(events))
+        for request in self._requests():
+            decision = self.remediator.decide_request(step, request, decided)
+            if decision is not None:
+                decided.append(decision)
+        return decided
+
+    def _requests(self) -> list[Mapping[str, Any]]:
         """The approved requests for this run the sink holds now (non-blocking)."""
         if self.requests is None:
             return []
@@ -212,24 +264,25 @@ class Remediation:
         except Exception:
             self._failed("polling the approved requests failed")
             return []
-        taken = []
-        for request in requests:
-            if not isinstance(request, Mapping):
-                continue
-            if request.get("run_id") not in (None, "", self.run_id):
-                continue  # another run's
-            action = self.remediator.approve(step, request)
-            if action is not None:
-                taken.append(action)
-        return taken
+        return [
+            r
+            for r in requests
+            if isinstance(r, Mapping) and r.get("run_id") in (None, "", self.run_id)
+        ]  # not another run's
 
     def _report(self, action: Action) -> None:
-        if self.write is None:
-            return
-        try:
-            self.write(action_record(self.run_id, self.rank, action))
-        except Exception:
-            self._failed("writing the %s action record failed", action.kind)
+        """The action record written (where this rank writes); an applied action resolves
+        its warning in the in-process detectors too (``feed``)."""
+        record = action_record(self.run_id, self.rank, action)
+        if self.write is not None:
+            try:
+                self.write(record)
+            except Exception:
+                self._failed("writing the %s action record failed", action.kind)
+        if self.feed is not None and action.applied and not action.dry_run:
+            update = self.feed.note(record)
+            if update is not None:
+                self.updates.append(update)
 
     def _failed(self, what: str, *args: Any) -> None:
         self.errors += 1
@@ -250,10 +303,17 @@ class RemedyHooks:
     """What a framework callback keeps of the remediation (``remedy=``): the runner, built
     at the first step boundary (when the trainer's optimizer exists), once; never raises.
     Its settings (``precise``, ``snapshot_every``, ``snapshots``) may be changed until then:
-    ``callback.remedy.precise = "eager"``."""
+    ``callback.remedy.precise = "eager"``. ``feed``: the callback's in-process detectors,
+    where an applied action resolves its warning (:meth:`take_updates` for the trackers)."""
 
-    def __init__(self, remedy: RemedyPolicy | str | os.PathLike[str] | None, warnings: Any):
+    def __init__(
+        self,
+        remedy: RemedyPolicy | str | os.PathLike[str] | None,
+        warnings: Any,
+        feed: TrackerFeed | None = None,
+    ):
         self.policy = check_remedy(remedy, warnings)
+        self.feed = feed
         self.runner: Remediation | None = None
         self.precise, self.snapshot_every, self.snapshots = PRECISE, 100, 3
         self._tried = False
@@ -268,6 +328,8 @@ class RemedyHooks:
                 optimizer, scheduler, model = setup()
             except Exception:
                 log.warning("foreshock remedy: off, no optimizer found", exc_info=True)
+                if monitor.world_size > 1:  # say so to the peers: none waits for this rank
+                    RemedyRanks.join(monitor, ready=False)
                 return
             self.runner = Remediation.for_monitor(
                 self.policy,
@@ -279,6 +341,7 @@ class RemedyHooks:
                 precise=self.precise,
                 snapshot_every=self.snapshot_every,
                 snapshots=self.snapshots,
+                feed=self.feed,
             )
         if self.runner is not None:
             self.runner.before_step(step)
@@ -290,6 +353,15 @@ class RemedyHooks:
             return False
         self.runner.at_boundary(step, update.events if update is not None else ())
         return self.runner.stopped
+
+    def take_updates(self) -> list[TrackerUpdate]:
+        """What the trackers get of the warnings the actions resolved since the last call
+        (the cleared events, the open counts): the callback reports them after
+        :meth:`at_boundary`."""
+        if self.runner is None:
+            return []
+        updates, self.runner.updates = self.runner.updates, []
+        return updates
 
     def finish(self, status: str) -> tuple[str, dict[str, Any]]:
         """The end record's status (``stopped`` where the policy stopped it) and fields."""

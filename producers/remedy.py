@@ -46,7 +46,7 @@ import json
 import logging
 import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,9 @@ class Action:
         return asdict(self)
 
 
+Decision = dict[str, Any]  # what a Remediator decided, in plain values (``Remediator.decide``)
+
+
 def action_record(run_id: str, rank: int, action: Action) -> dict[str, Any]:
     """The wire record a trainer writes for an action it took (or failed to take): kind
     ``action``, its step, ``action`` (what), the warning it answers, and how it went. The
@@ -150,22 +153,19 @@ class Remediator:
     """``act(step, warnings)`` at a step boundary: the actions the policy takes for the
     warnings that opened; never raises. ``remedies`` is the trainer's side: any of
     ``precise_attention(module)``, ``hold_lr(scale)``, ``scale_router_lr(scale)``, ``stop()``,
-    ``rollback(step)``; a method it lacks is an action it cannot take (reported as such)."""
+    ``rollback(step)``; a method it lacks is an action it cannot take (reported as such).
+
+    Deciding and applying are apart (``decide``/``decide_request``, then ``apply``): under
+    torch.distributed one rank decides and every rank applies the same decisions
+    (:mod:`.remedy_ranks`), so a decision is a small dict of plain values that travels.
+    ``act`` and ``approve`` are both at once, for a single process."""
 
     def __init__(self, policy: RemedyPolicy, remedies: Any) -> None:
         self.policy, self.remedies = policy, remedies
         self.actions: list[Action] = []
 
     def act(self, step: int, warnings: Iterable[RunWarning]) -> list[Action]:
-        taken = []
-        for warning in warnings:
-            kind = self._kind_for(warning)
-            if kind is None or not self._allowed(step):
-                continue
-            action = self._apply(kind, warning, step)
-            self.actions.append(action)
-            taken.append(action)
-        return taken
+        return [self.apply(decision) for decision in self.decide(step, warnings)]
 
     def approve(self, step: int, request: Mapping[str, Any]) -> Action | None:
         """Apply a person's request (``foreshock warnings act``) at this step boundary; never
@@ -173,65 +173,120 @@ class Remediator:
         optionally ``action`` (else the policy's for the family), ``rollback`` and
         ``lr_scale`` (else the policy's). Approved means decided: no backoff, no count limit;
         a request seen twice (its ``request_id``) is applied once (None the second time)."""
+        decision = self.decide_request(step, request)
+        return None if decision is None else self.apply(decision)
+
+    def decide(
+        self, step: int, warnings: Iterable[RunWarning], pending: Sequence[Decision] = ()
+    ) -> list[Decision]:
+        """What ``act`` would do for ``warnings``, nothing done yet: the bounds count the
+        actions taken and the ``pending`` decisions of this boundary."""
+        decided: list[Decision] = []
+        for warning in warnings:
+            kind = self._kind_for(warning)
+            if kind is not None and self._allowed(step, [*pending, *decided]):
+                decided.append(self._decision(kind, warning, step, self.policy))
+        return decided
+
+    def decide_request(
+        self, step: int, request: Mapping[str, Any], pending: Sequence[Decision] = ()
+    ) -> Decision | None:
+        """What ``approve`` would do for ``request`` (None: seen already, applied or among the
+        ``pending`` decisions of this boundary)."""
         request_id = str(request.get("request_id") or "")
-        if request_id and any(a.request_id == request_id for a in self.actions):
+        seen = {a.request_id for a in self.actions} | {d["request_id"] for d in pending}
+        if request_id and request_id in seen:
             return None
         family = str(request.get("family") or "")
         kind = request.get("action") or self.policy.actions.get(family)
         warning = _requested(request, family, step)
         if kind not in ACTIONS:
-            action = Action(str(kind), warning.id, family, warning.module, step, False)
-            action.error = f"no action for {family!r}: give one of {list(ACTIONS)}"
+            decision = self._decision(str(kind), warning, step, self.policy)
+            decision["error"] = f"no action for {family!r}: give one of {list(ACTIONS)}"
         else:
             overrides = {
                 k: request[k] for k in ("rollback", "lr_scale") if request.get(k) is not None
             }
-            saved, self.policy = self.policy, replace(self.policy, **overrides)
-            try:
-                action = self._apply(str(kind), warning, step)
-            finally:
-                self.policy = saved
-        action.source, action.request_id = "approved", request_id or None
+            decision = self._decision(str(kind), warning, step, replace(self.policy, **overrides))
+        decision["source"], decision["request_id"] = "approved", request_id or None
+        return decision
+
+    def apply(self, decision: Decision) -> Action:
+        """Do what ``decision`` says (kept in ``actions``); never raises: a remedy that fails
+        is the action's error, and training goes on."""
+        d = decision
+        action = Action(
+            d["kind"], d["warning_id"], d["family"], d["module"], d["step"], False,
+            source=d["source"], request_id=d["request_id"],
+        )  # fmt: skip
         self.actions.append(action)
+        if d["error"] is not None:
+            action.error = d["error"]
+            return action
+        if d["dry_run"]:
+            action.dry_run = True
+            log.warning("foreshock remedy (dry run): would %s for %s", d["kind"], d["warning_id"])
+            return action
+        try:
+            if d["rollback_before"] is not None:
+                action.rolled_back_to = self._call("rollback", d["rollback_before"])
+            result = self._do(d)
+            if result is not None:  # what the trainer did (the held lr, the layers switched)
+                action.detail["result"] = result
+            action.applied = True
+            log.warning(
+                "foreshock remedy: %s at step %d for %s", d["kind"], d["step"], d["warning_id"]
+            )
+        except Exception as exc:  # a remedy that fails never stops training
+            action.error = repr(exc)[:500]
+            log.warning("foreshock remedy: %s failed: %r", d["kind"], exc)
         return action
 
     def _kind_for(self, warning: RunWarning) -> str | None:
         cause = cause_of(warning)
         return None if cause is None else self.policy.actions.get(cause)
 
-    def _allowed(self, step: int) -> bool:
-        if len(self.actions) >= self.policy.max_actions:
+    def _allowed(self, step: int, pending: list[Decision]) -> bool:
+        if len(self.actions) + len(pending) >= self.policy.max_actions:
             return False
-        return not self.actions or step - self.actions[-1].step >= self.policy.backoff_steps
+        last = pending[-1]["step"] if pending else self.actions[-1].step if self.actions else None
+        return last is None or step - last >= self.policy.backoff_steps
 
-    def _apply(self, kind: str, warning: RunWarning, step: int) -> Action:
-        action = Action(kind, warning.id, warning.family, warning.module, step, False)
-        if self.policy.dry_run:
-            action.dry_run = True
-            log.warning("foreshock remedy (dry run): would %s for %s", kind, warning.id)
-            return action
-        try:
-            if self.policy.rollback:
-                action.rolled_back_to = self._call("rollback", _first_evidence(warning))
-            result = self._remedy(kind, warning)
-            if result is not None:  # what the trainer did (the held lr, the layers switched)
-                action.detail["result"] = result
-            action.applied = True
-            log.warning("foreshock remedy: %s at step %d for %s", kind, step, warning.id)
-        except Exception as exc:  # a remedy that fails never stops training
-            action.error = repr(exc)[:500]
-            log.warning("foreshock remedy: %s failed: %r", kind, exc)
-        return action
+    @staticmethod
+    def _decision(kind: str, warning: RunWarning, step: int, policy: RemedyPolicy) -> Decision:
+        """A decision in plain values (it may travel between ranks): the action, the warning
+        it answers, and what the remedy is given (``target``: the layer to switch, None for
+        every one; ``scale``; ``rollback_before``: the step a snapshot must be older than)."""
+        scale = {"hold-lr": policy.lr_scale, "scale-router-lr": policy.router_lr_scale}
+        target = warning.module if policy.attention_scope == "module" else None
+        return {
+            "kind": kind,
+            "warning_id": warning.id,
+            "family": warning.family,
+            "module": warning.module,
+            "step": int(step),
+            "target": target,
+            "scale": float(scale.get(kind, 1.0)),
+            "rollback_before": _first_evidence(warning) if policy.rollback else None,
+            "dry_run": bool(policy.dry_run),
+            "source": "policy",
+            "request_id": None,
+            "error": None,
+        }
 
     def _remedy(self, kind: str, warning: RunWarning) -> Any:
-        p = self.policy
+        """The remedy for ``kind`` under the policy, asked of the trainer now (no rollback,
+        no action kept): the lab's loss trigger applies its fix this way."""
+        return self._do(self._decision(kind, warning, 0, self.policy))
+
+    def _do(self, decision: Decision) -> Any:
+        kind = decision["kind"]
         if kind == "precise-attention":
-            module = None if p.attention_scope == "all" else warning.module
-            return self._call("precise_attention", module)
+            return self._call("precise_attention", decision["target"])
         if kind == "hold-lr":
-            return self._call("hold_lr", p.lr_scale)
+            return self._call("hold_lr", decision["scale"])
         if kind == "scale-router-lr":
-            return self._call("scale_router_lr", p.router_lr_scale)
+            return self._call("scale_router_lr", decision["scale"])
         return self._call("stop")
 
     def _call(self, method: str, *args: Any) -> Any:

@@ -157,11 +157,11 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         # here, not above: it imports torch, and a missing extra must fail on the framework
         from foreshock.producers.remediation import RemedyHooks
 
-        self.remedy = RemedyHooks(remedy, warnings)
+        self.feed = TrackerFeed(warnings)
+        self.remedy = RemedyHooks(remedy, warnings, self.feed)
         self._max_logit = max_logit
         config = make_config(config, config_options)
         self.run = MonitoredRun(sink, run_id, config, labels, "transformers", divergence)
-        self.feed = TrackerFeed(warnings)
         self._trackers = trackers
         self._handler: Any = None  # the Trainer's CallbackHandler
         self._pending: TrackerUpdate | None = None  # measured, not yet written to the trackers
@@ -236,6 +236,9 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         self._report(args, state, control, kwargs)
         if self.remedy.at_boundary(state.global_step, update):  # acts before the next update
             control.should_training_stop = True
+        for resolved in self.remedy.take_updates():  # the warnings its actions resolved
+            self._pending = resolved
+            self._report(args, state, control, kwargs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._pending = None  # on_step_end wrote it; the loggers may be closed by now

@@ -129,11 +129,11 @@ class _ForeshockHooks(RunAccess):
         # here, not above: it imports torch, and a missing extra must fail on the framework
         from foreshock.producers.remediation import RemedyHooks
 
-        self.remedy = RemedyHooks(remedy, warnings)
+        self.feed = TrackerFeed(warnings)
+        self.remedy = RemedyHooks(remedy, warnings, self.feed)
         config = make_config(config, config_options)
         self.run = MonitoredRun(sink, run_id, config, labels, "lightning", divergence)
         self.loss_key = loss_key
-        self.feed = TrackerFeed(warnings)
         self._trackers = trackers
         self._failed_trackers: set[str] = set()
         self._step_before: int | None = None
@@ -202,6 +202,9 @@ class _ForeshockHooks(RunAccess):
             self._report(trainer, update)
         if self.remedy.at_boundary(step, update):  # the scheduler has stepped: a boundary
             trainer.should_stop = True
+        for resolved in self.remedy.take_updates():  # the warnings its actions resolved
+            if self._trackers:
+                self._report(trainer, resolved)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         status, fields = self.remedy.finish("finished")

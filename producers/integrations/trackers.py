@@ -209,6 +209,26 @@ class TrackerFeed:
             self._count(update)
         return update
 
+    def note(self, record: Mapping[str, Any]) -> TrackerUpdate | None:
+        """A record of the run that is not a monitoring one — an ``action`` record the trainer
+        wrote — read by the detectors as the service reads it: an applied action resolves
+        the open warning it names (``resolved_by: action``), so the open count drops now
+        rather than when the statistic falls back, if ever. The cleared event and the open
+        counts as an update at the record's step; None where it changed nothing. Never
+        raises (a failure is logged; the detectors keep running)."""
+        if self.detector is None:
+            return None
+        try:
+            update = TrackerUpdate(int(record["step"]), {})
+            update.events = self.detector.update(dict(record))
+        except Exception:
+            log.warning("foreshock: the detectors could not read a record", exc_info=True)
+            return None
+        if not update.events:
+            return None
+        self._count(update)
+        return update
+
     def _count(self, update: TrackerUpdate) -> None:
         opened: dict[str, int] = {}
         leads: dict[str, int] = {}
