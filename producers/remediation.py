@@ -1,11 +1,11 @@
 """The runner of a remedy policy at a training loop's step boundaries, shared by the Hugging
 Face and Lightning callbacks (``remedy=``) and a plain loop.
 
-It takes the snapshots before a step when the policy rolls back, gives the warnings that
-opened to ``Remediator.act`` and a person's approved requests (a sink with a non-blocking
-``poll_requests()``, e.g. ``KafkaSink``) to ``Remediator.approve`` at the boundary after an
-update, and writes each action to the run's sink as an ``action`` record
-(:func:`~.remedy.action_record`). The remedies themselves are
+It takes the snapshots before a step when the policy rolls back, has the
+:class:`~.remedy.Remediator` decide on the warnings that opened and on a person's approved
+requests (a sink with a non-blocking ``poll_requests()``, e.g. ``KafkaSink``) at the boundary
+after an update, applies the decisions, and writes each action to the run's sink as an
+``action`` record (:func:`~.remedy.action_record`). The remedies themselves are
 :class:`~.trainer_remedies.TrainerRemedies`. Why here and not in each callback: a framework
 only says where the boundary is; what happens there is the same everywhere. It never raises
 into the training loop: a failure is logged and counted (``errors``), and a remedy that fails

@@ -132,6 +132,7 @@ def worker(out_dir: Path) -> None:
             "errors": remediation.errors,
             "monitor_errors": monitor.errors,
             "writes": remediation.write is not None,
+            "dtensors": sum(hasattr(p, "to_local") for p in model.parameters()),
         }
         (out_dir / f"status-{rank}.json").write_text(json.dumps(status))
         dist.barrier()  # no rank tears gloo down while its peer still talks to it
@@ -176,6 +177,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_every_rank_applies_rank_zeros_actions_at_the_same_step(tmp_path: Path) -> None:
     zero, one = launch(tmp_path)
+    assert zero["dtensors"] > 0 and one["dtensors"] > 0  # really sharded by FSDP2
 
     # the same actions, at the same boundaries, on both ranks
     kinds = [(a["kind"], a["step"], a["source"], a["applied"]) for a in zero["actions"]]
