@@ -25,7 +25,8 @@ foreshock's own records. The keys (``foreshock/`` first, so they group together)
 * ``foreshock/<metric>/<min|max>``, e.g. ``foreshock/attn.d2.entropy_mean/min``,
   ``foreshock/max_logit/max``, ``foreshock/router.token_entropy_norm/min``;
 * with the detectors on, at every monitoring step: ``foreshock/warnings_open/<family>``, the
-  warnings of the family open (0 while calm); and at the records where something happened,
+  warnings of the family open (0 while calm; also at the step of a remedy's action that
+  resolved one, :meth:`TrackerFeed.note`); and at the records where something happened,
   ``foreshock/warning/<family>``, the warnings of the family that opened there, and
   ``foreshock/lead/<family>``, the largest lead (steps before the loss diverged) once a
   divergence gives the family's warnings one;
