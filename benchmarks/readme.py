@@ -149,7 +149,7 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "remediation": (
         ["--quick"],
         "remediation",
-        "Remediation: lab runs with the default policy against no action",
+        "Remediation: the default policy against no action and loss-triggered rollback",
     ),
     "snapshot_cost": (
         ["--quick"],

@@ -249,6 +249,8 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
                 value += (
                     f"; {row['stopped']} stopped; steps trained {row['steps trained (median)']}"
                 )
+            if row["scenario"] == "router-collapse" and row.get("routing entropy (median)"):
+                value += f"; final routing entropy {row['routing entropy (median)']} nats (median)"
         rows.append((f"{row['scenario']}, policy {row['policy']}", value))
     return rows
 
