@@ -42,7 +42,7 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
     run_id = run.start.get("run_id") or run.path.name.split(".")[0]
     detector = RunStreams(run_id, config)
     events = detector.update({**run.start, "kind": "start"})
-    actions = list(run.actions)
+    actions = list(getattr(run, "actions", ()))  # a run read back from a store may have none
     for record in run.records:
         while actions and _order(actions[0]) < _order(record):
             events += detector.update({**actions.pop(0), "kind": "action"})

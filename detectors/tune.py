@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,6 +64,7 @@ class StoredRun:
     start: dict[str, Any]
     records: list[dict[str, Any]]
     end: dict[str, Any]
+    actions: list[dict[str, Any]] = field(default_factory=list)  # its trainer's action records
 
     @property
     def faulty(self) -> bool:
@@ -128,7 +129,8 @@ def load_runs(
             elif start is None or not isinstance(scenario, str) or not isinstance(seed, int):
                 skipped["unlabelled"].append(row["run_id"])
             else:
-                runs.append(StoredRun(row["run_id"], scenario, seed, start, records, end))
+                actions = queries.run_actions(snapshot, row["run_id"])
+                runs.append(StoredRun(row["run_id"], scenario, seed, start, records, end, actions))
     return runs, skipped, read
 
 
