@@ -27,10 +27,12 @@ any                  ``stop``                stop, keeping the last checkpoint
 ==================== ======================= ===============================================
 
 Off by default (a trainer passes a policy to act). Bounded: at most ``max_actions`` per run,
-``backoff_steps`` between two, never an exception into the training loop — a remedy that fails
-is an :class:`Action` with its error, and training goes on. ``dry_run`` decides and reports
-without asking the trainer for anything. A rollback before the action (``rollback``) restores
-the newest snapshot older than the warning's first evidence (:mod:`.snapshots`).
+``backoff_steps`` between two, only on rules trusted enough (``max_false_alarm_rate``: the
+rule's stated per-run false-alarm rate at most this), never an exception into the training
+loop — a remedy that fails is an :class:`Action` with its error, and training goes on.
+``dry_run`` decides and reports without asking the trainer for anything. A rollback before
+the action (``rollback``) restores the newest snapshot older than the warning's first
+evidence (:mod:`.snapshots`).
 
 >>> class Trainer:
 ...     def precise_attention(self, module): print("precise", module)
@@ -79,6 +81,9 @@ class RemedyPolicy:
     max_actions: int = 3  # per run
     backoff_steps: int = 100  # steps between two actions
     dry_run: bool = False  # decide and report, do nothing
+    # act on a warning only if its rule's stated per-run false-alarm rate is at most this
+    # (None: any); a person's request (``approve``) is not gated
+    max_false_alarm_rate: float | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.actions.values()) - set(ACTIONS))
@@ -92,6 +97,8 @@ class RemedyPolicy:
             )
         if self.max_actions < 0 or self.backoff_steps < 0:
             raise ValueError("max_actions and backoff_steps must be >= 0")
+        if self.max_false_alarm_rate is not None and not 0 <= self.max_false_alarm_rate <= 1:
+            raise ValueError("max_false_alarm_rate must be in [0, 1]")
 
     @classmethod
     def from_file(cls, path: str | Path) -> RemedyPolicy:
@@ -244,7 +251,24 @@ class Remediator:
 
     def _kind_for(self, warning: RunWarning) -> str | None:
         cause = cause_of(warning)
-        return None if cause is None else self.policy.actions.get(cause)
+        if cause is None or not self._trusted(warning):
+            return None
+        return self.policy.actions.get(cause)
+
+    def _trusted(self, warning: RunWarning) -> bool:
+        """Whether the warning's rule is trusted enough to act on unasked: its stated per-run
+        false-alarm rate (the profile's calibration) at most the policy's bound."""
+        bound, rate = self.policy.max_false_alarm_rate, warning.false_alarm_rate
+        if bound is None or rate is None or rate <= bound:
+            return True
+        log.warning(
+            "foreshock remedy: no action for %s: its rule's false-alarm rate %.3g is above "
+            "the policy's %.3g",
+            warning.id,
+            rate,
+            bound,
+        )
+        return False
 
     def _allowed(self, step: int, pending: list[Decision]) -> bool:
         if len(self.actions) + len(pending) >= self.policy.max_actions:

@@ -207,3 +207,24 @@ def test_a_loss_triggered_rollback_rewinds_the_run_and_applies_its_fix(monkeypat
     assert [r["step"] for r in run.records] == [0, 25, 50, 75, 100, 125]  # 141 updates
     assert end["snapshot_bytes"] > 0
     assert run.start["labels"]["loss_trigger"]["fix"] == "precise-attention"
+
+
+def test_a_policy_can_refuse_to_act_on_rules_its_profile_says_are_often_wrong():
+    """``max_false_alarm_rate``: a warning whose rule states a per-run false-alarm rate above
+    the bound opens, but nothing acts on it unasked; one below acts; a person's request for
+    the same warning is applied (approval is the person's call)."""
+    from dataclasses import replace
+
+    trainer = Trainer()
+    policy = RemedyPolicy(max_false_alarm_rate=0.2)
+    often_wrong = replace(_warning("attention-numerics", Role.CAUSE), false_alarm_rate=0.31)
+    trusted = replace(_warning("attention-numerics", Role.CAUSE, step=700), false_alarm_rate=0.1)
+    remediator = Remediator(policy, trainer)
+    assert remediator.act(450, [often_wrong]) == []
+    (action,) = remediator.act(700, [trusted])
+    assert action.applied and trainer.calls == [("precise", None)]
+    request = {"request_id": "q1", "warning_id": often_wrong.id, "family": "attention-numerics"}
+    approved = remediator.approve(900, request)
+    assert approved is not None and approved.applied and approved.source == "approved"
+    with pytest.raises(ValueError, match="max_false_alarm_rate"):
+        RemedyPolicy(max_false_alarm_rate=1.5)
