@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.transport.control import REMEDY_ACTIONS
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
@@ -60,7 +61,7 @@ __all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "action_record", "
 
 log = logging.getLogger("foreshock.remedy")
 
-ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+ACTIONS = REMEDY_ACTIONS  # the wire's list: a request may ask for any of them
 DEFAULT_ACTIONS = {
     "attention-numerics": "precise-attention",
     "optimizer": "hold-lr",
