@@ -53,7 +53,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.transport.control import REMEDY_ACTIONS
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
@@ -61,7 +60,7 @@ __all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "action_record", "
 
 log = logging.getLogger("foreshock.remedy")
 
-ACTIONS = REMEDY_ACTIONS  # the wire's list: a request may ask for any of them
+ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
 DEFAULT_ACTIONS = {
     "attention-numerics": "precise-attention",
     "optimizer": "hold-lr",

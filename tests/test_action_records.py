@@ -17,12 +17,13 @@ from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.detectors.streams import RunStreams
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.notify.payloads import summary
-from foreshock.producers.remedy import Action, action_record
+from foreshock.producers.remedy import ACTIONS, Action, action_record
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.acks import warning_states
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
+from foreshock.transport.control import REMEDY_ACTIONS
 from foreshock.transport.run_files import load_run as load_run_file
 from foreshock.transport.warning import WarningEvent
 from foreshock.transport.wire import WireError, decode, encode
@@ -84,6 +85,10 @@ def test_a_bad_action_record_is_refused_naming_the_field(what, change):
         encode(message)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(message, SCHEMA)
+
+
+def test_the_command_offers_exactly_the_remedies_the_trainer_knows():
+    assert REMEDY_ACTIONS == ACTIONS
 
 
 # ---------------------------------------------------------------- the detectors

@@ -50,7 +50,7 @@ __all__ = [
 
 CONTROL_SCHEMA = "foreshock.control/1"
 REQUEST_KIND = "remedy-request"
-# what a trainer can be asked for: the one list (the remedy policy in producers imports it;
+# what a trainer can be asked for (the remedy policy's ``ACTIONS``, which a test keeps equal:
 # the command that asks lives below the producers and cannot import them)
 REMEDY_ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
 _MAX_BYTES = 100_000
