@@ -151,6 +151,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "remediation",
         "Remediation: the default policy against no action and loss-triggered rollback",
     ),
+    "remediation_mixtral": (
+        ["--quick", "--arch", "mixtral"],
+        "remediation",
+        "Remediation on a transformers Mixtral: the default policy against the baselines",
+    ),
     "snapshot_cost": (
         ["--quick"],
         "snapshot_cost",

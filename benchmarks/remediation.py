@@ -7,6 +7,9 @@ run.run_lab`, the product's training loop with the Monitor:
 * ``foreshock``: the default policy acting on the warnings of the detectors run in the training
   process (:mod:`foreshock.lab.remedies`, :mod:`foreshock.producers.remedy`: the shipped
   profiles, as ``foreshock detect --replay`` would warn) — the cause's remedy, no rollback;
+* ``foreshock+rollback``: the same with ``rollback = ["router"]`` (a router action restores
+  the newest snapshot before the warning's first evidence first) — trained on the router
+  scenarios and the capacity-limited healthy runs, the only ones whose warnings it changes;
 * ``loss-rollback``: what trainers do today (:mod:`foreshock.lab.loss_trigger`): once the loss
   diverged (the project's rule, every step), restore a snapshot ≥ 100 steps before, skip 200
   batches, fault left on; at most 3 times;
@@ -58,9 +61,13 @@ DIVERGING = ("fa-lowprec", "lr-high")  # judged by the final loss; router-collap
 # no action is right on these: healthy runs (dropless, and the router scenarios' dispatch) and
 # the controls (unbiased rounding noise; a router learning rate ×2 that leaves routing healthy)
 HEALTHY = ("healthy", "healthy+capacity-1", "fa-noise", "router-mild")
-POLICIES = ("none", "foreshock", "loss-rollback", "loss-rollback+fix", "stop")
-ARCH = "gpt-moe"
+POLICIES = ("none", "foreshock", "foreshock+rollback", "loss-rollback", "loss-rollback+fix", "stop")
+ARCHS = ("gpt-moe", "mixtral")  # the lab's GPT-MoE, a transformers Mixtral
 STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"))
+ROUTER_ROLLBACK = RemedyPolicy(rollback=["router"])
+# where a router rollback can act differently from the default: the router fault, and the
+# healthy and control runs whose router warnings the capacity-limited profile judges
+ROUTER_RUNS = ("router-collapse", "healthy+capacity-1", "router-mild")
 
 
 def right_fix(scenario: str) -> str:
@@ -68,13 +75,16 @@ def right_fix(scenario: str) -> str:
     return DEFAULT_ACTIONS[catalogue_scenario(scenario).right_causes[0]]
 
 
-def run_config(scenario: str, seed: int, policy: str) -> RunConfig:
+def run_config(scenario: str, seed: int, policy: str, arch: str = "gpt-moe") -> RunConfig:
     """The lab run of one (scenario, seed) under one policy of :data:`POLICIES`."""
     name, _, dispatch = scenario.partition("+")
-    capacity = 1.0 if dispatch == "capacity-1" else default_capacity(name, ARCH)
-    base = RunConfig(fault=Fault.default(name), seed=seed, model=default_model(ARCH, capacity))
+    capacity = 1.0 if dispatch == "capacity-1" else default_capacity(name, arch)
+    model = default_model(arch, capacity)
+    base = RunConfig(fault=Fault.default(name), seed=seed, model=model, arch=arch)
     if policy == "foreshock":
         return replace(base, policy=RemedyPolicy())
+    if policy == "foreshock+rollback":
+        return replace(base, policy=ROUTER_ROLLBACK)
     if policy == "stop":
         return replace(base, policy=STOP)
     if policy.startswith("loss-rollback"):
@@ -83,12 +93,20 @@ def run_config(scenario: str, seed: int, policy: str) -> RunConfig:
     return base
 
 
-def run_one(job: tuple[str, int, str]) -> dict[str, Any]:
-    """Train one (scenario, seed, policy) and read back its end record."""
-    scenario, seed, policy = job
+def _trains(scenario: str, policy: str) -> bool:
+    """Whether the benchmark trains ``scenario`` under ``policy``: the loss-triggered and stop
+    baselines on the diverging scenarios, the router rollback on :data:`ROUTER_RUNS`."""
+    if policy == "foreshock+rollback":
+        return scenario in ROUTER_RUNS
+    return policy in ("none", "foreshock") or scenario in DIVERGING
+
+
+def run_one(job: tuple[str, int, str, str]) -> dict[str, Any]:
+    """Train one (scenario, seed, policy, arch) and read back its end record."""
+    scenario, seed, policy, arch = job
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.jsonl"
-        run_lab(run_config(scenario, seed, policy), out, progress=False)
+        run_lab(run_config(scenario, seed, policy, arch), out, progress=False)
         run = load_file(out)
     end, last = run.end or {}, (run.records[-1]["values"] if run.records else {})
     return {
@@ -121,26 +139,26 @@ def routing(values: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def routing_band() -> dict[str, tuple[float, float]]:
-    """[min, max] final routing of the shipped healthy capacity-limited GPT-MoE runs."""
-    finals = [
-        routing(load_run(p).records[-1]["values"])
-        for p in shipped_runs(RECORDED_DIR / "gpt-moe+capacity-1")
-        if p.name.startswith("healthy-")
-    ]
+def _shipped_healthy(folder: Path) -> list[Any]:
+    return [run for run in map(load_run, shipped_runs(folder)) if run.scenario == "healthy"]
+
+
+def routing_band(arch: str = "gpt-moe") -> dict[str, tuple[float, float]]:
+    """[min, max] final routing of the shipped healthy runs the router scenario runs as: the
+    capacity-limited GPT-MoE's, Mixtral's (dropless: no drops, 0)."""
+    folder = RECORDED_DIR / ("gpt-moe+capacity-1" if arch == "gpt-moe" else arch)
+    finals = [routing(run.records[-1]["values"]) for run in _shipped_healthy(folder)]
     return {
-        key: (min(f[key] for f in finals), max(f[key] for f in finals))
+        key: (min(f[key] or 0.0 for f in finals), max(f[key] or 0.0 for f in finals))
         for key in ("token_entropy", "dropped")
     }
 
 
-def healthy_band() -> tuple[float, float]:
-    """[min, max] final loss of the shipped healthy GPT-MoE runs (the full horizon)."""
-    finals = [
-        load_run(p).end["final_loss"]
-        for p in shipped_runs(RECORDED_DIR)
-        if p.name.startswith("healthy-")
-    ]
+def healthy_band(arch: str = "gpt-moe") -> tuple[float, float]:
+    """[min, max] final loss of the shipped healthy runs of ``arch`` (dropless, the full
+    horizon)."""
+    folder = RECORDED_DIR if arch == "gpt-moe" else RECORDED_DIR / arch
+    finals = [run.end["final_loss"] for run in _shipped_healthy(folder)]
     return min(finals), max(finals)
 
 
@@ -204,8 +222,8 @@ def saved(run: dict[str, Any], band: tuple[float, float], routes: dict[str, tupl
 def _routing_healthy(run: dict[str, Any], routes: dict[str, tuple[float, float]]) -> bool:
     """One-sided, in the direction of a collapse: entropy not below, drops not above, the
     healthy runs' range (more even routing than the healthy runs' is not a collapse)."""
-    entropy, dropped = run["token_entropy"], run["dropped"]
-    if entropy is None or dropped is None:
+    entropy, dropped = run["token_entropy"], run["dropped"] or 0.0  # dropless: none dropped
+    if entropy is None:
         return False
     return entropy >= routes["token_entropy"][0] and dropped <= routes["dropped"][1]
 
@@ -232,7 +250,9 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
         entropy, dropped = result["routes"]["token_entropy"], result["routes"]["dropped"]
         rows.append(
             (
-                "healthy routing at the end (shipped capacity-1 healthy runs)",
+                "healthy routing at the end (shipped "
+                + ("capacity-1 " if result.get("arch", "gpt-moe") == "gpt-moe" else "")
+                + "healthy runs)",
                 f"token entropy {entropy[0]:.3f}–{entropy[1]:.3f} nats; "
                 f"dropped {dropped[0]:.3f}–{dropped[1]:.3f}",
             )
@@ -258,8 +278,12 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 seeds a scenario")
-    parser.add_argument("--seeds", default="30-36", help="fault seeds FIRST-LAST")
-    parser.add_argument("--healthy", default="30-32", help="held-out healthy seeds FIRST-LAST")
+    parser.add_argument("--arch", choices=ARCHS, default="gpt-moe")
+    parser.add_argument(
+        "--seeds", default="33-39", help="fault seeds FIRST-LAST (30-32: judged before the "
+        "router rollback and the capacity profile's 40 calibration runs)"
+    )  # fmt: skip
+    parser.add_argument("--healthy", default="33-35", help="held-out healthy seeds FIRST-LAST")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     first, last = (int(x) for x in args.seeds.split("-"))
@@ -267,18 +291,26 @@ def main() -> None:
         last = first + 2
     seeds = range(first, last + 1)
     h_first, h_last = (int(x) for x in args.healthy.split("-"))
+    healthy = [h for h in HEALTHY if args.arch == "gpt-moe" or "+" not in h]  # capacity: GPT-MoE
     jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in POLICIES]
-    jobs = [j for j in jobs if j[0] in DIVERGING or j[2] in ("none", "foreshock")]
-    jobs += [(h, seed, "foreshock") for h in HEALTHY for seed in range(h_first, h_last + 1)]
+    jobs = [j for j in jobs if _trains(j[0], j[2])]
+    jobs += [
+        (h, seed, p)
+        for h in healthy
+        for seed in range(h_first, h_last + 1)
+        for p in ("foreshock", "foreshock+rollback")
+        if _trains(h, p)
+    ]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        results = pool.map(run_one, jobs, chunksize=1)
-    band, routes = healthy_band(), routing_band()
+        results = pool.map(run_one, [(*job, args.arch) for job in jobs], chunksize=1)
+    band, routes = healthy_band(args.arch), routing_band(args.arch)
     rows = summarise(results, band, routes)
     headers = list(rows[0])
     print(format_table(headers, [[row[h] for h in headers] for row in rows]))
     emit_json(
         {
             "benchmark": "remediation",
+            "arch": args.arch,
             "band": band,
             "routes": routes,
             "rows": rows,

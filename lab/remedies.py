@@ -7,9 +7,10 @@ same computation, as a trainer would on its own:
   (its ``lowp`` switch off from the next step on) — what switching a layer to a
   higher-precision attention implementation does on a real model;
 * ``hold_lr(scale)``: the faulted parameter groups' learning rate is held at ``scale`` × its
-  value at the warning, whatever the schedule does next;
-* ``scale_router_lr(scale)``: the routers' learning rate × ``scale`` (a router-only fault keeps
-  the routers in their own group; with one group for the whole model it is refused);
+  value at the warning (a held one: × ``scale`` again), whatever the schedule does next;
+* ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
+  warning (a router-only fault keeps the routers in their own group, the faulted one, so this
+  is ``hold_lr`` on it; with one group for the whole model it is refused);
 * ``stop()``: training stops at the next step boundary (the run ends ``stopped``);
 * ``rollback(step)``: the newest snapshot (:class:`~foreshock.producers.snapshots.
   SnapshotRing`) before ``step`` is restored and the run goes on from that step (the loop
@@ -66,12 +67,11 @@ class LabRemedies:
             self.detector.update(start)
         self.remediator = Remediator(policy or RemedyPolicy(), self)
         self.trigger = None if trigger is None else LossTrigger(trigger)
-        rolls = trigger is not None or (policy is not None and policy.rollback)
+        rolls = trigger is not None or (policy is not None and policy.snapshots)
         self.ring = SnapshotRing(4, snapshot_every) if rolls else None
         self.cured: set[str] = set()  # attention layers back to full precision
         self.lr_hold: float | None = None  # the held factor on the faulted groups
         self._hold_scale: float | None = None  # a hold asked, fixed at the next step's factor
-        self.router_scale = 1.0
         self.stopped = False
         self.redone = 0  # steps whose training a rollback undid
         self.rewind: int | None = None  # the step a rollback restored, for the loop to resume at
@@ -92,9 +92,9 @@ class LabRemedies:
         if not faulted:
             return scheduled
         if self._hold_scale is not None:
-            self.lr_hold, self._hold_scale = scheduled * self._hold_scale, None
-        held = scheduled if self.lr_hold is None else self.lr_hold
-        return held * self.router_scale
+            now = scheduled if self.lr_hold is None else self.lr_hold
+            self.lr_hold, self._hold_scale = now * self._hold_scale, None
+        return scheduled if self.lr_hold is None else self.lr_hold
 
     def after_record(self, step: int, record: dict[str, Any] | None) -> list[Action]:
         """Feed the Monitor's record to the detectors; act on the warnings that opened."""
@@ -143,7 +143,7 @@ class LabRemedies:
     def scale_router_lr(self, scale: float) -> None:
         if not any(g.get("faulted") is True for g in self.optimizer.param_groups):
             raise NotImplementedError("the routers share the model's parameter group")
-        self.router_scale *= scale
+        self.hold_lr(scale)
 
     def stop(self) -> None:
         self.stopped = True

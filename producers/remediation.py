@@ -132,7 +132,7 @@ class Remediation:
         act: a failure to build, or ranks that cannot act together."""
         runner = None
         try:
-            ring = SnapshotRing(snapshots, snapshot_every) if policy.rollback else None
+            ring = SnapshotRing(snapshots, snapshot_every) if policy.snapshots else None
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
                 optimizer,

@@ -22,7 +22,10 @@ optimizer            ``hold-lr``             the learning rate held at ``lr_scal
                                              value at the warning from then on (a one-off
                                              cut while the schedule keeps ramping did not
                                              save the lab's runs; holding it did)
-router               ``scale-router-lr``     the routers' learning rate × ``router_lr_scale``
+router               ``scale-router-lr``     the routers' learning rate held at
+                                             ``router_lr_scale`` × its value at the warning
+                                             (a collapse fed by a rising router learning
+                                             rate goes on collapsing under a one-off cut)
 any                  ``stop``                stop, keeping the last checkpoint
 ==================== ======================= ===============================================
 
@@ -31,8 +34,11 @@ Off by default (a trainer passes a policy to act). Bounded: at most ``max_action
 rule's stated per-run false-alarm rate at most this), never an exception into the training
 loop — a remedy that fails is an :class:`Action` with its error, and training goes on.
 ``dry_run`` decides and reports without asking the trainer for anything. A rollback before
-the action (``rollback``) restores the newest snapshot older than the warning's first
-evidence (:mod:`.snapshots`).
+the action (``rollback``: ``true`` for every cause, or a list of causes) restores the newest
+snapshot older than the warning's first evidence (:mod:`.snapshots`). A collapsing router needs
+it: its rows have already aligned by the warning, and in the lab holding its learning rate from
+there kept the routing where it was, below the healthy runs', where rolling back first brought
+it back (``python -m benchmarks.remediation``).
 
 >>> class Trainer:
 ...     def precise_attention(self, module): print("precise", module)
@@ -61,6 +67,7 @@ __all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "action_record", "
 log = logging.getLogger("foreshock.remedy")
 
 ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+CAUSES = ("attention-numerics", "optimizer", "router")
 DEFAULT_ACTIONS = {
     "attention-numerics": "precise-attention",
     "optimizer": "hold-lr",
@@ -77,7 +84,9 @@ class RemedyPolicy:
     attention_scope: str = "all"  # precise-attention: "all" layers, or the named "module"
     lr_scale: float = 0.5  # hold-lr: the held learning rate, × its value at the warning
     router_lr_scale: float = 0.1  # scale-router-lr: the routers' learning rate factor
-    rollback: bool = False  # restore the newest snapshot before the warning's evidence first
+    # restore the newest snapshot before the warning's evidence first: for every cause (True),
+    # none (False), or the causes listed (e.g. ["router"])
+    rollback: bool | Sequence[str] = False
     max_actions: int = 3  # per run
     backoff_steps: int = 100  # steps between two actions
     dry_run: bool = False  # decide and report, do nothing
@@ -99,6 +108,22 @@ class RemedyPolicy:
             raise ValueError("max_actions and backoff_steps must be >= 0")
         if self.max_false_alarm_rate is not None and not 0 <= self.max_false_alarm_rate <= 1:
             raise ValueError("max_false_alarm_rate must be in [0, 1]")
+        if not isinstance(self.rollback, bool):
+            if isinstance(self.rollback, str) or not isinstance(self.rollback, Sequence):
+                raise ValueError("rollback must be true, false or a list of causes")
+            unknown = sorted(set(self.rollback) - set(CAUSES))
+            if unknown:
+                raise ValueError(f"rollback: unknown cause(s) {unknown}; known: {list(CAUSES)}")
+            object.__setattr__(self, "rollback", tuple(self.rollback))
+
+    def rolls_back(self, cause: str) -> bool:
+        """Whether an action for ``cause`` restores a snapshot first."""
+        return self.rollback if isinstance(self.rollback, bool) else cause in self.rollback
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether the trainer must keep snapshots: some cause rolls back."""
+        return bool(self.rollback)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RemedyPolicy:
@@ -291,7 +316,9 @@ class Remediator:
             "step": int(step),
             "target": target,
             "scale": float(scale.get(kind, 1.0)),
-            "rollback_before": _first_evidence(warning) if policy.rollback else None,
+            "rollback_before": (
+                _first_evidence(warning) if policy.rolls_back(_cause_or_family(warning)) else None
+            ),
             "dry_run": bool(policy.dry_run),
             "source": "policy",
             "request_id": None,
@@ -327,6 +354,12 @@ def cause_of(warning: RunWarning) -> str | None:
     if warning.role == Role.OPTIMIZER or warning.family == "optimizer":
         return "optimizer"
     return warning.family if warning.role == Role.CAUSE else None
+
+
+def _cause_or_family(warning: RunWarning) -> str:
+    """The cause a decision answers: the warning's (``cause_of``), else its family (a person's
+    request names the family)."""
+    return cause_of(warning) or warning.family
 
 
 def _requested(request: Mapping[str, Any], family: str, step: int) -> RunWarning:

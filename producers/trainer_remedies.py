@@ -19,10 +19,12 @@ boundary is and turns ``stop`` into its own flag.
   the warning, set again by an optimizer step pre-hook, so no scheduler's ``step()`` undoes it
   (the Trainer's logged ``learning_rate`` stays the schedule's: the action record has the
   held values);
-* ``scale_router_lr(scale)``: the routers' update × ``scale`` under any optimizer: step hooks
-  keep the routers' weights before the step and set w = w_old + scale · (w_new − w_old)
-  (exactly the learning rate × ``scale`` for SGD and Adam(W), whose update is linear in it);
-  the routers are the ones the Monitor finds;
+* ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
+  warning, under any optimizer and schedule: step hooks keep the routers' weights before the
+  step and set w = w_old + s · (w_new − w_old), s = min(1, scale · lr_warning / lr_now) with
+  lr the router's parameter group's (exactly that learning rate for SGD and Adam(W), whose
+  update is linear in it; a schedule still rising cannot undo it, one decaying below the held
+  value is followed); a second call scales again; the routers are the ones the Monitor finds;
 * ``stop()``: a flag the adapter turns into its trainer's stop;
 * ``rollback(step)``: the newest in-memory snapshot (model, optimizer, scheduler) taken before
   ``step`` restored, bit for bit; the data go on as the trainer would (the batches since the
@@ -105,6 +107,8 @@ class TrainerRemedies:
         self.redone = 0  # steps whose training a rollback undid
         self.step = 0  # the step about to be trained
         self._routers: list[torch.Tensor] = []
+        self._router_groups: list[dict[str, Any]] = []  # each router tensor's param group
+        self._router_lr: list[float] = []  # their group's lr at the (first) warning
         self._before: list[torch.Tensor] = []
         self._hooks: list[Any] = []
 
@@ -144,6 +148,9 @@ class TrainerRemedies:
     def scale_router_lr(self, scale: float) -> float:
         if not self._routers:
             self._routers = self._router_parameters()
+            groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+            self._router_groups = [groups[id(p)] for p in self._routers]
+            self._router_lr = [float(g["lr"]) for g in self._router_groups]
         if not self._routers:
             raise LookupError("no router of this model is trained by the optimizer")
         self.router_scale *= scale
@@ -187,9 +194,19 @@ class TrainerRemedies:
     def _scale_routers(self) -> None:
         if len(self._before) != len(self._routers):
             return
-        for weight, old in zip(self._routers, self._before, strict=True):
-            weight.copy_(torch.lerp(old, weight.detach(), self.router_scale))
+        for weight, old, group, lr0 in zip(
+            self._routers, self._before, self._router_groups, self._router_lr, strict=True
+        ):
+            weight.copy_(torch.lerp(old, weight.detach(), self._router_factor(group, lr0)))
         self._before = []
+
+    def _router_factor(self, group: dict[str, Any], lr_at_warning: float) -> float:
+        """s = min(1, router_scale · lr_warning / lr_now): the router's step as if its
+        learning rate were held at router_scale × its value at the warning."""
+        now = float(group["lr"])
+        if now <= 0:
+            return self.router_scale
+        return min(1.0, self.router_scale * lr_at_warning / now)
 
     def _discovery(self) -> Any:
         if self.monitor is not None:

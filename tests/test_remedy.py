@@ -49,6 +49,9 @@ class Trainer:
     def hold_lr(self, scale):
         self.calls.append(("hold", scale))
 
+    def scale_router_lr(self, scale):
+        self.calls.append(("router", scale))
+
     def rollback(self, before):
         self.calls.append(("rollback", before))
         return before - 30
@@ -96,6 +99,23 @@ def test_a_rollback_goes_before_the_warnings_first_evidence():
     (action,) = Remediator(policy, trainer).act(451, [_warning("attention-numerics", Role.CAUSE)])
     assert trainer.calls == [("rollback", 400), ("precise", "h.1.attn")]
     assert action.rolled_back_to == 370 and action.applied
+
+
+def test_rollback_can_be_asked_for_some_causes_only(tmp_path):
+    """rollback = ["router"]: a router action restores a snapshot first, an attention one
+    does not; the list is read from a policy file and a cause it misspells is named."""
+    trainer = Trainer()
+    remediator = Remediator(RemedyPolicy(rollback=["router"], backoff_steps=0), trainer)
+    remediator.act(451, [_warning("attention-numerics", Role.CAUSE)])
+    remediator.act(452, [_warning("router", Role.CAUSE, "h.0.mlp.gate")])
+    assert [c[0] for c in trainer.calls] == ["precise", "rollback", "router"]
+    path = tmp_path / "policy.toml"
+    path.write_text('[remedy]\nrollback = ["router"]\n')
+    policy = RemedyPolicy.from_file(path)
+    assert policy.snapshots and policy.rolls_back("router") and not policy.rolls_back("optimizer")
+    with pytest.raises(ValueError, match="routr"):
+        RemedyPolicy(rollback=["routr"])
+    assert not RemedyPolicy().snapshots and RemedyPolicy(rollback=True).rolls_back("optimizer")
 
 
 def test_a_policy_file_is_read_and_its_mistakes_named(tmp_path):

@@ -394,9 +394,11 @@ def test_a_rollback_restores_model_optimizer_and_schedule_bit_for_bit() -> None:
     assert remedies.ring is not None and remedies.ring.steps == [5, 10]
 
 
-def test_router_updates_are_scaled_under_any_optimizer() -> None:
-    """scale-router-lr: the routers' update × scale, the rest of the model's unchanged —
-    under AdamW exactly the update the router's learning rate × scale would give."""
+@pytest.mark.parametrize("schedule_after", [None, 4e-2])
+def test_router_learning_rate_is_held_under_any_optimizer(schedule_after) -> None:
+    """scale-router-lr: the routers' update as if their learning rate were held at scale × its
+    value at the warning — under AdamW, and with the schedule raising the group's lr after the
+    warning (a rising router learning rate is what collapses routing) — the rest unchanged."""
     from foreshock.lab.model import GPT, GPTConfig
 
     config = GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32, n_experts=4)
@@ -411,6 +413,8 @@ def test_router_updates_are_scaled_under_any_optimizer() -> None:
         optimizer = torch.optim.AdamW(groups, lr=1e-2)
         if scaled:
             assert TrainerRemedies(model, optimizer).scale_router_lr(0.1) == 0.1
+            if schedule_after is not None:  # the schedule moves on after the warning
+                optimizer.param_groups[1]["lr"] = schedule_after
         model(batch[:, :-1], batch[:, 1:])[1].backward()
         optimizer.step()
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
