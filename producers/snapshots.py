@@ -4,8 +4,9 @@ Why in memory, and few: a remedy that rolls back wants the newest state *older t
 warning's first evidence* — a few hundred steps back at most — and trainers that checkpoint
 every few thousand steps have nothing that recent. A copy of the model's and the optimizer's
 state every ``every`` steps, ``capacity`` of them, costs ``capacity`` × (parameters + optimizer
-state) bytes of host memory (``nbytes``: AdamW keeps two moments, so about 3× the parameters
-each), and a copy's time every ``every`` steps. Restoring is bit for bit: the tensors are
+state) bytes (``nbytes``: AdamW keeps two moments, so about 3× the parameters each) of the
+memory those tensors live in — the accelerator's for a model on one: the copies are clones on
+the same device — and a copy's time every ``every`` steps. Restoring is bit for bit: the tensors are
 cloned, never shared with the live ones.
 
 >>> import torch

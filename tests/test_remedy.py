@@ -248,3 +248,23 @@ def test_a_policy_can_refuse_to_act_on_rules_its_profile_says_are_often_wrong():
     assert approved is not None and approved.applied and approved.source == "approved"
     with pytest.raises(ValueError, match="max_false_alarm_rate"):
         RemedyPolicy(max_false_alarm_rate=1.5)
+
+
+def test_the_lab_holds_the_faulted_groups_rate_and_a_second_hold_scales_the_held_one():
+    """The lab's ``scale-router-lr`` is a hold on the routers' own (faulted) group: the
+    schedule's factor fixed × scale at the next step whatever the ramp does after, the other
+    groups on schedule; a second action holds at scale × the held value."""
+    from foreshock.lab.remedies import LabRemedies
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([{"params": [weight], "faulted": True}], lr=0.1)
+    lab = LabRemedies(None, lab=None, optimizer=optimizer, start={})  # type: ignore[arg-type]
+    assert lab.lr_factor(4.0, True) == 4.0
+    lab.scale_router_lr(0.1)
+    assert lab.lr_factor(8.0, True) == pytest.approx(0.8)
+    assert lab.lr_factor(64.0, True) == pytest.approx(0.8) and lab.lr_factor(64.0, False) == 64.0
+    lab.scale_router_lr(0.5)
+    assert lab.lr_factor(100.0, True) == pytest.approx(0.4)
+    shared = torch.optim.SGD([weight], lr=0.1)
+    with pytest.raises(NotImplementedError, match="share"):
+        LabRemedies(None, lab=None, optimizer=shared, start={}).scale_router_lr(0.1)  # type: ignore[arg-type]
