@@ -121,6 +121,7 @@ class Remediation:
         precise: str = PRECISE,
         snapshot_every: int = 100,
         snapshots: int = 3,
+        checkpoints: Any = None,
         feed: TrackerFeed | None = None,
     ) -> Remediation | None:
         """The runner for a monitored run: its actions written to the Monitor's sink,
@@ -132,7 +133,8 @@ class Remediation:
         act: a failure to build, or ranks that cannot act together."""
         runner = None
         try:
-            ring = SnapshotRing(snapshots, snapshot_every) if policy.snapshots else None
+            keep = policy.snapshots and snapshots > 0  # 0: the trainer's checkpoints only
+            ring = SnapshotRing(snapshots, snapshot_every) if keep else None
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
                 optimizer,
@@ -140,6 +142,7 @@ class Remediation:
                 monitor=monitor,
                 precise=precise,
                 snapshots=ring,
+                checkpoints=checkpoints if policy.snapshots else None,
             )
             sink = monitor.sink
             runner = cls(
@@ -302,9 +305,11 @@ def _feed(warnings: Any, run_id: str, labels: Mapping[str, Any] | None) -> Track
 class RemedyHooks:
     """What a framework callback keeps of the remediation (``remedy=``): the runner, built
     at the first step boundary (when the trainer's optimizer exists), once; never raises.
-    Its settings (``precise``, ``snapshot_every``, ``snapshots``) may be changed until then:
-    ``callback.remedy.precise = "eager"``. ``feed``: the callback's in-process detectors,
-    where an applied action resolves its warning (:meth:`take_updates` for the trackers)."""
+    Its settings (``precise``, ``snapshot_every``, ``snapshots``: 0 for none kept in memory)
+    may be changed until then: ``callback.remedy.precise = "eager"``; ``checkpoints``: the
+    trainer's own (:mod:`.trainer_checkpoints`), which the callback finds where it saves
+    them. ``feed``: the callback's in-process detectors, where an applied action resolves its
+    warning (:meth:`take_updates` for the trackers)."""
 
     def __init__(
         self,
@@ -316,6 +321,7 @@ class RemedyHooks:
         self.feed = feed
         self.runner: Remediation | None = None
         self.precise, self.snapshot_every, self.snapshots = PRECISE, 100, 3
+        self.checkpoints: Any = None
         self._tried = False
 
     def before_step(self, monitor: Monitor | None, step: int, setup: Callable[[], Any]) -> None:
@@ -341,6 +347,7 @@ class RemedyHooks:
                 precise=self.precise,
                 snapshot_every=self.snapshot_every,
                 snapshots=self.snapshots,
+                checkpoints=self.checkpoints,
                 feed=self.feed,
             )
         if self.runner is not None:

@@ -72,6 +72,10 @@ class SnapshotRing:
         self._ring.append((step, model_state, _clone(optimizer.state_dict())))
         return True
 
+    def newest_before(self, step: int) -> int | None:
+        """The newest snapshot's step older than ``step`` (None: none)."""
+        return max((s for s in self.steps if s < step), default=None)
+
     def restore_before(self, step: int, model: torch.nn.Module, optimizer: Any) -> int | None:
         """Load the newest snapshot taken before ``step``; its step (training goes on from
         there), or None when none is that old (nothing restored)."""

@@ -26,9 +26,10 @@ boundary is and turns ``stop`` into its own flag.
   update is linear in it; a schedule still rising cannot undo it, one decaying below the held
   value is followed); a second call scales again; the routers are the ones the Monitor finds;
 * ``stop()``: a flag the adapter turns into its trainer's stop;
-* ``rollback(step)``: the newest in-memory snapshot (model, optimizer, scheduler) taken before
-  ``step`` restored, bit for bit; the data go on as the trainer would (the batches since the
-  snapshot are not seen again), the steps re-done are counted.
+* ``rollback(step)``: the newest state older than ``step`` restored — an in-memory snapshot
+  (model, optimizer, scheduler; bit for bit) or the trainer's own checkpoint
+  (:mod:`.trainer_checkpoints`), whichever is newer; the data go on as the trainer would (the
+  batches since are not seen again), the steps re-done are counted.
 """
 
 from __future__ import annotations
@@ -77,13 +78,19 @@ class _TrainingState:
             self.scheduler.load_state_dict(state["scheduler"])
 
 
+def _or_minus_one(step: int | None) -> int:
+    return -1 if step is None else step
+
+
 class TrainerRemedies:
     """The remedies for a torch ``model`` trained by ``optimizer`` (see the module docstring).
 
     monitor:   the run's Monitor, whose attention layers and routers the remedies act on
                (default: found in ``model`` as the Monitor would)
     precise:   the attention implementation ``precise_attention`` switches to
-    snapshots: a :class:`SnapshotRing` for ``rollback`` (None: rollback refused)
+    snapshots: a :class:`SnapshotRing` for ``rollback``
+    checkpoints: the trainer's checkpoints for ``rollback`` (:mod:`.trainer_checkpoints`);
+               with neither, rollback is refused
     """
 
     def __init__(
@@ -95,8 +102,10 @@ class TrainerRemedies:
         monitor: Monitor | None = None,
         precise: str = PRECISE,
         snapshots: SnapshotRing | None = None,
+        checkpoints: Any = None,
     ) -> None:
         self.model, self.monitor, self.precise = model, monitor, precise
+        self.checkpoints = checkpoints
         self.optimizer = _innermost(optimizer)
         self.state = _TrainingState(self.optimizer, lr_scheduler)
         self.ring = snapshots
@@ -164,9 +173,11 @@ class TrainerRemedies:
         self.stopped = True
 
     def rollback(self, before: int) -> int | None:
-        if self.ring is None:
-            raise RuntimeError("rollback needs the policy's snapshots (rollback = true)")
-        restored = self.ring.restore_before(before, self.model, self.state)
+        sources = [s for s in (self.ring, self.checkpoints) if s is not None]
+        if not sources:
+            raise RuntimeError("rollback needs snapshots (rollback = true) or checkpoints")
+        newest = max(sources, key=lambda s: _or_minus_one(s.newest_before(before)))
+        restored = newest.restore_before(before, self.model, self.state)
         if restored is not None:
             self.redone += max(0, self.step - restored)
         return restored

@@ -73,21 +73,27 @@ def lab_mixtral() -> Any:
     return lab, calls
 
 
-def hf_train(tmp_path: Path, model: Any, *callbacks: Any, steps: int = STEPS) -> Any:
+def hf_train(
+    tmp_path: Path, model: Any, *callbacks: Any, steps: int = STEPS, **arguments: Any
+) -> Any:
+    """Train ``model`` with the Trainer; ``arguments`` override its TrainingArguments."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf-out"),
-        max_steps=steps,
-        per_device_train_batch_size=BATCH,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **{
+            "output_dir": str(tmp_path / "hf-out"),
+            "max_steps": steps,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": "none",
+            "use_cpu": True,
+            "seed": 0,
+            "disable_tqdm": True,
+            "dataloader_num_workers": 0,
+            **arguments,
+        }
     )
     data = [{"input_ids": t, "labels": t} for t in Tokens(steps * BATCH, SEQ, 256)]
     trainer = transformers.Trainer(
@@ -191,9 +197,10 @@ def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(tmp_path
 
 
 # ---- Lightning: the learning rate held against the schedule; stop -----------------------
-def lightning_fit(callback: Any) -> tuple[Any, Any]:
+def lightning_fit(callback: Any, checkpoints: Path | None = None) -> tuple[Any, Any]:
     """Fit the lab's tiny GPT-MoE; its learning rate ramps every step (LambdaLR). Returns the
-    trainer and the module (``lrs``: the learning rate each update used)."""
+    trainer and the module (``lrs``: the learning rate each update used). ``checkpoints``: a
+    ``ModelCheckpoint`` there every ``EVERY`` steps, all kept."""
     L = pytest.importorskip("lightning.pytorch")
     from foreshock.lab.model import GPT, GPTConfig
 
@@ -219,16 +226,21 @@ def lightning_fit(callback: Any) -> tuple[Any, Any]:
     torch.manual_seed(0)
     module = LitGPT()
     loader = torch.utils.data.DataLoader(Tokens(STEPS * BATCH, SEQ + 1, 256), batch_size=BATCH)
+    saver = (
+        []
+        if checkpoints is None
+        else [L.callbacks.ModelCheckpoint(checkpoints, every_n_train_steps=EVERY, save_top_k=-1)]
+    )
     trainer = L.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoints is not None,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[callback],
+        callbacks=[callback, *saver],
     )
     trainer.fit(module, loader)
     return trainer, module

@@ -215,6 +215,11 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         def setup() -> tuple[Any, Any, Any]:  # the Trainer's, once the remedy starts
+            strategy = getattr(args.save_strategy, "value", args.save_strategy)
+            if self.remedy.checkpoints is None and strategy == "steps" and args.output_dir:
+                from foreshock.producers.trainer_checkpoints import HFCheckpoints
+
+                self.remedy.checkpoints = HFCheckpoints(args.output_dir)
             return kwargs["optimizer"], kwargs.get("lr_scheduler"), kwargs["model"]
 
         self.remedy.before_step(

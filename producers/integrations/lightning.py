@@ -171,6 +171,11 @@ class _ForeshockHooks(RunAccess):
         self._step_before = trainer.global_step
 
         def setup() -> tuple[Any, Any, Any]:  # the trainer's, once the remedy starts
+            saved_in = getattr(getattr(trainer, "checkpoint_callback", None), "dirpath", None)
+            if self.remedy.checkpoints is None and saved_in:
+                from foreshock.producers.trainer_checkpoints import LightningCheckpoints
+
+                self.remedy.checkpoints = LightningCheckpoints(saved_in)
             schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
             return trainer.optimizers[0], (schedulers or [None])[0], pl_module
 
