@@ -73,8 +73,17 @@ def load_group(folder: Path) -> list[RecordedRun]:
     return [load_run(p) for p in shipped_runs(folder)]
 
 
+# The capacity-limited healthy runs trained to calibrate that group's own profile (issue 32,
+# seeds 40-67) stay out of the zero-shot calibration, fixed at issue 29: pooled with the
+# GPT-MoE's, they moved every other architecture's thresholds (Mixtral held out: lr-high named
+# 14 of 17, not 17 of 17) — a change to the zero-shot profile is one to choose and judge on
+# its own. They are judged with the rest of the group's healthy runs when it is held out.
+LEFT_OUT_OF_ZERO_SHOT = {"gpt-moe+capacity-1": "40-67"}
+
+
 def calibration_runs(name: str, runs: list[RecordedRun]) -> list[RecordedRun]:
-    return calibration_healthy(runs, HELD_OUT_HEALTHY.get(name, "0-0"))
+    spans = [HELD_OUT_HEALTHY.get(name, "0-0"), LEFT_OUT_OF_ZERO_SHOT.get(name)]
+    return calibration_healthy(runs, ",".join(s for s in spans if s))
 
 
 def architecture(group: str) -> str:
