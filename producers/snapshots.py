@@ -79,10 +79,10 @@ class SnapshotRing:
     def restore_before(self, step: int, model: torch.nn.Module, optimizer: Any) -> int | None:
         """Load the newest snapshot taken before ``step``; its step (training goes on from
         there), or None when none is that old (nothing restored)."""
-        older = [s for s in self._ring if s[0] < step]
-        if not older:
+        newest = self.newest_before(step)
+        if newest is None:
             return None
-        taken, model_state, optimizer_state = older[-1]
+        taken, model_state, optimizer_state = next(s for s in self._ring if s[0] == newest)
         model.load_state_dict(model_state)
         optimizer.load_state_dict(_clone(optimizer_state))  # loading may alias its tensors
         while self._ring and self._ring[-1][0] > taken:  # the future it replaces is gone

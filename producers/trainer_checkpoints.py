@@ -43,17 +43,17 @@ class _Checkpoints:
 
     def newest_before(self, step: int) -> int | None:
         """The newest checkpoint's step older than ``step`` (None: none)."""
-        older = [s for s in self.found() if s < step]
-        return max(older, default=None)
+        return _newest_before(self.found(), step)
 
     def restore_before(self, step: int, model: torch.nn.Module, state: Any) -> int | None:
         """Load the newest checkpoint older than ``step`` into ``model`` and ``state`` (the
         optimizer and scheduler: ``state.optimizer``, ``state.scheduler``); its step, or None
         when none is that old (nothing restored). A checkpoint it cannot read raises."""
-        taken = self.newest_before(step)
+        found = self.found()  # the folder listed once
+        taken = _newest_before(found, step)
         if taken is None:
             return None
-        weights, optimizer, scheduler = self._read(self.found()[taken])
+        weights, optimizer, scheduler = self._read(found[taken])
         _load_weights(model, weights)
         state.optimizer.load_state_dict(optimizer)
         if state.scheduler is not None and scheduler is not None:
@@ -114,6 +114,10 @@ class LightningCheckpoints(_Checkpoints):
             raise ValueError(f"{path}: {len(optimizers)} optimizer states; rollback takes one")
         schedulers = checkpoint.get("lr_schedulers") or [None]
         return checkpoint["state_dict"], optimizers[0], schedulers[0]
+
+
+def _newest_before(steps: dict[int, Path], step: int) -> int | None:
+    return max((s for s in steps if s < step), default=None)
 
 
 def _load_weights(model: torch.nn.Module, weights: dict[str, Any]) -> None:
