@@ -101,6 +101,15 @@ def _trains(scenario: str, policy: str) -> bool:
     return policy in ("none", "foreshock") or scenario in DIVERGING
 
 
+def _subset(given: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The comma-separated names of ``given``, each one of ``allowed`` (a typo is refused)."""
+    names = tuple(name.strip() for name in given.split(",") if name.strip())
+    unknown = [name for name in names if name not in allowed]
+    if unknown:
+        raise SystemExit(f"unknown {unknown}: choose among {', '.join(allowed)}")
+    return names
+
+
 def run_one(job: tuple[str, int, str, str]) -> dict[str, Any]:
     """Train one (scenario, seed, policy, arch) and read back its end record."""
     scenario, seed, policy, arch = job
@@ -285,22 +294,28 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--healthy", default="33-35", help="held-out healthy seeds FIRST-LAST")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS + HEALTHY), help="comma-separated subset"
+    )
     args = parser.parse_args()
+    policies = _subset(args.policies, POLICIES)
+    wanted = _subset(args.scenarios, SCENARIOS + HEALTHY)
     first, last = (int(x) for x in args.seeds.split("-"))
     if args.quick:
         last = first + 2
     seeds = range(first, last + 1)
     h_first, h_last = (int(x) for x in args.healthy.split("-"))
     healthy = [h for h in HEALTHY if args.arch == "gpt-moe" or "+" not in h]  # capacity: GPT-MoE
-    jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in POLICIES]
-    jobs = [j for j in jobs if _trains(j[0], j[2])]
+    jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in policies]
     jobs += [
         (h, seed, p)
         for h in healthy
         for seed in range(h_first, h_last + 1)
         for p in ("foreshock", "foreshock+rollback")
-        if _trains(h, p)
+        if p in policies
     ]
+    jobs = [j for j in jobs if j[0] in wanted and _trains(j[0], j[2])]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_one, [(*job, args.arch) for job in jobs], chunksize=1)
     band, routes = healthy_band(args.arch), routing_band(args.arch)

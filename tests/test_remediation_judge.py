@@ -1,0 +1,65 @@
+"""How ``benchmarks.remediation`` judges a run saved: the rules its docs table is built on."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.remediation import _subset, needs_saving, saved, summarise
+
+BAND = (1.50, 1.60)
+ROUTES = {"token_entropy": (1.10, 1.30), "dropped": (0.0, 0.05)}
+
+
+def run(scenario: str, seed: int, policy: str, **values) -> dict:
+    base = {
+        "scenario": scenario,
+        "seed": seed,
+        "policy": policy,
+        "status": "finished",
+        "divergence_step": None,
+        "final_loss": 1.55,
+        "last_step": 1599,
+        "actions": [],
+        "rollbacks": 0,
+        "steps_redone": 0,
+        "token_entropy": 1.2,
+        "dropped": 0.0,
+    }
+    return base | values
+
+
+def test_only_runs_that_diverge_with_no_action_need_saving() -> None:
+    assert needs_saving(run("lr-high", 1, "none", divergence_step=900), ROUTES)
+    assert not needs_saving(run("lr-high", 1, "none"), ROUTES)
+    assert not needs_saving(run("healthy", 1, "none", divergence_step=900), ROUTES)
+    # router-collapse does not diverge: its routing ending below the healthy floor is the harm
+    assert needs_saving(run("router-collapse", 1, "none", token_entropy=0.9), ROUTES)
+    assert not needs_saving(run("router-collapse", 1, "none", token_entropy=1.4), ROUTES)
+
+
+def test_saved_means_the_horizon_finished_inside_the_healthy_band() -> None:
+    assert saved(run("fa-lowprec", 1, "foreshock"), BAND, ROUTES)
+    assert not saved(run("fa-lowprec", 1, "foreshock", final_loss=1.6001), BAND, ROUTES)
+    assert not saved(run("fa-lowprec", 1, "stop", status="stopped"), BAND, ROUTES)
+    assert not saved(run("router-collapse", 1, "foreshock", dropped=0.2), BAND, ROUTES)
+
+
+def test_the_table_judges_a_policy_only_on_the_seeds_that_needed_saving() -> None:
+    results = [
+        run("lr-high", 1, "none", divergence_step=800, final_loss=None, status="diverged"),
+        run("lr-high", 2, "none"),  # did not diverge: not judged
+        run("lr-high", 1, "foreshock", actions=["hold-lr"]),
+        run("lr-high", 2, "foreshock", final_loss=1.7),
+        run("healthy", 1, "foreshock", actions=["hold-lr"]),
+    ]
+    rows = {(r["scenario"], r["policy"]): r for r in summarise(results, BAND, ROUTES)}
+    assert rows["lr-high", "foreshock"]["saved"] == "1/1"
+    assert rows["lr-high", "none"]["saved"] == "0/1"
+    assert rows["healthy", "foreshock"]["runs with an action"] == 1
+    assert rows["healthy", "foreshock"]["saved"] == "-"
+
+
+def test_a_misspelled_policy_or_scenario_is_refused_by_name() -> None:
+    assert _subset("none, foreshock", ("none", "foreshock", "stop")) == ("none", "foreshock")
+    with pytest.raises(SystemExit, match="forshock"):
+        _subset("forshock", ("none", "foreshock"))
