@@ -39,6 +39,10 @@ CLEAN_CHECK_6_PROFILES = {
     "capacity": ["--runs", "lab/runs/gpt-moe+capacity-1"],
 }
 
+# the default policy (and no action, to know which runs diverge) on the fault seeds 36-39 and
+# more healthy seeds, merged with the --quick table of every policy on seeds 33-35
+REMEDIATION_MORE_SEEDS = ["--seeds", "36-39", "--healthy", "36-39", "--policies", "none,foreshock"]
+
 # result name -> (the arguments of its command, the module that runs it and renders its rows
 # with ``figures(result)``, its title): ``python -m benchmarks.<module> <arguments>``.
 BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
@@ -147,7 +151,7 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "unreachable": ([], "unreachable", "Training with the broker unreachable, records later"),
     "reliability": ([], "reliability", "Faults under a live fleet: recovery, nothing lost"),
     "remediation": (
-        ["--quick"],
+        [*REMEDIATION_MORE_SEEDS, "--merge", "benchmarks/results/remediation.json"],
         "remediation",
         "Remediation: the default policy against no action and loss-triggered rollback",
     ),

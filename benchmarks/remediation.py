@@ -31,13 +31,20 @@ scenario and policy:
 Healthy runs (``--healthy`` seeds, dropless and capacity-limited) and the controls (fa-noise,
 router-mild) train with the policy too: any action on them is a false one.
 
-    python -m benchmarks.remediation --quick      # 3 seeds a scenario (~45 min on 2 cores)
+    python -m benchmarks.remediation --quick      # 3 seeds a scenario (~55 min on 2 cores)
     python -m benchmarks.remediation              # 7 seeds a scenario
+
+``--policies``/``--scenarios`` train a subset; ``--merge RESULT`` tabulates an earlier result's
+runs with the new ones instead of training them again — those of a policy that acts on
+warnings only where the result records today's profile versions (a recalibrated profile makes
+them stale; no action and the loss-triggered baselines never read a profile). The docs' tables:
+every policy on seeds 33–35, and no action and the default policy on 36–39 merged in.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
 import tempfile
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from foreshock.catalogue import scenario as catalogue_scenario
+from foreshock.detectors.profiles import shipped_profiles
 from foreshock.lab.arch import default_model
 from foreshock.lab.faults import Fault, default_capacity
 from foreshock.lab.loss_trigger import LossTriggerPolicy
@@ -68,6 +76,10 @@ ROUTER_ROLLBACK = RemedyPolicy(rollback=["router"])
 # where a router rollback can act differently from the default: the router fault, and the
 # healthy and control runs whose router warnings the capacity-limited profile judges
 ROUTER_RUNS = ("router-collapse", "healthy+capacity-1", "router-mild")
+
+
+# policies whose runs never read a detector profile: a run of theirs stays valid across profiles
+PROFILE_FREE = ("none", "loss-rollback", "loss-rollback+fix")
 
 
 def right_fix(scenario: str) -> str:
@@ -108,6 +120,25 @@ def _subset(given: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     if unknown:
         raise SystemExit(f"unknown {unknown}: choose among {', '.join(allowed)}")
     return names
+
+
+def profile_versions(arch: str) -> dict[str, str]:
+    """The versions of the shipped profiles a lab run of ``arch`` can be judged by (those named
+    after it: ``gpt-moe`` and ``gpt-moe+capacity-1``; ``mixtral``)."""
+    configs = shipped_profiles().configs
+    return {name: c.version for name, c in configs.items() if name.split("+")[0] == arch}
+
+
+def merged_runs(path: Path, arch: str) -> list[dict[str, Any]]:
+    """The runs of an earlier result of this benchmark (its output line, or a saved
+    ``benchmarks/results`` file) that still hold: those of ``arch``, and of a policy that acts
+    on warnings only if they were trained with today's profiles (:func:`profile_versions`)."""
+    data = json.loads(path.read_text())
+    result = data.get("result", data)
+    if result.get("arch", "gpt-moe") != arch:
+        raise SystemExit(f"{path}: runs of {result.get('arch', 'gpt-moe')}, not {arch}")
+    current = result.get("profiles") == profile_versions(arch)
+    return [r for r in result["runs"] if current or r["policy"] in PROFILE_FREE]
 
 
 def run_one(job: tuple[str, int, str, str]) -> dict[str, Any]:
@@ -298,6 +329,10 @@ def main() -> None:
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIOS + HEALTHY), help="comma-separated subset"
     )
+    parser.add_argument(
+        "--merge", type=Path, action="append", default=[], help="an earlier result (JSON): its "
+        "runs that still hold are tabulated with these, and not trained again"
+    )  # fmt: skip
     args = parser.parse_args()
     policies = _subset(args.policies, POLICIES)
     wanted = _subset(args.scenarios, SCENARIOS + HEALTHY)
@@ -316,8 +351,17 @@ def main() -> None:
         if p in policies
     ]
     jobs = [j for j in jobs if j[0] in wanted and _trains(j[0], j[2])]
+    kept = {
+        (r["scenario"], r["seed"], r["policy"]): r
+        for p in args.merge
+        for r in merged_runs(p, args.arch)
+    }
+    jobs = [j for j in jobs if j not in kept]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_one, [(*job, args.arch) for job in jobs], chunksize=1)
+    results = sorted(
+        [*kept.values(), *results], key=lambda r: (r["scenario"], r["policy"], r["seed"])
+    )
     band, routes = healthy_band(args.arch), routing_band(args.arch)
     rows = summarise(results, band, routes)
     headers = list(rows[0])
@@ -326,6 +370,7 @@ def main() -> None:
         {
             "benchmark": "remediation",
             "arch": args.arch,
+            "profiles": profile_versions(args.arch),
             "band": band,
             "routes": routes,
             "rows": rows,
