@@ -156,7 +156,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "Remediation: the default policy against no action and loss-triggered rollback",
     ),
     "remediation_mixtral": (
-        ["--quick", "--arch", "mixtral"],
+        [
+            *("--arch", "mixtral", "--seeds", "36-39", "--healthy", "33-39"),
+            *("--policies", "none,foreshock,stop"),
+            *("--merge", "benchmarks/results/remediation_mixtral.json"),
+        ],
         "remediation",
         "Remediation on a transformers Mixtral: the default policy against the baselines",
     ),

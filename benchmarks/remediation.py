@@ -356,6 +356,10 @@ def main() -> None:
         for p in args.merge
         for r in merged_runs(p, args.arch)
     }
+    # a (scenario, seed) trained anew under any policy is trained anew under all: the runs a
+    # table compares for one seed come from one machine and one version of the code
+    fresh = {job[:2] for job in jobs if job not in kept}
+    kept = {key: r for key, r in kept.items() if key[:2] not in fresh}
     jobs = [j for j in jobs if j not in kept]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_one, [(*job, args.arch) for job in jobs], chunksize=1)
