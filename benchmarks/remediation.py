@@ -141,6 +141,15 @@ def merged_runs(path: Path, arch: str) -> list[dict[str, Any]]:
     return [r for r in result["runs"] if current or r["policy"] in PROFILE_FREE]
 
 
+def reusable(jobs: list[tuple], merged: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """The merged runs to keep, by (scenario, seed, policy): a (scenario, seed) with any job
+    left to train is trained anew under every policy, so that the runs a table compares for
+    one seed come from one machine and one version of the code."""
+    kept = {(r["scenario"], r["seed"], r["policy"]): r for r in merged}
+    fresh = {job[:2] for job in jobs if job not in kept}
+    return {key: r for key, r in kept.items() if key[:2] not in fresh}
+
+
 def run_one(job: tuple[str, int, str, str]) -> dict[str, Any]:
     """Train one (scenario, seed, policy, arch) and read back its end record."""
     scenario, seed, policy, arch = job
@@ -351,15 +360,7 @@ def main() -> None:
         if p in policies
     ]
     jobs = [j for j in jobs if j[0] in wanted and _trains(j[0], j[2])]
-    kept = {
-        (r["scenario"], r["seed"], r["policy"]): r
-        for p in args.merge
-        for r in merged_runs(p, args.arch)
-    }
-    # a (scenario, seed) trained anew under any policy is trained anew under all: the runs a
-    # table compares for one seed come from one machine and one version of the code
-    fresh = {job[:2] for job in jobs if job not in kept}
-    kept = {key: r for key, r in kept.items() if key[:2] not in fresh}
+    kept = reusable(jobs, [r for p in args.merge for r in merged_runs(p, args.arch)])
     jobs = [j for j in jobs if j not in kept]
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_one, [(*job, args.arch) for job in jobs], chunksize=1)

@@ -79,3 +79,11 @@ def test_a_merged_result_keeps_only_runs_todays_profiles_would_repeat(tmp_path) 
     assert len(merged_runs(tmp_path / "current.json", "mixtral")) == 3
     with pytest.raises(SystemExit, match="not gpt-moe"):
         merged_runs(tmp_path / "current.json", "gpt-moe")
+
+
+def test_a_seed_with_a_job_left_to_train_is_trained_anew_under_every_policy() -> None:
+    from benchmarks.remediation import reusable
+
+    merged = [run("lr-high", 1, "none"), run("lr-high", 2, "none"), run("lr-high", 2, "foreshock")]
+    jobs = [("lr-high", 1, "none"), ("lr-high", 1, "foreshock"), ("lr-high", 2, "foreshock")]
+    assert set(reusable(jobs, merged)) == {("lr-high", 2, "none"), ("lr-high", 2, "foreshock")}
