@@ -41,7 +41,11 @@ CLEAN_CHECK_6_PROFILES = {
 
 # the default policy (and no action, to know which runs diverge) on the fault seeds 36-39 and
 # more healthy seeds, merged with the --quick table of every policy on seeds 33-35
-REMEDIATION_MORE_SEEDS = ["--seeds", "36-39", "--healthy", "36-39", "--policies", "none,foreshock"]
+# the remediation tables' seeds and policies: the stored runs merged, the missing ones trained
+REMEDIATION_GPT_MOE = [
+    *("--seeds", "33-39", "--healthy", "33-39"),
+    *("--policies", "none,foreshock,foreshock-hold"),
+]
 
 # result name -> (the arguments of its command, the module that runs it and renders its rows
 # with ``figures(result)``, its title): ``python -m benchmarks.<module> <arguments>``.
@@ -151,14 +155,14 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "unreachable": ([], "unreachable", "Training with the broker unreachable, records later"),
     "reliability": ([], "reliability", "Faults under a live fleet: recovery, nothing lost"),
     "remediation": (
-        [*REMEDIATION_MORE_SEEDS, "--merge", "benchmarks/results/remediation.json"],
+        [*REMEDIATION_GPT_MOE, "--merge", "benchmarks/results/remediation.json"],
         "remediation",
         "Remediation: the default policy against no action and loss-triggered rollback",
     ),
     "remediation_mixtral": (
         [
-            *("--arch", "mixtral", "--seeds", "36-39", "--healthy", "33-39"),
-            *("--policies", "none,foreshock,stop"),
+            *("--arch", "mixtral", "--seeds", "36-39", "--healthy", "33-39,64-67"),
+            *("--policies", "none,foreshock,foreshock-hold,stop"),
             *("--merge", "benchmarks/results/remediation_mixtral.json"),
         ],
         "remediation",

@@ -6,10 +6,10 @@ run.run_lab`, the product's training loop with the Monitor:
 * ``none``: no action;
 * ``foreshock``: the default policy acting on the warnings of the detectors run in the training
   process (:mod:`foreshock.lab.remedies`, :mod:`foreshock.producers.remedy`: the shipped
-  profiles, as ``foreshock detect --replay`` would warn) — the cause's remedy, no rollback;
-* ``foreshock+rollback``: the same with ``rollback = ["router"]`` (a router action restores
-  the newest snapshot before the warning's first evidence first) — trained on the router
-  scenarios and the capacity-limited healthy runs, the only ones whose warnings it changes;
+  profiles, as ``foreshock detect --replay`` would warn) — the cause's remedy; before a router
+  action, the newest snapshot before the warning's first evidence restored;
+* ``foreshock-hold``: the same without that rollback (the routers' learning rate held from the
+  warning on) — trained on router-collapse, the only scenario whose runs it changes;
 * ``loss-rollback``: what trainers do today (:mod:`foreshock.lab.loss_trigger`): once the loss
   diverged (the project's rule, every step), restore a snapshot ≥ 100 steps before, skip 200
   batches, fault left on; at most 3 times;
@@ -36,9 +36,9 @@ router-mild) train with the policy too: any action on them is a false one.
 
 ``--policies``/``--scenarios`` train a subset; ``--merge RESULT`` tabulates an earlier result's
 runs with the new ones instead of training them again — those of a policy that acts on
-warnings only where the result records today's profile versions (a recalibrated profile makes
-them stale; no action and the loss-triggered baselines never read a profile). The docs' tables:
-every policy on seeds 33–35, and no action and the default policy on 36–39 merged in.
+warnings only where the result records today's profile versions and today's default policy (a
+recalibrated profile or a changed policy makes them stale; no action and the loss-triggered
+baselines never read either). The docs' tables: what the readme entries' commands say.
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ from foreshock.lab.faults import Fault, default_capacity
 from foreshock.lab.loss_trigger import LossTriggerPolicy
 from foreshock.lab.recorded import RECORDED_DIR, load_run, shipped_runs
 from foreshock.lab.run import RunConfig, run_lab
-from foreshock.producers.remedy import DEFAULT_ACTIONS, RemedyPolicy
+from foreshock.producers.remedy import (
+    DEFAULT_ACTIONS,
+    FAULT_DIRECTION,
+    RemedyPolicy,
+    policy_summary,
+)
 from foreshock.transport.run_files import load_run as load_file
 
 from ._table import emit_json, format_table
@@ -69,13 +74,10 @@ DIVERGING = ("fa-lowprec", "lr-high")  # judged by the final loss; router-collap
 # no action is right on these: healthy runs (dropless, and the router scenarios' dispatch) and
 # the controls (unbiased rounding noise; a router learning rate ×2 that leaves routing healthy)
 HEALTHY = ("healthy", "healthy+capacity-1", "fa-noise", "router-mild")
-POLICIES = ("none", "foreshock", "foreshock+rollback", "loss-rollback", "loss-rollback+fix", "stop")
+POLICIES = ("none", "foreshock", "foreshock-hold", "loss-rollback", "loss-rollback+fix", "stop")
 ARCHS = ("gpt-moe", "mixtral")  # the lab's GPT-MoE, a transformers Mixtral
-STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"))
-ROUTER_ROLLBACK = RemedyPolicy(rollback=["router"])
-# where a router rollback can act differently from the default: the router fault, and the
-# healthy and control runs whose router warnings the capacity-limited profile judges
-ROUTER_RUNS = ("router-collapse", "healthy+capacity-1", "router-mild")
+STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"), rollback=False)
+HOLD_ONLY = RemedyPolicy(rollback=False)  # the routers' learning rate held, no rollback
 
 
 # policies whose runs never read a detector profile: a run of theirs stays valid across profiles
@@ -95,8 +97,8 @@ def run_config(scenario: str, seed: int, policy: str, arch: str = "gpt-moe") -> 
     base = RunConfig(fault=Fault.default(name), seed=seed, model=model, arch=arch)
     if policy == "foreshock":
         return replace(base, policy=RemedyPolicy())
-    if policy == "foreshock+rollback":
-        return replace(base, policy=ROUTER_ROLLBACK)
+    if policy == "foreshock-hold":
+        return replace(base, policy=HOLD_ONLY)
     if policy == "stop":
         return replace(base, policy=STOP)
     if policy.startswith("loss-rollback"):
@@ -107,10 +109,24 @@ def run_config(scenario: str, seed: int, policy: str, arch: str = "gpt-moe") -> 
 
 def _trains(scenario: str, policy: str) -> bool:
     """Whether the benchmark trains ``scenario`` under ``policy``: the loss-triggered and stop
-    baselines on the diverging scenarios, the router rollback on :data:`ROUTER_RUNS`."""
-    if policy == "foreshock+rollback":
-        return scenario in ROUTER_RUNS
+    baselines on the diverging scenarios, the router hold without rollback on router-collapse
+    (elsewhere it acts as the default: a router action on a healthy run is false either way)."""
+    if policy == "foreshock-hold":
+        return scenario == "router-collapse"
     return policy in ("none", "foreshock") or scenario in DIVERGING
+
+
+def seed_list(given: str) -> list[int]:
+    """The seeds of ``FIRST-LAST[,FIRST-LAST...]`` (a single seed: ``N``), in order.
+
+    >>> seed_list("33-35,64-65")
+    [33, 34, 35, 64, 65]
+    """
+    seeds: list[int] = []
+    for part in given.split(","):
+        first, _, last = part.strip().partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
 
 
 def _subset(given: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -132,13 +148,22 @@ def profile_versions(arch: str) -> dict[str, str]:
 def merged_runs(path: Path, arch: str) -> list[dict[str, Any]]:
     """The runs of an earlier result of this benchmark (its output line, or a saved
     ``benchmarks/results`` file) that still hold: those of ``arch``, and of a policy that acts
-    on warnings only if they were trained with today's profiles (:func:`profile_versions`)."""
+    on warnings only if they were trained with today's profiles (:func:`profile_versions`)
+    and today's default policy (:func:`policy_stamp`)."""
     data = json.loads(path.read_text())
     result = data.get("result", data)
     if result.get("arch", "gpt-moe") != arch:
         raise SystemExit(f"{path}: runs of {result.get('arch', 'gpt-moe')}, not {arch}")
     current = result.get("profiles") == profile_versions(arch)
+    current = current and result.get("policy") == policy_stamp()
     return [r for r in result["runs"] if current or r["policy"] in PROFILE_FREE]
+
+
+def policy_stamp() -> dict[str, Any]:
+    """What a result records of the default policy (its fields and the directions it acts
+    in): a run of a policy that acts was decided by these."""
+    stamp = {**policy_summary(RemedyPolicy()), "fault_direction": dict(FAULT_DIRECTION)}
+    return json.loads(json.dumps(stamp))  # as a result file holds it (lists, not tuples)
 
 
 def reusable(jobs: list[tuple], merged: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
@@ -332,7 +357,9 @@ def main() -> None:
         "--seeds", default="33-39", help="fault seeds FIRST-LAST (30-32: judged before the "
         "router rollback and the capacity profile's 40 calibration runs)"
     )  # fmt: skip
-    parser.add_argument("--healthy", default="33-35", help="held-out healthy seeds FIRST-LAST")
+    parser.add_argument(
+        "--healthy", default="33-35", help="held-out healthy seeds: FIRST-LAST[,FIRST-LAST...]"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
     parser.add_argument(
@@ -349,15 +376,14 @@ def main() -> None:
     if args.quick:
         last = first + 2
     seeds = range(first, last + 1)
-    h_first, h_last = (int(x) for x in args.healthy.split("-"))
     healthy = [h for h in HEALTHY if args.arch == "gpt-moe" or "+" not in h]  # capacity: GPT-MoE
     jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in policies]
     jobs += [
         (h, seed, p)
         for h in healthy
-        for seed in range(h_first, h_last + 1)
-        for p in ("foreshock", "foreshock+rollback")
-        if p in policies
+        for seed in seed_list(args.healthy)
+        if "foreshock" in policies
+        for p in ("foreshock",)
     ]
     jobs = [j for j in jobs if j[0] in wanted and _trains(j[0], j[2])]
     kept = reusable(jobs, [r for p in args.merge for r in merged_runs(p, args.arch)])
@@ -376,6 +402,7 @@ def main() -> None:
             "benchmark": "remediation",
             "arch": args.arch,
             "profiles": profile_versions(args.arch),
+            "policy": policy_stamp(),
             "band": band,
             "routes": routes,
             "rows": rows,

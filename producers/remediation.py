@@ -38,7 +38,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .remedy import Action, Decision, Remediator, RemedyPolicy, action_record, policy_summary
+from .remedy import (
+    CAUSES,
+    Action,
+    Decision,
+    Remediator,
+    RemedyPolicy,
+    action_record,
+    policy_summary,
+)
 from .remedy_ranks import RemedyRanks
 from .snapshots import SnapshotRing
 from .trainer_remedies import PRECISE, TrainerRemedies
@@ -133,7 +141,7 @@ class Remediation:
         act: a failure to build, or ranks that cannot act together."""
         runner = None
         try:
-            keep = policy.snapshots and snapshots > 0  # 0: the trainer's checkpoints only
+            keep = policy.keeps_snapshots(_causes(monitor)) and snapshots > 0  # 0: none
             ring = SnapshotRing(snapshots, snapshot_every) if keep else None
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
@@ -300,6 +308,16 @@ def _feed(warnings: Any, run_id: str, labels: Mapping[str, Any] | None) -> Track
     feed = TrackerFeed(warnings)
     feed.start(run_id, dict(labels or {}))
     return feed
+
+
+def _causes(monitor: Monitor) -> tuple[str, ...]:
+    """The causes a warning can name on this monitored model: no router one where a single
+    process found no router (a dense model keeps no snapshot for a router rollback). Under
+    torch.distributed every cause: a rank may hold no router where a peer does, and the
+    ranks must snapshot at the same steps."""
+    if monitor.world_size > 1 or monitor.discovery.routers:
+        return CAUSES
+    return tuple(c for c in CAUSES if c != "router")
 
 
 class RemedyHooks:

@@ -34,11 +34,13 @@ Off by default (a trainer passes a policy to act). Bounded: at most ``max_action
 rule's stated per-run false-alarm rate at most this), never an exception into the training
 loop — a remedy that fails is an :class:`Action` with its error, and training goes on.
 ``dry_run`` decides and reports without asking the trainer for anything. A rollback before
-the action (``rollback``: ``true`` for every cause, or a list of causes) restores the newest
-snapshot older than the warning's first evidence (:mod:`.snapshots`). A collapsing router needs
-it: its rows have already aligned by the warning, and in the lab holding its learning rate from
-there kept the routing where it was, below the healthy runs', where rolling back first brought
-it back (``python -m benchmarks.remediation``).
+the action (``rollback``: ``true`` for every cause, a list of causes, by default the router's)
+restores the newest snapshot older than the warning's first evidence (:mod:`.snapshots`). A
+collapsing router needs it: its rows have already aligned by the warning, and in the lab
+holding its learning rate from there left the routing below the healthy runs' on one of three
+capacity-limited GPT-MoE seeds (33–35), where rolling back first brought all three back
+(``python -m benchmarks.remediation``). A two-sided series acts only in the direction that
+names its fault (:data:`FAULT_DIRECTION`: router ε falling, not rising).
 
 >>> class Trainer:
 ...     def precise_attention(self, module): print("precise", module)
@@ -73,6 +75,13 @@ DEFAULT_ACTIONS = {
     "optimizer": "hold-lr",
     "router": "scale-router-lr",
 }
+# The direction in which a two-sided series names its family's fault. Router ε = max_e
+# ‖w_e − w̄‖ / ‖w̄‖ (dimensionless) falls as the router's rows align — the collapse the router
+# remedy answers (a small ε forces cos(w_i, w_j) ≥ 1 − 2ε²: ../shared/SCIENCE.md); it rises as
+# the rows spread, which it does under a learning-rate ramp (an optimizer fault) and on some
+# healthy runs, where holding the router's learning rate answers nothing. The detectors warn
+# both ways (a rise is still news); the policy acts on its own only on a fall.
+FAULT_DIRECTION = {"router.epsilon": "down"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,9 @@ class RemedyPolicy:
     router_lr_scale: float = 0.1  # scale-router-lr: the routers' learning rate factor
     # restore the newest snapshot before the warning's evidence first: for every cause (True),
     # none (False), or the causes listed (e.g. ["router"])
-    rollback: bool | Sequence[str] = False
+    # (the default: a router's, whose rows have aligned by the warning — holding its learning
+    # rate from there keeps the routing collapsed: see the module docstring)
+    rollback: bool | Sequence[str] = ("router",)
     max_actions: int = 3  # per run
     backoff_steps: int = 100  # steps between two actions
     dry_run: bool = False  # decide and report, do nothing
@@ -123,7 +134,12 @@ class RemedyPolicy:
     @property
     def snapshots(self) -> bool:
         """Whether the trainer must keep snapshots: some cause rolls back."""
-        return bool(self.rollback)
+        return self.keeps_snapshots(CAUSES)
+
+    def keeps_snapshots(self, causes: Iterable[str]) -> bool:
+        """Whether a model that can have only ``causes`` needs snapshots: one of them rolls
+        back and has an action (a dense model has no router cause: no router rollback)."""
+        return any(self.rolls_back(c) and c in self.actions for c in causes)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RemedyPolicy:
@@ -259,9 +275,9 @@ class Remediator:
             action.dry_run = True
             log.warning("foreshock remedy (dry run): would %s for %s", d["kind"], d["warning_id"])
             return action
+        if d["rollback_before"] is not None:
+            self._roll_back(action, d["rollback_before"])
         try:
-            if d["rollback_before"] is not None:
-                action.rolled_back_to = self._call("rollback", d["rollback_before"])
             result = self._do(d)
             if result is not None:  # what the trainer did (the held lr, the layers switched)
                 action.detail["result"] = result
@@ -274,9 +290,19 @@ class Remediator:
             log.warning("foreshock remedy: %s failed: %r", d["kind"], exc)
         return action
 
+    def _roll_back(self, action: Action, before: int) -> None:
+        """Restore the newest state before step ``before``; where none can be (no snapshot
+        that old, a trainer without rollback) the remedy is still applied, and the reason
+        kept in ``detail["rollback_error"]``: removing the cause is what saves a run."""
+        try:
+            action.rolled_back_to = self._call("rollback", before)
+        except Exception as exc:
+            action.detail["rollback_error"] = repr(exc)[:500]
+            log.warning("foreshock remedy: rollback before %s failed: %r", action.kind, exc)
+
     def _kind_for(self, warning: RunWarning) -> str | None:
         cause = cause_of(warning)
-        if cause is None or not self._trusted(warning):
+        if cause is None or not _in_fault_direction(warning) or not self._trusted(warning):
             return None
         return self.policy.actions.get(cause)
 
@@ -354,6 +380,23 @@ def cause_of(warning: RunWarning) -> str | None:
     if warning.role == Role.OPTIMIZER or warning.family == "optimizer":
         return "optimizer"
     return warning.family if warning.role == Role.CAUSE else None
+
+
+def _in_fault_direction(warning: RunWarning) -> bool:
+    """Whether the warning moved the way its series names a fault (:data:`FAULT_DIRECTION`;
+    any way for a one-sided series). A person's request is not asked this."""
+    metric = (warning.series or "").split("@")[0]
+    wanted = FAULT_DIRECTION.get(metric)
+    if wanted is None or warning.direction == wanted:
+        return True
+    log.warning(
+        "foreshock remedy: no action for %s: %s moved %s, not %s, the way it names a fault",
+        warning.id,
+        metric,
+        warning.direction,
+        wanted,
+    )
+    return False
 
 
 def _cause_or_family(warning: RunWarning) -> str:

@@ -65,16 +65,21 @@ def test_a_misspelled_policy_or_scenario_is_refused_by_name() -> None:
         _subset("forshock", ("none", "foreshock"))
 
 
-def test_a_merged_result_keeps_only_runs_todays_profiles_would_repeat(tmp_path) -> None:
+def test_a_merged_result_keeps_only_runs_todays_profiles_and_policy_would_repeat(
+    tmp_path,
+) -> None:
     import json
 
-    from benchmarks.remediation import merged_runs, profile_versions
+    from benchmarks.remediation import merged_runs, policy_stamp, profile_versions
 
     runs = [run("lr-high", 1, "none"), run("lr-high", 1, "foreshock"), run("lr-high", 1, "stop")]
     stale = {"arch": "mixtral", "profiles": {"mixtral": "0" * 12}, "runs": runs}
     (tmp_path / "stale.json").write_text(json.dumps({"result": stale}))
     assert [r["policy"] for r in merged_runs(tmp_path / "stale.json", "mixtral")] == ["none"]
-    current = {**stale, "profiles": profile_versions("mixtral")}
+    old_policy = {**stale, "profiles": profile_versions("mixtral"), "policy": {"rollback": False}}
+    (tmp_path / "old_policy.json").write_text(json.dumps(old_policy))
+    assert [r["policy"] for r in merged_runs(tmp_path / "old_policy.json", "mixtral")] == ["none"]
+    current = {**old_policy, "policy": policy_stamp()}
     (tmp_path / "current.json").write_text(json.dumps(current))
     assert len(merged_runs(tmp_path / "current.json", "mixtral")) == 3
     with pytest.raises(SystemExit, match="not gpt-moe"):

@@ -3,13 +3,15 @@ bit for bit; the lab's remedies acting on its training computation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from foreshock.lab.faults import Fault
 from foreshock.lab.model import GPTConfig
 from foreshock.lab.run import RunConfig, run_lab
-from foreshock.producers.remedy import Remediator, RemedyPolicy, cause_of
+from foreshock.producers.remedy import CAUSES, Remediator, RemedyPolicy, cause_of
 from foreshock.producers.snapshots import SnapshotRing
 from foreshock.transport.run_files import load_run
 from foreshock.transport.warning import EventKind, Role, RunWarning
@@ -86,6 +88,7 @@ def test_a_failing_remedy_is_reported_not_raised_and_a_dry_run_does_nothing():
     missing = Remediator(RemedyPolicy(), object())
     (action,) = missing.act(450, [_warning("router", Role.CAUSE, "h.0.mlp.gate")])
     assert not action.applied and "scale_router_lr" in action.error
+    assert "rollback" in action.detail["rollback_error"]  # the default rolls a router back
     trainer = Trainer()
     (action,) = Remediator(RemedyPolicy(dry_run=True), trainer).act(
         450, [_warning("attention-numerics", Role.CAUSE)]
@@ -115,7 +118,34 @@ def test_rollback_can_be_asked_for_some_causes_only(tmp_path):
     assert policy.snapshots and policy.rolls_back("router") and not policy.rolls_back("optimizer")
     with pytest.raises(ValueError, match="routr"):
         RemedyPolicy(rollback=["routr"])
-    assert not RemedyPolicy().snapshots and RemedyPolicy(rollback=True).rolls_back("optimizer")
+    assert not RemedyPolicy(rollback=False).snapshots
+    assert RemedyPolicy(rollback=True).rolls_back("optimizer")
+
+
+def test_the_default_rolls_back_a_router_only_where_a_router_can_warn():
+    """The default policy restores a snapshot before a router action only; a model that can
+    name no router cause (dense) keeps none, nor does a policy without a router action."""
+    policy = RemedyPolicy()
+    assert policy.rolls_back("router") and not policy.rolls_back("attention-numerics")
+    assert policy.keeps_snapshots(CAUSES)
+    assert not policy.keeps_snapshots(["attention-numerics", "optimizer"])
+    no_router = RemedyPolicy(actions={"attention-numerics": "precise-attention"})
+    assert not no_router.keeps_snapshots(CAUSES)
+
+
+def test_a_two_sided_series_acts_only_the_way_it_names_a_fault():
+    """Router ε rising (rows spreading: an LR ramp, some healthy runs) opens a warning but
+    takes no action; ε falling (rows aligning) acts, as does a person's request."""
+    trainer = Trainer()
+    remediator = Remediator(RemedyPolicy(rollback=False, backoff_steps=0), trainer)
+    rising = replace(
+        _warning("router", Role.CAUSE, "h.0.mlp.gate"), series="router.epsilon@h.0.mlp.gate"
+    )
+    assert remediator.act(450, [rising]) == [] and trainer.calls == []
+    falling = replace(rising, id="w-fall", direction="down")
+    assert [a.kind for a in remediator.act(460, [falling])] == ["scale-router-lr"]
+    entropy = replace(rising, id="w-ent", series="router.token_entropy_norm@h.0.mlp.gate")
+    assert [a.kind for a in remediator.act(470, [entropy])] == ["scale-router-lr"]
 
 
 def test_a_policy_file_is_read_and_its_mistakes_named(tmp_path):
