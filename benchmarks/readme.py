@@ -42,10 +42,7 @@ CLEAN_CHECK_6_PROFILES = {
 # the default policy (and no action, to know which runs diverge) on the fault seeds 36-39 and
 # more healthy seeds, merged with the --quick table of every policy on seeds 33-35
 # the remediation tables' seeds and policies: the stored runs merged, the missing ones trained
-REMEDIATION_GPT_MOE = [
-    *("--seeds", "33-39", "--healthy", "33-39"),
-    *("--policies", "none,foreshock,foreshock-hold"),
-]
+REMEDIATION_GPT_MOE = ["--seeds", "33-39", "--healthy", "33-39"]  # every policy
 
 # result name -> (the arguments of its command, the module that runs it and renders its rows
 # with ``figures(result)``, its title): ``python -m benchmarks.<module> <arguments>``.
