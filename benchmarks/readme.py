@@ -39,8 +39,6 @@ CLEAN_CHECK_6_PROFILES = {
     "capacity": ["--runs", "lab/runs/gpt-moe+capacity-1"],
 }
 
-# the default policy (and no action, to know which runs diverge) on the fault seeds 36-39 and
-# more healthy seeds, merged with the --quick table of every policy on seeds 33-35
 # the remediation tables' seeds and policies: the stored runs merged, the missing ones trained
 REMEDIATION_GPT_MOE = ["--seeds", "33-39", "--healthy", "33-39"]  # every policy
 

@@ -378,13 +378,8 @@ def main() -> None:
     seeds = range(first, last + 1)
     healthy = [h for h in HEALTHY if args.arch == "gpt-moe" or "+" not in h]  # capacity: GPT-MoE
     jobs = [(s, seed, p) for s in SCENARIOS for seed in seeds for p in policies]
-    jobs += [
-        (h, seed, p)
-        for h in healthy
-        for seed in seed_list(args.healthy)
-        if "foreshock" in policies
-        for p in ("foreshock",)
-    ]
+    if "foreshock" in policies:  # healthy and control runs: any action is a false one
+        jobs += [(h, seed, "foreshock") for h in healthy for seed in seed_list(args.healthy)]
     jobs = [j for j in jobs if j[0] in wanted and _trains(j[0], j[2])]
     kept = reusable(jobs, [r for p in args.merge for r in merged_runs(p, args.arch)])
     jobs = [j for j in jobs if j not in kept]

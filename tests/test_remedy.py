@@ -135,7 +135,7 @@ def test_the_default_rolls_back_a_router_only_where_a_router_can_warn():
 
 def test_a_two_sided_series_acts_only_the_way_it_names_a_fault():
     """Router ε rising (rows spreading: an LR ramp, some healthy runs) opens a warning but
-    takes no action; ε falling (rows aligning) acts, as does a person's request."""
+    takes no action; ε falling (rows aligning) acts, as does a one-sided router series."""
     trainer = Trainer()
     remediator = Remediator(RemedyPolicy(rollback=False, backoff_steps=0), trainer)
     rising = replace(
