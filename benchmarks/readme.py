@@ -163,6 +163,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "remediation",
         "Remediation on a transformers Mixtral: the default policy against the baselines",
     ),
+    "recipes": (
+        [],
+        "recipes",
+        "Warnings under real recipes (warm-up, decay, 0.5-2x learning rates, 2k-10k steps)",
+    ),
     "snapshot_cost": (
         ["--quick"],
         "snapshot_cost",

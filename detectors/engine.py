@@ -49,8 +49,9 @@ from .divergence import LossDivergence
 from .inflation import WeightInflation
 from .profiles import ProfileConfigs, choose_profile
 from .rewind import Rewind, restore
+from .schedule_clock import ScheduleClock, departure, settle_floor
 from .series import Fired, Series, build_series
-from .warning_facts import CHECK, alert_id
+from .warning_facts import CHECK, alert_id, lead_of
 
 __all__ = ["RunDetector"]
 
@@ -124,6 +125,7 @@ class RunDetector:
         self.divergence_step: int | None = None
         self.last_step = -1
         self._inflation: WeightInflation | None = None  # the optimizer test, once armed
+        self._clock = ScheduleClock()  # no series is read before the schedule's peak
 
     def superseded(self, message: dict[str, Any]) -> bool:
         """Is ``message`` of an attempt older than the one followed (never followed)?"""
@@ -204,7 +206,7 @@ class RunDetector:
             events.append(RunWarning(**asdict(again)))
         return events
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> dict[str, Any]:  # the state that a resume rebuilds from
         return {name: getattr(self, name) for name in self._state}
 
     def _resume(self, step: int) -> None:
@@ -233,8 +235,14 @@ class RunDetector:
         )
 
     def _metrics(self, step: int, values: Mapping[str, Any]) -> list[RunWarning]:
-        """Update every series first, then open warnings: attribution sees the whole record."""
-        fired = self._track_inflation(step, values.get(INFLATION_METRIC))
+        """Update every series first, then open warnings: attribution sees the whole record.
+        Nothing is read while the learning rate still warms up, and the warm-up windows count
+        steps since its peak (``schedule_clock``)."""
+        self._check_recipe(step, values.get("lr"))
+        since_peak = self._clock.update(step, values.get("lr"))
+        if since_peak is None:
+            return self._clear(step)
+        fired = self._track_inflation(step, since_peak, values.get(INFLATION_METRIC))
         for key, value in values.items():
             if key in self._ignored:
                 continue
@@ -242,7 +250,7 @@ class RunDetector:
             if series is None:
                 self._ignored.add(key)
                 continue
-            z = series.standardizer.update(step, value)
+            z = series.standardizer.update(since_peak, value)
             if z is None:
                 continue
             series.recent.append((step, value, round(z, 3)))
@@ -257,23 +265,36 @@ class RunDetector:
                 events.append(self._open_alert(series, direction, cusum, step))
         return events + self._clear(step)
 
-    def _track_inflation(self, step: int, value: Any) -> list[Fired]:
+    def _check_recipe(self, step: int, lr: Any) -> None:
+        """A run whose learning rates are not its profile's recipe (``schedule_clock``) is
+        judged from here on by the profile's fallback, rebuilt from this record, and says so."""
+        why = departure(self.profile.recipes, step, lr)
+        if why is None or not isinstance(self._configs, ProfileConfigs):
+            return
+        fallback = self._configs.fallback_choice
+        self.profile = fallback(f"{self.profile.name} fits the model, but {why}")
+        self.config, self._inflation = self.profile.config, None
+        self._series, self._ignored, self.unruled = {}, set(), {}
+        log.info("foreshock detect: run %s: %s", self.run_id, self.profile.reason)
+
+    def _track_inflation(self, step: int, since_peak: int, value: Any) -> list[Fired]:
         """The weight-inflation test (:mod:`~foreshock.detectors.inflation`), armed on the
         first record where the profile has ``inflation_h``; its optimizer series, where the
-        profile's rules hold it, joins the run's series. What fired is returned, as
-        ``_metrics`` collects it."""
+        profile's rules hold it, joins the run's series. Returns what fired (``_metrics``)."""
         if self.config.inflation_h is None:
             return []
         if self._inflation is None:
             self._inflation = WeightInflation(self.config, self.config.inflation_h)
             if self._inflation.optimizer is not None:
                 self._series[OPTIMIZER_TEST] = self._inflation.optimizer
-        return self._inflation.track(step, value, self.peaks)
+        return self._inflation.track(step, value, self.peaks, since_peak)
 
     def _new_series(self, key: str) -> Series | None:
         series = build_series(key, self.config, self.unruled)
         if series is not None:
             self._series[key] = series
+            if self._clock.peak_step:  # built once the schedule peaked: a warm-up came first
+                settle_floor(series.standardizer)
         return series
 
     def _open_alert(
@@ -303,6 +324,7 @@ class RunDetector:
             evidence={
                 "detector": series.kind,
                 "profile": self.profile.name,
+                "profile_reason": self.profile.reason,  # e.g. a recipe outside its profile's
                 "warmup_mean": series.standardizer.mean,
                 "warmup_scale": series.standardizer.scale,
                 "recent": [list(r) for r in series.recent],
@@ -310,7 +332,7 @@ class RunDetector:
                 "check": CHECK.get(family if cause is None else cause),
             },
             divergence_step=self.divergence_step,
-            lead_time=_lead(self.divergence_step, step),
+            lead_time=lead_of(self.divergence_step, step),
             rank=rank,
         )
         self._open[(family, series.module)] = alert
@@ -361,7 +383,7 @@ class RunDetector:
         self.divergence_step = step
         events = []
         for alert in self.alerts:
-            alert.divergence_step, alert.lead_time = step, _lead(step, alert.step)
+            alert.divergence_step, alert.lead_time = step, lead_of(step, alert.step)
             events.append(RunWarning(**{**asdict(alert), "event": EventKind.UPDATED}))
         return events
 
@@ -376,15 +398,3 @@ class RunDetector:
             alert.divergence_step, alert.lead_time = None, None
             events.append(RunWarning(**{**asdict(alert), "event": EventKind.UPDATED}))
         return events
-
-
-def _lead(divergence_step: int | None, step: int) -> int | None:
-    """Steps from a warning to the divergence; None unless the warning came first (a warning
-    after the divergence has no lead, and a step the producer got wrong must not make one).
-
-    >>> _lead(1178, 1050), _lead(625, 10**12), _lead(None, 5)
-    (128, None, None)
-    """
-    if divergence_step is None or step > divergence_step:
-        return None
-    return divergence_step - step

@@ -79,10 +79,14 @@ class WeightInflation:
         """Have the weights stayed above ``h`` for ``confirm`` records, as of now?"""
         return self.level.sustained > self.level.h
 
-    def track(self, step: int, value: Any, peaks: dict[str, float]) -> list[Fired]:
+    def track(
+        self, step: int, value: Any, peaks: dict[str, float], since_peak: int | None = None
+    ) -> list[Fired]:
         """Read one record's weight norm (``value``; None or missing: no news). The optimizer
-        series' peak goes into ``peaks`` (for calibration); it is returned when it fired."""
-        z = self.reference.update(step, value)
+        series' peak goes into ``peaks`` (for calibration); it is returned when it fired.
+        ``since_peak``: the steps since the schedule's peak, the warm-up's clock (default
+        ``step``: :mod:`~foreshock.detectors.schedule_clock`)."""
+        z = self.reference.update(step if since_peak is None else since_peak, value)
         if z is None:
             return []
         self.level.update(z)

@@ -15,6 +15,13 @@ A store whose ``foreshock tune`` published a live config judges by it every run 
 profile published into the store fits (:func:`with_live`): the live config takes the
 zero-shot profile's place, named ``live``.
 
+**A profile knows its recipe.** Bands and thresholds calibrated at one learning-rate schedule
+do not hold at another (``docs/recipes.md``), so a profile records the recipes of its
+calibration runs (``recipes.json``: {name: [recipe, ...]}, :mod:`foreshock.recipe`). A run
+whose declared recipe (label ``recipe``) is none of them is judged by the fallback's rules,
+which hold across recipes, and told why; a run that declares none is checked record by
+record against its learning rates (:mod:`~foreshock.detectors.schedule_clock`).
+
 >>> profile_of({"arch": "gpt-moe", "dispatch": "capacity-1"})
 'gpt-moe+capacity-1'
 >>> profile_of({"arch": "mixtral", "dispatch": "dropless"})
@@ -31,6 +38,8 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from foreshock.recipe import Recipe, recipe_mismatch
 
 from .config import DetectorConfig
 from .signatures import describe, same_model, signature_of
@@ -52,6 +61,7 @@ ZERO_SHOT = "zero-shot"
 LIVE = "live"  # a store's tuned config, where ``foreshock tune`` published one
 LAB_PROFILE = "gpt-moe"  # the lab's own model
 SIGNATURES_FILE = "signatures.json"  # profile -> the signatures it was calibrated on
+RECIPES_FILE = "recipes.json"  # profile -> the recipes of its calibration runs
 
 
 def profile_of(labels: dict[str, Any]) -> str:
@@ -76,6 +86,7 @@ class ProfileChoice(NamedTuple):
     name: str
     config: DetectorConfig
     reason: str
+    recipes: tuple[Recipe, ...] = ()  # the recipes it was calibrated on (none: no claim)
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class ProfileConfigs:
     configs: dict[str, DetectorConfig]
     signatures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     fallback: str = ZERO_SHOT  # the profile of a run no signature fits
+    recipes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def choose(self, start: dict[str, Any] | None) -> ProfileChoice:
         """The profile for a run with this ``start`` record (see the module docstring)."""
@@ -95,27 +107,44 @@ class ProfileConfigs:
         signature = signature_of(start)
         asked = _asked(start.get("labels") or {})
         notes = []
+        chosen = None
         if asked is not None and asked in self.configs:
             made_for = self.signatures.get(asked, [])
             if signature is None or not made_for or any(same_model(signature, s) for s in made_for):
-                return ProfileChoice(asked, self.configs[asked], f"the run's labels name {asked}")
-            notes.append(f"labels name {asked}, calibrated on {_models(made_for)}, not this model")
+                chosen = (asked, f"the run's labels name {asked}")
+            else:
+                notes.append(
+                    f"labels name {asked}, calibrated on {_models(made_for)}, not this model"
+                )
         elif asked is not None:
             notes.append(f"labels name {asked}, which no config here has")
         for name in reversed(list(self.signatures)):  # the last merged (a user's) first
-            if name in self.configs and any(
-                same_model(signature, s) for s in self.signatures[name]
+            if (
+                chosen is None
+                and name in self.configs
+                and any(same_model(signature, s) for s in self.signatures[name])
             ):
-                return ProfileChoice(
-                    name, self.configs[name], f"calibrated on {describe(signature)}"
-                )
-        if signature is None:
+                chosen = (name, f"calibrated on {describe(signature)}")
+        if chosen is not None:
+            recipes = self.recipes_of(chosen[0])
+            declared = Recipe.from_labels((start.get("labels") or {}).get("recipe"))
+            outside = None if declared is None else recipe_mismatch(declared, list(recipes))
+            if outside is None:
+                return ProfileChoice(chosen[0], self.configs[chosen[0]], chosen[1], recipes)
+            notes.append(f"{chosen[0]} fits the model, but {outside}")
+        elif signature is None:
             notes.append("the run sent no architecture signature")
         else:
             notes.append(f"no profile was calibrated on {describe(signature)}")
-        return self._zero_shot("; ".join(notes))
+        return self.fallback_choice("; ".join(notes))
 
-    def _zero_shot(self, why: str) -> ProfileChoice:
+    def recipes_of(self, name: str) -> tuple[Recipe, ...]:
+        """The recipes profile ``name`` was calibrated on (unreadable entries skipped)."""
+        found = (Recipe.from_labels(r) for r in self.recipes.get(name, []))
+        return tuple(r for r in found if r is not None)
+
+    def fallback_choice(self, why: str) -> ProfileChoice:
+        """The profile of a run no calibrated one fits, saying ``why``."""
         name = self.fallback
         if name in self.configs:
             rules = "zero-shot rules" if name == ZERO_SHOT else f"the {name} config"
@@ -157,10 +186,11 @@ def load_profiles(folder: Any) -> ProfileConfigs:
     configs = {
         name.removesuffix(".json"): DetectorConfig.from_dict(_without_version(text))
         for name, text in texts.items()
-        if name != SIGNATURES_FILE
+        if name not in (SIGNATURES_FILE, RECIPES_FILE)
     }
     signatures = json.loads(texts[SIGNATURES_FILE]) if SIGNATURES_FILE in texts else {}
-    return ProfileConfigs(configs, signatures)
+    recipes = json.loads(texts[RECIPES_FILE]) if RECIPES_FILE in texts else {}
+    return ProfileConfigs(configs, signatures, recipes=recipes)
 
 
 def _reader(folder: Any) -> tuple[list[str], Any]:
@@ -208,14 +238,18 @@ def with_live(live: DetectorConfig, published: ProfileConfigs) -> ProfileConfigs
     >>> with_live(live, ProfileConfigs({})).choose({}).name
     'live'
     """
-    return ProfileConfigs({**published.configs, LIVE: live}, published.signatures, LIVE)
+    return ProfileConfigs(
+        {**published.configs, LIVE: live}, published.signatures, LIVE, published.recipes
+    )
 
 
 def merged(*parts: ProfileConfigs) -> ProfileConfigs:
     """Profiles from several folders as one; a later part's profile of a name wins."""
     configs: dict[str, DetectorConfig] = {}
     signatures: dict[str, list[dict[str, Any]]] = {}
+    recipes: dict[str, list[dict[str, Any]]] = {}
     for part in parts:
         configs |= part.configs
         signatures |= part.signatures
-    return ProfileConfigs(configs, signatures)
+        recipes = {k: v for k, v in recipes.items() if k not in part.configs} | part.recipes
+    return ProfileConfigs(configs, signatures, recipes=recipes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["CHECK", "alert_id"]
+__all__ = ["CHECK", "alert_id", "lead_of"]
 
 # What a user should check, by the cause a warning names (or the family of a symptom).
 CHECK = {
@@ -55,3 +55,15 @@ def alert_id(
     if attempt is not None:
         text += f"|attempt {attempt}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def lead_of(divergence_step: int | None, step: int) -> int | None:
+    """Steps from a warning to the divergence; None unless the warning came first (a warning
+    after the divergence has no lead, and a step the producer got wrong must not make one).
+
+    >>> lead_of(1178, 1050), lead_of(625, 10**12), lead_of(None, 5)
+    (128, None, None)
+    """
+    if divergence_step is None or step > divergence_step:
+        return None
+    return divergence_step - step

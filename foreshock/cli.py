@@ -81,6 +81,7 @@ def _lab_run(args: argparse.Namespace) -> int:
     from foreshock.lab.arch import SIZES, check_fault, default_model
     from foreshock.lab.faults import Fault, default_capacity
     from foreshock.lab.run import RunConfig, run_lab
+    from foreshock.recipe import Recipe
 
     capacity = args.capacity
     if capacity is None:
@@ -100,6 +101,7 @@ def _lab_run(args: argparse.Namespace) -> int:
         )
         check_fault(args.arch, fault, model.n_experts)
         policy = _policy(args.remedy)
+        recipe = Recipe(args.schedule, args.lr, args.warmup, args.steps, args.decay_start)
     except (ValueError, OSError) as exc:
         print(f"foreshock lab run: {exc}", file=sys.stderr)
         return 2
@@ -107,6 +109,10 @@ def _lab_run(args: argparse.Namespace) -> int:
         fault=fault,
         seed=args.seed,
         steps=args.steps,
+        lr=recipe.lr,
+        schedule=recipe.schedule,
+        warmup=recipe.warmup,
+        decay_start=recipe.decay_start,
         every=args.every,
         after_divergence=None if args.to_horizon else 250,
         model=model,
@@ -135,6 +141,17 @@ def _lab_run(args: argparse.Namespace) -> int:
             + (f" (kept in {sink.spool_path})" if sink.pending() else "")
         )
     return 0
+
+
+def _add_recipe(group: argparse._ArgumentGroup) -> None:
+    from foreshock.recipe import SCHEDULES
+
+    group.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    group.add_argument("--schedule", choices=SCHEDULES, default="constant", help="decay kind")
+    group.add_argument("--warmup", type=int, default=0, help="linear warm-up steps (default 0)")
+    group.add_argument(
+        "--decay-start", type=int, help="wsd: the decay's first step (default 80%% of --steps)"
+    )
 
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
@@ -178,6 +195,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=1600, help="training steps (default 1600)")
+    _add_recipe(run.add_argument_group("recipe", "the learning-rate schedule (docs/recipes.md)"))
     run.add_argument("--onset", type=int, help="fault onset step (scenario default)")
     run.add_argument("--magnitude", type=float, help="fault magnitude (scenario default)")
     run.add_argument("--ramp", type=int, default=1000, help="lr-high: ramp steps (default 1000)")

@@ -28,6 +28,7 @@ from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
 from foreshock.producers.remedy import RemedyPolicy, policy_summary
 from foreshock.producers.sinks import JsonlSink, Sink
+from foreshock.recipe import Recipe
 from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 
 from .arch import LabModel, build, check_fault
@@ -48,8 +49,12 @@ class RunConfig:
     steps: int = 1600
     every: int = 25
     batch_size: int = 16
-    lr: float = 1e-3
+    lr: float = 1e-3  # the peak learning rate
     weight_decay: float = 0.1
+    schedule: str = "constant"  # the recipe (foreshock.recipe): constant|cosine|linear|wsd
+    warmup: int = 0  # linear warm-up steps
+    decay_start: int | None = None  # wsd: the decay's first step (default 80 % of the horizon)
+    horizon: int | None = None  # the schedule's horizon (default ``steps``)
     model: GPTConfig = field(default_factory=GPTConfig)
     divergence: DivergenceRule = field(default_factory=DivergenceRule)
     after_divergence: int | None = 250  # steps kept past the divergence step; None = horizon
@@ -58,6 +63,12 @@ class RunConfig:
     arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or a transformers one (arch.ARCHS)
     policy: RemedyPolicy | None = None  # act on warnings in the run (lab.remedies); None: off
     loss_trigger: LossTriggerPolicy | None = None  # the loss-triggered rollback baseline
+
+    @property
+    def recipe(self) -> Recipe:
+        """The learning-rate schedule over ``steps`` (validated: a bad one is refused)."""
+        horizon = self.horizon or self.steps
+        return Recipe(self.schedule, self.lr, self.warmup, horizon, self.decay_start)
 
     @property
     def run_id(self) -> str:
@@ -122,6 +133,7 @@ def _labels(config: RunConfig, lab: LabModel) -> dict[str, Any]:
         "every": config.every,
         "batch_size": config.batch_size,
         "lr": config.lr,
+        "recipe": config.recipe.to_labels(),
         "weight_decay": config.weight_decay,
         "model": asdict(config.model),  # dimensions: n_layer, n_embd, n_head, n_kv_head, ...
         **built,
@@ -148,8 +160,13 @@ def config_from_labels(labels: dict[str, Any], steps: int | None = None) -> RunC
     ``steps`` overrides the horizon, e.g. to retrain only a run's first records. The run id is
     the default one, so the config trains a run under its own name.
     """
+    recipe = Recipe.from_labels(labels.get("recipe")) or Recipe(lr=labels["lr"])
     return RunConfig(
         fault=Fault(**labels["fault"]),
+        schedule=recipe.schedule,
+        warmup=recipe.warmup,
+        decay_start=recipe.decay_start,
+        horizon=recipe.horizon if recipe.horizon != labels["steps"] else None,
         seed=labels["seed"],
         steps=labels["steps"] if steps is None else steps,
         every=labels["every"],
@@ -236,6 +253,7 @@ def run_lab(
 ) -> LabResult:
     """Train one run and write it to ``sink``, or to the JSON Lines file ``out`` (replaced)."""
     check_fault(config.arch, config.fault, config.model.n_experts)  # before the file is replaced
+    recipe = config.recipe
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
     path = Path(out) if out is not None else None
@@ -253,9 +271,13 @@ def run_lab(
         fused=True,  # one kernel for all parameters: ~8 % of a CPU step saved
     )
     batches = ByteBatches(stdlib_bytes(), config.model.block_size, config.batch_size, config.seed)
-    for group in optimizer.param_groups:
-        group["base_lr"] = config.lr
-    monitor = Monitor(model, sink, run_id=config.run_id, config=MonitorConfig(every=config.every))
+    monitor = Monitor(
+        model,
+        sink,
+        run_id=config.run_id,
+        config=MonitorConfig(every=config.every),
+        optimizer=optimizer,
+    )
     _attach(lab, monitor)
     start = {
         "schema": RUN_SCHEMA,
@@ -286,7 +308,7 @@ def run_lab(
                 factor = fault.lr_factor(step) if faulted else 1.0
                 if remedies is not None:
                     factor = remedies.lr_factor(factor, faulted)
-                group["lr"] = config.lr * factor
+                group["lr"] = recipe.lr_at(step) * factor
             batches.batch_size = fault.batch_size(config.batch_size, step)
             x, y = batches.next()
             loss = lab.loss(x, y)

@@ -43,6 +43,7 @@ from .collective import Peers, gathers_of
 from .discovery import Discovery, discover
 from .fsdp1 import whole_parameters
 from .layouts import AttentionSpec, RouterSpec
+from .learning_rates import LearningRates
 from .live import LiveModel
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
@@ -73,8 +74,10 @@ class Monitor:
         run_id: str | None = None,
         config: MonitorConfig | None = None,
         auto_discover: bool = True,
+        optimizer: Any = None,
     ) -> None:
         self.model, self.sink = model, sink
+        self.learning_rates = LearningRates(optimizer)  # lr@group.<i>; .watch(opt) to swap
         self.config = config or MonitorConfig()
         self.run_id = check_run_id(run_id or uuid.uuid4().hex[:12])  # fail now, not per record
         self.rank, self.world_size = rank_and_world()
@@ -160,19 +163,16 @@ class Monitor:
         return spec
 
     def observe_max_logit(self, name: str, value: torch.Tensor) -> None:
-        """Report a layer's max pre-softmax attention logit from inside the model's forward.
-
-        Cheap only where the model already has the scores; kept on device until emission."""
+        """A layer's max pre-softmax attention logit, from the model's forward (kept on device
+        until emission: cheap only where the model already has the scores)."""
         if self.measuring:
             self._observed.max_logit(name, value)
 
     def observe_router_drops(self, name: str, dropped: torch.Tensor | int, assigned: int) -> None:
-        """Report, from a capacity-limited MoE layer's forward, how many of its ``assigned``
-        token→expert assignments overflowed an expert's capacity and were dropped.
-
-        Emitted per monitoring step as ``router.dropped_fraction@<name>`` = Σ dropped / Σ
-        assigned over that step's forwards (a fraction, 0–1): what a collapsing router costs
-        when tokens pile onto few experts. ``name`` is the router's module name."""
+        """From a capacity-limited MoE layer's forward: ``dropped`` of its ``assigned``
+        token→expert assignments overflowed. Emitted as ``router.dropped_fraction@<name>`` =
+        Σ dropped / Σ assigned over the monitoring step's forwards (0–1): what a collapsing
+        router costs when tokens pile onto few experts. ``name``: the router's module."""
         if self.measuring:
             self._observed.router_drops(name, dropped, assigned)
 
@@ -321,7 +321,7 @@ class Monitor:
     def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
         """The metrics record: non-finite values become null with a ``nonfinite`` flag
         (``record_out``), logged the first time."""
-        c = self.config
+        c, values = self.config, {**values, **self.learning_rates.values()}
         message, nonfinite = finite_record(
             self.run_id, step, values, flags, self.rank, self.world_size, c.emit_ranks
         )
@@ -370,9 +370,8 @@ class Monitor:
         return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the monitoring (``checkpoint_state``): save it with the
-        model's, ``load_state_dict`` on resume. The Hugging Face and Lightning callbacks do
-        both with the trainer's checkpoints."""
+        """What a checkpoint keeps of the monitoring (``checkpoint_state``), saved with the
+        model's; ``load_state_dict`` on resume (the HF and Lightning callbacks do both)."""
         return monitoring_state(self.run_id, self.sink)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -150,6 +150,7 @@ SPECS = [
 NOT_DETECTORS = {
     "RunDetector": "a whole run's engine over a config, tested in test_detectors",
     "RunStreams": "a run's RunDetectors, one per rank, tested in test_per_rank",
+    "ScheduleClock": "where a run's learning-rate schedule stands, tested in test_recipes",
 }
 
 # Not a river ``base.Base`` yet, so no clone() and the default repr(); strict, so the

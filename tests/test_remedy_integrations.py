@@ -198,7 +198,8 @@ def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(tmp_path
 
 # ---- Lightning: the learning rate held against the schedule; stop -----------------------
 def lightning_fit(callback: Any, checkpoints: Path | None = None) -> tuple[Any, Any]:
-    """Fit the lab's tiny GPT-MoE; its learning rate ramps every step (LambdaLR). Returns the
+    """Fit the lab's tiny GPT-MoE; its learning rate decays every step (LambdaLR: a schedule
+    past its peak, so the detectors read from the first records). Returns the
     trainer and the module (``lrs``: the learning rate each update used). ``checkpoints``: a
     ``ModelCheckpoint`` there every ``EVERY`` steps, all kept."""
     L = pytest.importorskip("lightning.pytorch")
@@ -217,10 +218,10 @@ def lightning_fit(callback: Any, checkpoints: Path | None = None) -> tuple[Any, 
 
         def configure_optimizers(self) -> Any:
             optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
-            ramp_up = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 + s / 10)
+            decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s / 10))
             return {
                 "optimizer": optimizer,
-                "lr_scheduler": {"scheduler": ramp_up, "interval": "step"},
+                "lr_scheduler": {"scheduler": decay, "interval": "step"},
             }
 
     torch.manual_seed(0)
@@ -261,12 +262,12 @@ def lightning_callback(path: Path, policy: RemedyPolicy, sink: Any = None) -> An
 
 def test_lightning_holds_the_learning_rate_against_its_schedule(tmp_path: Path) -> None:
     """hold-lr at the boundary before step 16: every later update uses half the learning
-    rate the schedule had reached there, while the schedule keeps ramping underneath."""
+    rate the schedule had reached there, while the schedule keeps decaying underneath."""
     path = tmp_path / "pl.jsonl"
     policy = RemedyPolicy(actions={"attention-numerics": "hold-lr"}, lr_scale=0.5)
     trainer, module = lightning_fit(lightning_callback(path, policy))
 
-    scheduled = [1e-3 * (1.0 + s / 10) for s in range(STEPS)]
+    scheduled = [1e-3 / (1.0 + s / 10) for s in range(STEPS)]
     assert trainer.global_step == STEPS
     assert module.lrs[:ACTED] == pytest.approx(scheduled[:ACTED], rel=1e-12)
     held = 0.5 * scheduled[ACTED]  # the lr at the warning: the one step 16 was to use

@@ -13,6 +13,7 @@ import streamlit as st
 from foreshock.catalogue import series
 from foreshock.dashboard import charts, data
 from foreshock.dashboard.text import block, html_text, md_code, md_text
+from foreshock.recipe import Recipe
 from foreshock.storage.reader import QueryError
 
 DEFAULT_MONITORS = [  # labels from the catalogue: a renamed label keeps the default
@@ -71,6 +72,9 @@ def _header(summary: dict) -> None:
     cols[2].metric("first mechanism warning", _step(summary["first_warning_step"]))
     cols[3].metric("lead (steps)", _step(summary["lead_time"]))
     labels = {k: v for k, v in summary["labels"].items() if not isinstance(v, dict)}
+    recipe = Recipe.from_labels(summary["labels"].get("recipe"))
+    if recipe is not None:  # the learning-rate schedule the run declared
+        labels = {"recipe": recipe.describe(), **labels}
     if labels:
         text = " · ".join(f"{html_text(k)}: {html_text(v)}" for k, v in labels.items())
         st.caption(block(text), unsafe_allow_html=True)
@@ -179,9 +183,11 @@ def _warnings(warnings: list[dict], actions: list[dict]) -> None:
 
 
 def _profile(warning: dict) -> str:
-    """ ", profile <name>" where the warning says which profile judged the run (as HTML)."""
-    profile = _evidence(warning).get("profile")
-    return "" if not profile else f", profile <b>{html_text(profile)}</b>"
+    """ ", profile <name> (why)" where the warning says which profile judged the run and why
+    (as HTML): a run whose recipe is not its model's profile's is told so here."""
+    profile, why = _evidence(warning).get("profile"), _evidence(warning).get("profile_reason")
+    reason = f" ({html_text(why)})" if why else ""
+    return "" if not profile else f", profile <b>{html_text(profile)}</b>{reason}"
 
 
 def _attempts(attempts: list[dict]) -> None:

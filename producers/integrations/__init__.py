@@ -178,7 +178,11 @@ class MonitoredRun:
         return self.state == "running" and self.monitor is not None
 
     def begin(
-        self, model: nn.Module, labels: Mapping[str, Any] | None = None, *run_names: Any
+        self,
+        model: nn.Module,
+        labels: Mapping[str, Any] | None = None,
+        *run_names: Any,
+        optimizer: Any = None,
     ) -> None:
         """Build the Monitor on ``model`` and write the ``start`` record. Without a ``run_id``,
         the run is named by :func:`trainer_run_id` (from ``run_names``, the trainer's own),
@@ -197,7 +201,9 @@ class MonitoredRun:
             spec = self.sink_spec
             sink = JsonlSink(spec) if isinstance(spec, str | os.PathLike) else spec
             self.run_id = self.run_id or trainer_run_id(*run_names)
-            self.monitor = Monitor(model, sink, run_id=self.run_id, config=self.config)
+            self.monitor = Monitor(
+                model, sink, run_id=self.run_id, config=self.config, optimizer=optimizer
+            )
             if self.resumed_from is not None:
                 self.monitor.load_state_dict(self.resumed_from)
             self.run_id = self.monitor.run_id

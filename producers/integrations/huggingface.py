@@ -71,6 +71,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import MonitoredRun, RunAccess, make_config, missing_extra
+from .recipes import trainer_recipe
 from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
 
 try:
@@ -193,10 +194,11 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
             return
         self.run.resumed_from = _resumed_from(state, type(self).__name__)
         try:
-            labels = _labels(args, model)
+            labels = _labels(args, model, getattr(state, "max_steps", None))
         except Exception:
             labels = {}
-        self.run.begin(model, labels, getattr(args, "run_name", None))
+        name = getattr(args, "run_name", None)
+        self.run.begin(model, labels, name, optimizer=kwargs.get("optimizer"))
         if self.run.running:
             self.feed.start(self.run.run_id, {**labels, **self.run.labels})
         monitor = self.run.monitor if self.run.running else None
@@ -357,8 +359,11 @@ def _report_to(
             mlflow.set_tags(update.tags())
 
 
-def _labels(args: Any, model: Any) -> dict[str, Any]:
+def _labels(args: Any, model: Any, max_steps: int | None = None) -> dict[str, Any]:
     labels: dict[str, Any] = {"transformers": transformers.__version__}
+    recipe = trainer_recipe(args, max_steps)
+    if recipe is not None:
+        labels["recipe"] = recipe
     trainer = {name: getattr(args, name) for name in _ARG_LABELS if hasattr(args, name)}
     labels["trainer"] = {k: v for k, v in trainer.items() if isinstance(v, int | float | str)}
     config = getattr(model, "config", None)

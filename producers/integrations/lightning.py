@@ -157,7 +157,8 @@ class _ForeshockHooks(RunAccess):
             labels = {}
         wrappers = _outer_wrappers(trainer, pl_module)
         with _whole_parameters(pl_module, wrappers):  # FSDP1: discovery reads whole weights
-            self.run.begin(pl_module, labels, _logger_run_name(trainer))
+            optimizer = (getattr(trainer, "optimizers", None) or [None])[0]
+            self.run.begin(pl_module, labels, _logger_run_name(trainer), optimizer=optimizer)
         monitor = self.run.monitor if self.run.running else None
         peers = monitor.peers if monitor is not None else None
         if peers is not None:
