@@ -53,7 +53,7 @@ JUDGED = ROOT / "lab" / "runs" / "recipes-judged"
 CALIBRATION = ROOT / "lab" / "runs" / "recipes-calibration"  # where the rules were chosen
 # The rules were frozen at this time (UTC; the commit that froze them says so): every judged
 # run must have started training after it.
-FROZEN = "2026-12-05T15:58:00"
+FROZEN = "2026-12-05T16:03:00"
 HORIZON = 2000
 ONSETS = {"20%": 400, "50%": 1000, "80%": 1600}
 MODELS = {  # tag -> foreshock lab run options
