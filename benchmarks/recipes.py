@@ -104,7 +104,7 @@ class Spec:
         args += ["--lr", f"{1e-3 * self.lr_factor:g}", "--steps", str(self.steps)]
         args += [] if self.onset is None else ["--onset", str(self.onset)]
         run_id = ["--run-id", self.run_id, "--quiet", "--out", str(out)]
-        return [sys.executable, "-m", "foreshock", "lab", "run", *args, *run_id]
+        return [sys.executable, "-m", "foreshock.cli", "lab", "run", *args, *run_id]
 
 
 def _healthy() -> list[Spec]:
@@ -163,7 +163,10 @@ def generate(specs: list[Spec], folder: Path, jobs: int) -> None:
 
     def train(spec: Spec) -> None:
         out = folder / f"{spec.run_id}.jsonl"
-        subprocess.run(spec.command(out), check=True, capture_output=True)
+        done = subprocess.run(spec.command(out), capture_output=True, text=True)
+        if done.returncode != 0:  # one failed run is reported, the others still train
+            print(f"FAILED {spec.run_id}: {done.stderr[-2000:]}", file=sys.stderr, flush=True)
+            return
         subprocess.run(["gzip", "-f", str(out)], check=True)
         print(f"trained {spec.run_id}", file=sys.stderr, flush=True)
 

@@ -141,7 +141,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     """A profile from healthy runs (files, or a store's runs selected by label): bands,
     thresholds and the optimizer test (``make_profile``), published by ``--name`` beside
     the shipped profiles, or written to ``--out``."""
-    from .make_profile import ProfileError, make_profile
+    from .make_profile import ProfileError, make_profile, recipes_of
     from .profiles import save_profile
     from .replay import replay_run
 
@@ -151,7 +151,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         config, signatures = make_profile(runs, replay_run, args.allow_few, base)
         where: str | Path
         if args.name:
-            where = save_profile(profiles_folder_of(args), args.name, config, signatures)
+            recipes = recipes_of(runs)
+            where = save_profile(profiles_folder_of(args), args.name, config, signatures, recipes)
         else:
             config.save(args.out)
             where = Path(args.out)

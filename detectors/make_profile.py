@@ -27,7 +27,7 @@ from .calibrate import calibrate_profile
 from .config import BAND_RULES, DetectorConfig
 from .signatures import describe, same_model, signature_of
 
-__all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile", "one_model"]
+__all__ = ["MIN_HEALTHY_RUNS", "ProfileError", "make_profile", "one_model", "recipes_of"]
 
 MIN_HEALTHY_RUNS = 10
 
@@ -79,3 +79,15 @@ def one_model(runs: Sequence[Any]) -> dict[str, Any]:
 
 def _id(run: Any) -> str:
     return str(run.start.get("run_id") or "a run")
+
+
+def recipes_of(runs: Sequence[Any]) -> list[dict[str, Any]]:
+    """The distinct recipes of ``runs`` (objects with ``start`` and ``records``), as labels:
+    a profile judges only runs of these (:mod:`foreshock.recipe`). Empty when one run's recipe
+    cannot be known: a profile then claims none rather than a wrong one."""
+    from foreshock.recipe import recipe_of_run
+
+    found = [recipe_of_run(run.start, run.records) for run in runs]
+    if not found or any(r is None for r in found):
+        return []
+    return [r.to_labels() for r in dict.fromkeys(found) if r is not None]

@@ -210,11 +210,16 @@ def _without_version(text: str) -> dict[str, Any]:
 
 
 def save_profile(
-    folder: str | Path | Any, name: str, config: DetectorConfig, signatures: list[dict[str, Any]]
+    folder: str | Path | Any,
+    name: str,
+    config: DetectorConfig,
+    signatures: list[dict[str, Any]],
+    recipes: list[dict[str, Any]] | None = None,
 ) -> str:
     """Write a named profile into ``folder`` (``load_profiles``' layout: a path or a store's
     :class:`~foreshock.storage.store_files.StoreFiles`); returns where its file is.
-    A name the shipped profiles use is refused: a user's profile sits beside them."""
+    A name the shipped profiles use is refused: a user's profile sits beside them.
+    ``recipes``: those of its calibration runs (None or empty: it claims none)."""
     if not name or "/" in name or name.startswith(".") or name == SIGNATURES_FILE[:-5]:
         raise ValueError(f"not a profile name: {name!r}")
     if name in shipped_profiles().configs:
@@ -227,6 +232,9 @@ def save_profile(
         files.write_text(f"{name}.json", json.dumps(data, indent=1))
         known = json.loads(files.read_text(SIGNATURES_FILE) or "{}")
         files.write_text(SIGNATURES_FILE, json.dumps({**known, name: signatures}, indent=1) + "\n")
+        known = json.loads(files.read_text(RECIPES_FILE) or "{}")
+        known = {k: v for k, v in known.items() if k != name} | ({name: recipes} if recipes else {})
+        files.write_text(RECIPES_FILE, json.dumps(known, indent=1) + "\n")
     return f"{files}/{name}.json"
 
 

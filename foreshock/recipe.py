@@ -33,7 +33,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["SCHEDULES", "Recipe", "recipe_mismatch"]
+__all__ = ["SCHEDULES", "Recipe", "recipe_mismatch", "recipe_of_run"]
 
 SCHEDULES = ("constant", "cosine", "linear", "wsd")
 # How far a run's peak learning rate may lie from a profile's calibration runs' and still be
@@ -132,3 +132,26 @@ def recipe_mismatch(run: Recipe, calibrated: list[Recipe]) -> str | None:
             return None
     names = "; ".join(r.describe() for r in calibrated)
     return f"{run.describe()} is not a calibrated recipe ({names})"
+
+
+def recipe_of_run(start: dict[str, Any], records: list[dict[str, Any]]) -> Recipe | None:
+    """The recipe a finished run trained with: the one its ``start`` labels declare; else,
+    from a run that recorded its learning rate (``lr``), a constant one when it never
+    changed; else a lab run's constant ``lr`` over its ``steps``. None: not knowable.
+
+    >>> recipe_of_run({"labels": {"lr": 1e-3, "steps": 800}}, []).describe()
+    'constant lr 0.001, 800 steps'
+    >>> warming = [{"step": 0, "values": {"lr": 1e-4}}, {"step": 99, "values": {"lr": 2e-4}}]
+    >>> recipe_of_run({}, warming) is None
+    True
+    """
+    labels = start.get("labels") or {}
+    declared = Recipe.from_labels(labels.get("recipe"))
+    if declared is not None:
+        return declared
+    rates = {r.get("values", {}).get("lr") for r in records} - {None}
+    if len(rates) == 1 and records:
+        return Recipe.from_labels({"lr": rates.pop(), "horizon": records[-1]["step"] + 1})
+    if rates:
+        return None
+    return Recipe.from_labels({"lr": labels.get("lr"), "horizon": labels.get("steps")})

@@ -160,3 +160,25 @@ def test_router_only_learning_rate_fault_targets_only_the_gates(fault: Fault) ->
     assert not groups[1]["faulted"]
     assert router_ids.isdisjoint(id(p) for p in groups[1]["params"])
     assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(list(model.parameters()))
+
+
+def test_lab_trains_a_recipe_and_records_its_learning_rates(tmp_path) -> None:
+    """Warm-up then WSD decay: each update uses the recipe's learning rate, times the fault's
+    (an lr-high ramp from step 30), and every record carries it; the labels give it back."""
+    fault = Fault("lr-high", onset=30, magnitude=4, ramp=10)
+    config = RunConfig(
+        fault=fault, steps=60, every=10, batch_size=4, model=TINY,
+        lr=2e-3, schedule="wsd", warmup=10, decay_start=40,
+    )  # fmt: skip
+    run_lab(config, tmp_path / "run.jsonl", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    start, metrics = records[0], records[1:-1]
+    assert start["labels"]["recipe"]["schedule"] == "wsd"
+    recipe = config.recipe
+    for record in metrics:
+        step = record["step"]
+        expected = recipe.lr_at(step) * fault.lr_factor(step)
+        assert record["values"]["lr"] == pytest.approx(expected, rel=1e-9), step
+        assert record["values"]["lr@group.0"] == record["values"]["lr"]
+    assert metrics[0]["values"]["lr"] < metrics[1]["values"]["lr"]  # warming up
+    assert config_from_labels(start["labels"]) == config

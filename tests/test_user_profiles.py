@@ -93,8 +93,11 @@ def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnin
     tmp_path, capsys
 ):
     """A tiny Qwen3-MoE of a size no profile knows, trained by the HF Trainer with the
-    callback as documented and no labels, its learning rate ramped to 1.0 (it diverges):
-    the zero-shot profile judges it, warns, and the detect table says which profile and why."""
+    callback as documented and no labels, at a learning rate far too high for it (0.3,
+    constant): the zero-shot profile judges it, warns, and the detect table says which
+    profile and why. (A warm-up to a too-high peak is judged only from its peak on:
+    docs/recipes.md; this test's run warmed up to 1.0 before, and was warned only after it
+    diverged.)"""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
@@ -112,8 +115,8 @@ def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnin
     data = [{"input_ids": tokens[s : s + 32], "labels": tokens[s : s + 32]} for s in starts]
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        **{"max_steps": 400, "per_device_train_batch_size": 8, "learning_rate": 1.0},
-        **{"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 300},
+        **{"max_steps": 400, "per_device_train_batch_size": 8, "learning_rate": 0.3},
+        **{"lr_scheduler_type": "constant"},
         **{"max_grad_norm": 0.0, "save_strategy": "no", "report_to": "none"},
         **{"use_cpu": True, "seed": 0, "disable_tqdm": True, "dataloader_num_workers": 0},
     )
