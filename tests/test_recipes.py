@@ -136,3 +136,21 @@ def test_the_shipped_profiles_say_which_recipe_they_were_calibrated_on():
     profiles = shipped_profiles()
     for name in ("gpt-moe", "gpt-moe+capacity-1", "mixtral"):
         assert profiles.recipes_of(name) == (CONSTANT,), name
+
+
+def test_a_users_profile_records_the_recipes_of_its_calibration_runs(tmp_path):
+    from types import SimpleNamespace
+
+    from foreshock.detectors.make_profile import recipes_of
+    from foreshock.detectors.profiles import load_profiles, save_profile
+
+    cosine = Recipe("cosine", 5e-4, 100, 2000)
+    runs = [SimpleNamespace(start={"labels": {"recipe": cosine.to_labels()}}, records=[])] * 3
+    assert recipes_of(runs) == [cosine.to_labels()]
+    unknown = SimpleNamespace(start={}, records=[{"step": 0, "values": {"lr": 1e-4}},
+                                                 {"step": 9, "values": {"lr": 2e-4}}])  # fmt: skip
+    assert recipes_of([*runs, unknown]) == []  # one run's recipe unknown: claim none
+    save_profile(tmp_path, "mine", DetectorConfig(), [SIGNATURE], recipes_of(runs))
+    assert load_profiles(tmp_path).recipes_of("mine") == (cosine,)
+    save_profile(tmp_path, "mine", DetectorConfig(), [SIGNATURE], [])  # made again: none
+    assert load_profiles(tmp_path).recipes_of("mine") == ()
