@@ -42,6 +42,7 @@ def resolution(message: Mapping[str, Any]) -> dict[str, Any] | None:
             "step": message.get("step"),
             "source": message.get("source") or "policy",
             "request_id": message.get("request_id"),
+            "approver": message.get("approver"),  # who approved it (a verified request)
             "rolled_back_to": message.get("rolled_back_to"),
             "error": message.get("error"),
         },

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
 from typing import Any
 
+from foreshock.transport.approvals import DEFAULT_LIFETIME, MAX_LIFETIME
 from foreshock.transport.control import REMEDY_ACTIONS, ControlError, remedy_request
 
 __all__ = ["MAX_WAIT", "AckListener", "act", "add_act_arguments", "lr_scale", "wait_seconds"]
@@ -59,6 +61,21 @@ def wait_seconds(text: str) -> float:
     if not 0 < value <= MAX_WAIT:
         raise argparse.ArgumentTypeError(f"--wait must be in (0, {MAX_WAIT:.0f}] s, got {text}")
     return value
+
+
+def valid_for(text: str) -> float:
+    """``--valid-for``: seconds in (0, :data:`~foreshock.transport.approvals.MAX_LIFETIME`]."""
+    value = _seconds(text, "--valid-for")
+    if not 0 < value <= MAX_LIFETIME:
+        raise argparse.ArgumentTypeError(f"--valid-for must be in (0, {MAX_LIFETIME:.0f}] s")
+    return value
+
+
+def _seconds(text: str, option: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{option} must be seconds, got {text!r}") from None
 
 
 class AckListener:
@@ -118,9 +135,12 @@ class AckListener:
         self.consumer.close()
 
 
-def act(args: argparse.Namespace, warning: dict[str, Any], settings: Any, by: str) -> int:
-    """Publish the request for ``warning`` (a stored warning's state); with ``args.wait``,
-    wait for the trainer's answer. Returns the exit code (see the module docstring)."""
+def act(args: argparse.Namespace, warning: dict[str, Any], settings: Any) -> int:
+    """Publish the request for ``warning`` (a stored warning's state), signed with the
+    approver's key (``--key`` or ``FORESHOCK_APPROVER_KEY``); with ``args.wait``, wait for the
+    trainer's answer. Returns the exit code (see the module docstring)."""
+    from foreshock.transport.approvals import sign
+
     from .alerts import publish
 
     if warning.get("event") == "cleared":
@@ -129,8 +149,16 @@ def act(args: argparse.Namespace, warning: dict[str, Any], settings: Any, by: st
     if args.lr_scale is not None and args.action not in (None, "hold-lr"):
         print("foreshock warnings act: --lr-scale is for hold-lr only", file=sys.stderr)
         return 2
+    key = _signing_key(args)
+    if key is None:
+        return 2
+    by = key["name"]
     try:
-        request = remedy_request(warning, by, args.action, args.rollback, args.lr_scale)
+        request = remedy_request(
+            warning, by, args.action, args.rollback, args.lr_scale,
+            lifetime=args.valid_for, again=args.again,
+        )  # fmt: skip
+        request = sign(request, key)
     except ControlError as exc:
         print(f"foreshock warnings act: {exc}", file=sys.stderr)
         return 2
@@ -150,6 +178,25 @@ def act(args: argparse.Namespace, warning: dict[str, Any], settings: Any, by: st
         if listener is not None:
             listener.close()
     return _answered(answer, args.wait)
+
+
+def _signing_key(args: argparse.Namespace) -> dict[str, str] | None:
+    """The approver's key (``--key``, else ``FORESHOCK_APPROVER_KEY``); None (said) without."""
+    from foreshock.transport.approvals import ApprovalError, load_key
+
+    path = args.key or os.environ.get("FORESHOCK_APPROVER_KEY")
+    if not path:
+        print(
+            "foreshock warnings act: a trainer follows only signed requests: give --key FILE "
+            "(or FORESHOCK_APPROVER_KEY; foreshock approvers keygen makes one)",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return load_key(path)
+    except ApprovalError as exc:
+        print(f"foreshock warnings act: {exc}", file=sys.stderr)
+        return None
 
 
 def _answered(answer: dict[str, Any] | None, waited: float) -> int:
@@ -196,4 +243,21 @@ def add_act_arguments(parser: argparse.ArgumentParser) -> None:
         type=wait_seconds,
         metavar="SECONDS",
         help="wait this long for the trainer's answer and print it (exit 3 without one)",
+    )
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help="the approver's key file (default $FORESHOCK_APPROVER_KEY; approvers keygen)",
+    )
+    parser.add_argument(
+        "--valid-for",
+        type=valid_for,
+        default=DEFAULT_LIFETIME,
+        metavar="SECONDS",
+        help=f"the request expires after this (default {DEFAULT_LIFETIME:.0f} s)",
+    )
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="act even if this warning was acted on already (refused otherwise)",
     )

@@ -210,7 +210,7 @@ def _remedy(args: argparse.Namespace) -> int:
     try:
         with open_history(location) as history:
             warning = find_warning(history, args.id)
-        return act(args, warning, load_settings(args.config), args.by or _login())
+        return act(args, warning, load_settings(args.config))
     except (LookupError, ValueError, RuntimeError) as exc:
         print(f"foreshock warnings: {exc}", file=sys.stderr)
         return 1
@@ -259,6 +259,5 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
         help="ask the running trainer to act on a warning (on the control topic)",
     )
     remedy.add_argument("id", help="the warning's id, or a unique start of it")
-    remedy.add_argument("--by", help="who (default: your login name)")
     add_act_arguments(remedy)
     remedy.set_defaults(func=_remedy)

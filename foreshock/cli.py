@@ -18,6 +18,7 @@ from typing import Any
 
 from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
+from foreshock.detectors.approver_commands import add_approver_commands
 from foreshock.detectors.commands import add_detector_commands
 from foreshock.detectors.warnings_commands import add_warnings_commands
 from foreshock.notify.commands import add_notify_commands
@@ -297,6 +298,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_detector_commands,
     add_notify_commands,
     add_warnings_commands,
+    add_approver_commands,
     partial(add_storage_commands, import_runs=_import_runs),
     add_dashboard_commands,
 )

@@ -101,8 +101,9 @@ def _why(event: WarningEvent) -> str:
     >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "run ended"}}))
     'the run ended'
     >>> _why(WarningEvent.from_message({**e, "evidence": {"resolved_by": "action",
-    ...     "action": {"what": "hold-lr", "step": 470, "source": "approved"}}}))
-    'the trainer acted: hold-lr at step 470, approved by a person'
+    ...     "action": {"what": "hold-lr", "step": 470, "source": "approved",
+    ...                "approver": {"name": "ana", "key_id": "0b74"}}}}))
+    'the trainer acted: hold-lr at step 470, approved by ana (key 0b74)'
     >>> from foreshock.transport.warning import RESOLVED_BY
     >>> sorted(_WHY) == sorted(RESOLVED_BY)  # every reason the wire allows has its words
     True
@@ -113,7 +114,12 @@ def _why(event: WarningEvent) -> str:
         return f"{_WHY[why]} ({resumed_at})"
     action = _evidence(event).get("action")
     if why == "action" and isinstance(action, dict):
-        source = "approved by a person" if action.get("source") == "approved" else "its policy"
+        source = "its policy"
+        if action.get("source") == "approved":
+            who = action.get("approver")
+            who = who if isinstance(who, dict) else {}
+            name = f"{who.get('name')} (key {who.get('key_id')})" if who.get("name") else ""
+            source = f"approved by {name or 'a person'}"
         return f"{_WHY[why]}: {action.get('what')} at step {action.get('step')}, {source}"
     return _WHY[why]
 

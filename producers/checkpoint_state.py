@@ -4,6 +4,8 @@ Attempts are ordered by the restart count first and the producer's start time se
 (:mod:`foreshock.transport.attempts`): hosts' clocks skew, a restart count does not. So the
 count travels with the trainer's checkpoint — saved beside the model's state, read back on
 resume, one more — and the sink stamps the new attempt with it before its first message.
+The ids of the approved requests the trainer was handed travel the same way: a request
+applied before the checkpoint is refused if it comes again (a resume never re-applies it).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ log = logging.getLogger("foreshock.monitor")
 
 
 def monitoring_state(run_id: str, sink: Any) -> dict[str, Any]:
-    """The run id, the attempt that wrote the checkpoint and its restart count."""
+    """The run id, the attempt that wrote the checkpoint and its restart count, and the ids
+    of the approved requests the trainer was handed (a resumed attempt refuses a replay)."""
     attempt = getattr(sink, "attempt", None)
     restart = restart_of(attempt) if isinstance(attempt, int) else 0
-    return {"run_id": run_id, "attempt": attempt, "restart": restart}
+    state = {"run_id": run_id, "attempt": attempt, "restart": restart}
+    seen = getattr(sink, "requests_seen", None)
+    return {**state, "requests": list(seen())} if seen is not None else state
 
 
 def load_monitoring_state(sink: Any, state: dict[str, Any]) -> bool:
@@ -33,6 +38,9 @@ def load_monitoring_state(sink: Any, state: dict[str, Any]) -> bool:
         resume = getattr(sink, "resume", None)
         if resume is not None:
             resume(restart)
+        remember = getattr(sink, "remember_requests", None)
+        if remember is not None and isinstance(state.get("requests"), list):
+            remember([str(r) for r in state["requests"]])
         return True
     except Exception as exc:
         log.warning("foreshock monitor: checkpoint state not loaded: %r", exc)

@@ -15,22 +15,33 @@ the training loop: a step boundary must cost nothing and can never wait on a bro
   beginning (the topic holds a few requests a day) and keeps a request only if it was made
   after this producer started — a request for an earlier attempt of the run is not this one's
   to follow — and only once per ``request_id`` (a replay after a broker restart, a re-read).
-* **Only its own runs.** ``poll()`` returns the requests whose ``run_id`` this sink writes;
-  those for a run it has not written yet wait (a bounded few), those of other runs too.
+* **Only its own runs, filtered before any queue.** A request whose ``run_id`` this sink does
+  not write is counted (``other_runs``) and dropped in the thread: a fleet's traffic on the
+  topic can neither fill the trainer's queue nor evict its own requests. Malformed messages
+  are counted (``invalid``), logged once and then every 1,000th.
+* **Only approved hands** (:mod:`foreshock.transport.approvals`). Every request for its runs is
+  verified against the allowlist of approvers' keys (``FORESHOCK_KAFKA_APPROVERS``; none: no
+  request is followed): unsigned, unknown-key, badly signed, expired and future-dated
+  requests, and a request id seen before (a replay), are handed over *refused* (``refused``:
+  why), so that the trainer records the refusal; a verified one carries ``approver`` (the
+  allowlist's key id and name; ``by`` is that name, never the sender's text).
 
 Every request the trainer is handed has passed :func:`~foreshock.transport.control.
-check_request`; a malformed one is counted (``invalid``) and skipped.
+check_request`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
+from foreshock.transport.approvals import Allowlist, ApprovalError
 from foreshock.transport.control import ControlError, decode_request
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
 
@@ -38,7 +49,8 @@ __all__ = ["ControlRequests"]
 
 log = logging.getLogger("foreshock.producers.control")
 
-MAX_HELD = 1000  # requests held for runs this sink does not (yet) write; queued ones
+MAX_QUEUED = 1000  # this sink's runs' requests not yet polled (a trainer polls every step)
+MAX_REMEMBERED = 10_000  # request ids seen, for refusing replays (the newest kept)
 _PROBE = 2.0  # s: the longest a probe of the broker takes (``close`` waits for it to end)
 _GONE = {"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"}
 
@@ -61,16 +73,30 @@ class ControlRequests:
         started: float,
         run_ids: Callable[[], Collection[str]],
         max_wait: float = 30.0,
+        approvers: Allowlist | None = None,
     ) -> None:
         self.settings, self.started, self._run_ids = settings, started, run_ids
         self.max_wait = max_wait
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=MAX_HELD)
-        self._held: list[dict[str, Any]] = []  # for runs not (yet) this sink's
-        self._known = -1  # how many run ids the held requests were last checked against
+        self.approvers = approvers if approvers is not None else _allowlist(settings)
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=MAX_QUEUED)
         self._seen: dict[str, None] = {}  # request ids taken, oldest first
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.taken = self.invalid = self.dropped = self.errors = 0
+        self.other_runs = self.refused = 0
+
+    def remember(self, request_ids: Collection[str]) -> None:
+        """Request ids an earlier attempt took (its checkpoint's): a replay of one is refused."""
+        for request_id in request_ids:
+            self._seen[str(request_id)] = None
+
+    def seen(self) -> list[str]:
+        """The request ids taken (the newest ``MAX_REMEMBERED``), for the checkpoint (read
+        while the control thread may add one: asked again then)."""
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError):
+                return list(self._seen)
+        return []
 
     # ---- the training thread ------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
@@ -93,19 +119,7 @@ class ControlRequests:
             try:
                 fresh.append(self._queue.get_nowait())
             except queue.Empty:
-                break
-        if not fresh and not self._held:
-            return []
-        runs = self._run_ids()
-        if not fresh and len(runs) == self._known:
-            return []  # nothing new, and no new run for the requests held
-        self._known = len(runs)
-        out: list[dict[str, Any]] = []
-        held: list[dict[str, Any]] = []
-        for request in self._held + fresh:
-            (out if request["run_id"] in runs else held).append(request)
-        self._held = held[-MAX_HELD:]
-        return out
+                return fresh
 
     def close(self, timeout: float = _PROBE + 1.0) -> None:
         """Stop the thread (it closes its consumer; a probe under way ends first); never
@@ -166,20 +180,46 @@ class ControlRequests:
             request = decode_request(raw.value())
         except ControlError as exc:
             self.invalid += 1
-            log.warning("foreshock: a control message skipped: %s", exc)
+            if self.invalid % 1000 == 1:  # the first, then every 1,000th: never a flood
+                log.warning("foreshock: %d control message(s) skipped; last: %s", self.invalid, exc)
             return
+        if not self._ours(request["run_id"]):
+            self.other_runs += 1  # another trainer's: counted, never queued
+            return
+        if request["time"] < self.started and request["request_id"] not in self._seen:
+            return  # made for an earlier attempt of the run: not this one's to follow
+        self._queue_request(self._verified(request))
+
+    def _ours(self, run_id: str) -> bool:
+        """Whether this sink writes ``run_id`` (asked from this thread while the training
+        thread may add a stream: a set built mid-insert is asked again)."""
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError):
+                return run_id in self._run_ids()
+        return False
+
+    def _verified(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``request`` with its ``approver``, or with ``refused`` saying why not."""
         request_id = request["request_id"]
-        if request["time"] < self.started or request_id in self._seen:
-            return  # for an earlier producer of the run, or taken already
+        if request_id in self._seen:
+            return {**request, "refused": "already taken (a replay)"}
         self._seen[request_id] = None
-        if len(self._seen) > 10 * MAX_HELD:
+        if len(self._seen) > MAX_REMEMBERED:
             del self._seen[next(iter(self._seen))]
+        name, why = self.approvers.verify(request, time.time())
+        if why is not None:
+            return {**request, "refused": why}
+        return {**request, "by": name, "approver": {"key_id": request["key_id"], "name": name}}
+
+    def _queue_request(self, request: dict[str, Any]) -> None:
+        self.refused += "refused" in request
         try:
             self._queue.put_nowait(request)
             self.taken += 1
         except queue.Full:
             self.dropped += 1
-            log.warning("foreshock: control request %s dropped: none polled", request_id)
+            if self.dropped % 1000 == 1:
+                log.warning("foreshock: %d control request(s) dropped: none polled", self.dropped)
 
 
 def _close(consumer: Any) -> None:
@@ -189,3 +229,13 @@ def _close(consumer: Any) -> None:
             consumer.close()
         except Exception as exc:
             log.debug("foreshock: control consumer close: %r", exc)
+
+
+def _allowlist(settings: KafkaSettings) -> Allowlist:
+    """The trainer's approvers (``settings.approvers``, a file); one that cannot be read is
+    logged and none are followed: a trainer never follows a request it cannot verify."""
+    try:
+        return Allowlist.load(getattr(settings, "approvers", ""))
+    except ApprovalError as exc:
+        log.warning("foreshock: no remote request will be followed: %s", exc)
+        return Allowlist([])

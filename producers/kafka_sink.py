@@ -194,6 +194,15 @@ class KafkaSink:
             return []
         return self._control.poll()
 
+    def requests_seen(self) -> list[str]:
+        """The ids of the requests this sink handed over or refused (for the checkpoint)."""
+        return self._control.seen()
+
+    def remember_requests(self, request_ids: list[str]) -> None:
+        """Request ids an earlier attempt took (from its checkpoint): refused if they come
+        again."""
+        self._control.remember(request_ids)
+
     def fits(self, item: SpooledMessage) -> bool:
         """Whether the client and the wire format both take ``item``."""
         return self._encoder.fits(item)

@@ -64,6 +64,8 @@ from typing import Any
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
+from .request_gate import refusal
+
 __all__ = ["ACTIONS", "Action", "Remediator", "RemedyPolicy", "action_record", "cause_of"]
 
 log = logging.getLogger("foreshock.remedy")
@@ -172,6 +174,7 @@ class Action:
     detail: dict[str, Any] = field(default_factory=dict)
     source: str = "policy"  # "policy": the automatic path; "approved": a person's request
     request_id: str | None = None  # the approved request it answers (``warnings act``)
+    approver: dict[str, str] | None = None  # who approved it: the allowlist's key id and name
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,8 +222,8 @@ class Remediator:
         """Apply a person's request (``foreshock warnings act``) at this step boundary; never
         raises. ``request``: ``request_id``, ``warning_id``, ``family``, ``module``, and
         optionally ``action`` (else the policy's for the family), ``rollback`` and
-        ``lr_scale`` (else the policy's). Approved means decided: no backoff, no count limit;
-        a request seen twice (its ``request_id``) is applied once (None the second time)."""
+        ``lr_scale`` (else the policy's). Bounded like the policy's own actions, and refused
+        with a record where it may not act (:mod:`.request_gate`)."""
         decision = self.decide_request(step, request)
         return None if decision is None else self.apply(decision)
 
@@ -239,16 +242,20 @@ class Remediator:
     def decide_request(
         self, step: int, request: Mapping[str, Any], pending: Sequence[Decision] = ()
     ) -> Decision | None:
-        """What ``approve`` would do for ``request`` (None: seen already, applied or among the
-        ``pending`` decisions of this boundary)."""
+        """What ``approve`` would do for ``request``: an action, or a refusal to record
+        (:mod:`.request_gate`: bounded like the policy's own, one remedy per warning)."""
         request_id = str(request.get("request_id") or "")
-        seen = {a.request_id for a in self.actions} | {d["request_id"] for d in pending}
-        if request_id and request_id in seen:
-            return None
         family = str(request.get("family") or "")
         kind = request.get("action") or self.policy.actions.get(family)
         warning = _requested(request, family, step)
-        if kind not in ACTIONS:
+        taken = [(a.request_id, a.warning_id, a.applied) for a in self.actions]
+        taken += [(d["request_id"], d["warning_id"], d["error"] is None) for d in pending]
+        allowed = self._allowed(step, list(pending))
+        why = refusal(request, taken, allowed, self.policy.lr_scale)
+        if why is not None:
+            decision = self._decision(str(kind or "none"), warning, step, self.policy)
+            decision["error"], decision["refused"] = f"refused: {why}", why
+        elif kind not in ACTIONS:
             decision = self._decision(str(kind), warning, step, self.policy)
             decision["error"] = f"no action for {family!r}: give one of {list(ACTIONS)}"
         else:
@@ -257,6 +264,7 @@ class Remediator:
             }
             decision = self._decision(str(kind), warning, step, replace(self.policy, **overrides))
         decision["source"], decision["request_id"] = "approved", request_id or None
+        decision["approver"] = request.get("approver")  # the allowlist's key id and name
         return decision
 
     def apply(self, decision: Decision) -> Action:
@@ -265,9 +273,11 @@ class Remediator:
         d = decision
         action = Action(
             d["kind"], d["warning_id"], d["family"], d["module"], d["step"], False,
-            source=d["source"], request_id=d["request_id"],
+            source=d["source"], request_id=d["request_id"], approver=d.get("approver"),
         )  # fmt: skip
         self.actions.append(action)
+        if d.get("refused"):
+            action.detail["refused"] = d["refused"]
         if d["error"] is not None:
             action.error = d["error"]
             return action
@@ -322,9 +332,12 @@ class Remediator:
         return False
 
     def _allowed(self, step: int, pending: list[Decision]) -> bool:
-        if len(self.actions) + len(pending) >= self.policy.max_actions:
+        """Within ``max_actions`` and ``backoff_steps`` (refusals count for neither)."""
+        taken = [a for a in self.actions if "refused" not in a.detail]
+        pending = [d for d in pending if not d.get("refused")]
+        if len(taken) + len(pending) >= self.policy.max_actions:
             return False
-        last = pending[-1]["step"] if pending else self.actions[-1].step if self.actions else None
+        last = pending[-1]["step"] if pending else taken[-1].step if taken else None
         return last is None or step - last >= self.policy.backoff_steps
 
     @staticmethod

@@ -18,7 +18,9 @@ boundary is and turns ``stop`` into its own flag.
 * ``hold_lr(scale)``: every parameter group's learning rate held at ``scale`` × its value at
   the warning, set again by an optimizer step pre-hook, so no scheduler's ``step()`` undoes it
   (the Trainer's logged ``learning_rate`` stays the schedule's: the action record has the
-  held values);
+  held values); never below ``HOLD_FLOOR`` × the rate before the first hold, however often
+  or however low it is asked (two ×1e-300 requests once set the rate to exactly 0 and the run
+  trained on, looking healthy);
 * ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
   warning, under any optimizer and schedule: step hooks keep the routers' weights before the
   step and set w = w_old + s · (w_new − w_old), s = min(1, scale · lr_warning / lr_now) with
@@ -59,6 +61,10 @@ def _innermost(optimizer: Any) -> torch.optim.Optimizer:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"not a torch optimizer: {type(optimizer).__name__}")
     return optimizer
+
+
+# The lowest a learning rate is held, as a share of its value before the first hold.
+HOLD_FLOOR = 0.1
 
 
 class _TrainingState:
@@ -111,6 +117,7 @@ class TrainerRemedies:
         self.ring = snapshots
         self.switched: dict[str, str] = {}  # attention layer -> its implementation now
         self.held: list[float] | None = None  # each group's held learning rate
+        self._unheld: list[float] = []  # each group's learning rate before the first hold
         self.router_scale = 1.0
         self.stopped = False
         self.redone = 0  # steps whose training a rollback undid
@@ -147,7 +154,10 @@ class TrainerRemedies:
         return {n: self.switched[n] for n in names}
 
     def hold_lr(self, scale: float) -> list[float]:
-        self.held = [scale * float(g["lr"]) for g in self.optimizer.param_groups]
+        now = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self._unheld = self._unheld or now  # the rates before the first hold
+        floor = [HOLD_FLOOR * lr for lr in self._unheld]
+        self.held = [max(scale * lr, low) for lr, low in zip(now, floor, strict=False)]
         self._apply_held()
         if not any(h[0] == "lr" for h in self._hooks):
             hook = self.optimizer.register_step_pre_hook(lambda *_: self._apply_held())

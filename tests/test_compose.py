@@ -100,8 +100,8 @@ def listeners(value: str) -> dict[str, tuple[str, int]]:
 
 
 def published(service: dict) -> dict[int, int]:
-    """ports as {host port: container port} (short syntax, no IP and no ranges here)."""
-    pairs = [str(p).split(":") for p in service.get("ports") or []]
+    """ports as {host port: container port} (short syntax, [IP:]HOST:CONTAINER, no ranges)."""
+    pairs = [interpolate(str(p)).rsplit(":", 2)[-2:] for p in service.get("ports") or []]
     return {int(host): int(container) for host, container in pairs}
 
 
@@ -305,7 +305,7 @@ def test_dashboard_reads_the_storage_volume_read_only(services) -> None:
     (store,) = [v for v in services["storage"]["volumes"] if v.endswith(":/data")]
     volume = store.split(":")[0]
     assert f"{volume}:/data:ro" in services["dashboard"]["volumes"]
-    assert "8501:8501" in services["dashboard"]["ports"]
+    assert published(services["dashboard"]) == {8501: 8501}
 
 
 def test_service_commands_are_foreshock_subcommands(foreshock_services) -> None:

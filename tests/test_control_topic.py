@@ -1,11 +1,13 @@
 """The control topic: ``foreshock warnings act`` asks a running trainer to act on a warning,
-the trainer's ``KafkaSink.poll_requests()`` hands the request over at a step boundary — never
-blocking, never raising, each request once, only its own runs', only those made after it
-started — and ``act --wait`` hears the trainer's answer (its ``action`` record)."""
+signed with an approver's key; the trainer's ``KafkaSink.poll_requests()`` hands the request
+over at a step boundary — never blocking, never raising, each request once, only its own
+runs', only those made after it started, verified against its allowlist — and ``act --wait``
+hears the trainer's answer (its ``action`` record)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import threading
 import time
@@ -21,11 +23,21 @@ from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.producers.remedy import Remediator, RemedyPolicy, action_record
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
+from foreshock.transport.approvals import Allowlist, generate_key, sign
 from foreshock.transport.control import ControlError, check_request, remedy_request
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 
 RUN = "r-act"
+
+
+def _approver(tmp_path, name: str = "ana") -> tuple[dict, str, str]:
+    """A key for ``name`` (its content), its key file and an allowlist file holding it."""
+    key, entry = generate_key(name)
+    key_file, allowlist = tmp_path / f"{name}.key", tmp_path / "approvers.json"
+    key_file.write_text(json.dumps(key))
+    allowlist.write_text(json.dumps({"approvers": [entry]}))
+    return key, str(key_file), str(allowlist)
 
 
 def _cli(argv: list[str]) -> int:
@@ -126,6 +138,8 @@ def test_act_refuses_what_no_trainer_could_follow_before_sending_anything(tmp_pa
     assert _cli(["warnings", "act", "ffff", *store]) == 1
     assert "no warning 'ffff'" in capsys.readouterr().err
     assert _cli(["warnings", "act", "ffff", "--store", str(tmp_path / "none")]) == 2
+    assert _cli(["warnings", "act", opened["id"], *store]) == 2  # no key: nothing is sent
+    assert "a trainer follows only signed requests" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the trainer's side, alone
@@ -137,21 +151,51 @@ def _raw(request: dict) -> SimpleNamespace:
     return SimpleNamespace(error=lambda: None, value=lambda: value)
 
 
-def test_the_trainer_keeps_its_own_runs_requests_made_since_it_started_each_once():
-    runs = {"r1"}
-    control = ControlRequests(KafkaSettings(spool_dir="s"), 100.0, lambda: runs)
+def test_the_trainer_hands_over_its_own_runs_requests_verified_and_refuses_the_rest(tmp_path):
+    """Only this sink's runs, only made since it started; each verified against the
+    allowlist: a signed one carries its approver, the others are handed over refused (so the
+    trainer records why); a replay is refused; other runs' and junk are counted, never
+    queued."""
+    key, _, allowlist = _approver(tmp_path)
+    control = ControlRequests(
+        KafkaSettings(spool_dir="s", approvers=allowlist), 100.0, lambda: {"r1"}
+    )
+    now = time.time()
     warning = _event("r1", "b.1", 450)
-    mine = remedy_request(warning, "ana", "hold-lr", now=150.0)
-    old = remedy_request(warning, "ana", "hold-lr", now=50.0)  # an earlier producer's
-    later = remedy_request(_event("r2", "b.1", 450), "bo", "stop", now=160.0)  # not yet mine
-    for request in (mine, old, mine, later):
+    signed = sign(remedy_request(warning, "x", "hold-lr", now=now), key)
+    old = sign(remedy_request(warning, "x", "hold-lr", now=50.0), key)  # an earlier producer's
+    unsigned = remedy_request(warning, "mallory", "stop", now=now)
+    forged = {
+        **sign(remedy_request(warning, "x", "hold-lr", lr_scale=0.5, now=now), key),
+        "lr_scale": 1e-9,
+    }
+    ahead = sign(remedy_request(warning, "x", "stop", now=now + 864_000, lifetime=60), key)
+    expired = sign(remedy_request(warning, "x", "stop", now=now - 7200, lifetime=60), key)
+    other_run = sign(remedy_request(_event("r2", "b.1", 450), "x", "stop", now=now), key)
+    for request in (signed, old, unsigned, forged, ahead, expired, other_run, signed):
         control._take(_raw(request))
-    control._take(SimpleNamespace(error=lambda: None, value=lambda: b'{"kind": "x"}'))
-    assert (control.taken, control.invalid) == (2, 1)
-    assert control._mine() == [mine]
+    for _ in range(30):
+        control._take(SimpleNamespace(error=lambda: None, value=lambda: b'{"kind": "x"}'))
+    handed = control._mine()
+    assert [r.get("refused") for r in handed] == [
+        None, "unsigned", "bad signature", "future-dated", "expired", "already taken (a replay)"
+    ]  # fmt: skip
+    assert handed[0]["approver"] == {"key_id": key["key_id"], "name": "ana"}
+    assert handed[0]["by"] == "ana"
+    assert (control.other_runs, control.invalid, control.refused) == (1, 30, 5)
     assert control._mine() == []
-    runs.add("r2")  # the sink starts writing r2: its request, held, is handed over
-    assert control._mine() == [later]
+    none = ControlRequests(KafkaSettings(spool_dir="s"), 100.0, lambda: {"r1"})  # no allowlist
+    none._take(_raw(sign(remedy_request(warning, "x", "stop", now=now), key)))
+    assert none._mine()[0]["refused"] == "no approvers configured on this trainer"
+
+
+def test_an_allowlist_that_cannot_be_read_follows_no_request(tmp_path, caplog):
+    bad = tmp_path / "approvers.json"
+    bad.write_text("{not json")
+    control = ControlRequests(KafkaSettings(spool_dir="s", approvers=str(bad)), 0.0, set)
+    assert len(control.approvers) == 0
+    assert "no remote request will be followed" in caplog.text
+    assert isinstance(Allowlist.load(""), Allowlist) and len(Allowlist.load("")) == 0
 
 
 @pytest.mark.slow
@@ -189,15 +233,17 @@ def test_act_reaches_the_running_trainer_and_hears_its_answer(
     for name, value in service_env(kafka_settings).items():
         monkeypatch.setenv(name, value)
     ensure_topics(kafka_settings)
+    key, key_file, allowlist = _approver(tmp_path)
     warning, other = _event(RUN, "blocks.1.moe", 450), _event(RUN, "blocks.2.moe", 500)
-    store = _store(tmp_path, warning, other)
+    store = [*_store(tmp_path, warning, other), "--key", key_file]
     # before the trainer started: a request of an earlier attempt, and another run's
-    stale = remedy_request(warning, "ana", "stop")
+    stale = sign(remedy_request(warning, "ana", "stop"), key)
     alerts.publish(kafka_settings, stale, topic=kafka_settings.control_topic)
-    elsewhere = remedy_request(_event("r-other", "b.1", 5), "ana", "stop")
+    elsewhere = sign(remedy_request(_event("r-other", "b.1", 5), "ana", "stop"), key)
     time.sleep(0.05)  # (the trainer starts after them, by the clocks too)
 
-    sink = KafkaSink(kafka_settings, close_timeout=5.0, confirm_group=None)
+    trainer_settings = dataclasses.replace(kafka_settings, approvers=allowlist)
+    sink = KafkaSink(trainer_settings, close_timeout=5.0, confirm_group=None)
     trainer = _Trainer()
     remediator = Remediator(RemedyPolicy(), trainer)
     try:
@@ -206,7 +252,7 @@ def test_act_reaches_the_running_trainer_and_hears_its_answer(
         alerts.publish(kafka_settings, elsewhere, topic=kafka_settings.control_topic)
         codes: list[int] = []
         argv = ["warnings", "act", warning["id"][:8], "--action", "hold-lr", "--lr-scale"]
-        argv += ["0.25", "--by", "ana", "--wait", "20", *store]
+        argv += ["0.25", "--wait", "20", *store]
         acting = threading.Thread(target=lambda: codes.append(_cli(argv)))
         tick = time.monotonic()
         acting.start()
@@ -220,6 +266,7 @@ def test_act_reaches_the_running_trainer_and_hears_its_answer(
             0.25,
         )
         assert (request["by"], request["run_id"], request["step"]) == ("ana", RUN, 450)
+        assert request["approver"] == {"key_id": key["key_id"], "name": "ana"}
         action = remediator.approve(470, request)
         assert action is not None and action.applied and trainer.held == [0.25]
         sink.write(action_record(RUN, 0, action))
@@ -234,7 +281,10 @@ def test_act_reaches_the_running_trainer_and_hears_its_answer(
             request["request_id"],
             "approved",
         )
-        assert remediator.approve(480, request) is None  # a request seen twice: applied once
+        assert answer["approver"] == {"key_id": key["key_id"], "name": "ana"}
+        again = remediator.approve(480, request)  # a request seen twice: applied once
+        assert again is not None and not again.applied and trainer.held == [0.25]
+        assert again.detail["refused"] == f"request {request['request_id']} was handled already"
         # nobody answers this one: act says so, with its own exit code
         argv = ["warnings", "act", other["id"], "--action", "stop", "--wait", "1.5", *store]
         assert _cli(argv) == 3
@@ -272,7 +322,9 @@ def test_act_reaches_a_training_loop_through_the_product_runner(
     torch.manual_seed(0)
     lab = build("gpt-moe", GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, n_experts=4))
     optimizer = torch.optim.AdamW(lab.model.parameters(), lr=1e-3)
-    sink = KafkaSink(kafka_settings, close_timeout=5.0, confirm_group=None)
+    _, key_file, allowlist = _approver(tmp_path)
+    trainer_settings = dataclasses.replace(kafka_settings, approvers=allowlist)
+    sink = KafkaSink(trainer_settings, close_timeout=5.0, confirm_group=None)
     monitor = Monitor(lab.model, sink, run_id=run, config=MonitorConfig(every=10))
     remediation = Remediation.for_monitor(RemedyPolicy(), monitor, optimizer, warnings=None)
     assert remediation is not None
@@ -296,7 +348,7 @@ def test_act_reaches_a_training_loop_through_the_product_runner(
     trainer.start()
     try:
         argv = ["warnings", "act", warning["id"], "--action", "hold-lr", "--lr-scale", "0.25"]
-        code = _cli([*argv, "--by", "ana", "--wait", "30", *store])
+        code = _cli([*argv, "--key", key_file, "--wait", "30", *store])
         applied_by = len(steps)
         assert code == 0
         (action,) = remediation.actions

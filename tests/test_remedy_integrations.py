@@ -306,7 +306,8 @@ def test_a_failing_action_is_reported_and_training_runs_to_its_end(tmp_path: Pat
 
 class RequestingSink:
     """A JSON Lines sink that delivers approved requests (as ``KafkaSink``'s
-    ``poll_requests`` would): at its 5th poll, again at the 6th (a redelivery), then none;
+    ``poll_requests`` hands over verified ones): at its 5th poll, again at the 6th (a
+    redelivery, refused with a record), then none;
     a poll that raises once on the way must not disturb training."""
 
     def __init__(self, path: Path, requests: list[dict[str, Any]]) -> None:
@@ -342,10 +343,12 @@ def test_an_approved_request_is_applied_once_and_acknowledged(tmp_path: Path) ->
     trainer, _ = lightning_fit(lightning_callback(path, RemedyPolicy(actions={}), sink))
 
     assert trainer.global_step == STEPS and sink.polls == STEPS  # one poll per boundary
-    [record] = actions_in(path)
+    [record, again] = actions_in(path)  # applied once; the redelivery refused, on record
     assert (record["action"], record["step"], record["applied"]) == ("scale-router-lr", 5, True)
     assert (record["source"], record["request_id"]) == ("approved", "req-1")
     assert record["warning_id"] == "w-router" and record["detail"]["result"] == 0.1
+    assert (again["step"], again["applied"], again["request_id"]) == (6, False, "req-1")
+    assert again["detail"]["refused"] == "request req-1 was handled already"
     assert end_of(path)["remedy"]["errors"] == 1  # the poll that raised, counted
 
 

@@ -14,8 +14,14 @@ A request::
     {"schema": "foreshock.control/1", "kind": "remedy-request", "request_id": "<uuid4 hex>",
      "run_id": "...", "warning_id": "...", "family": "router", "module": "blocks.1.moe",
      "step": 450, "action": "scale-router-lr" | null, "rollback": true | false | null,
-     "lr_scale": 0.5 | null, "by": "ana", "time": 1764513600.0,
-     "evidence": {"recent": [[step, value, z], ...]}}
+     "lr_scale": 0.5 | null, "by": "ana", "time": 1764513600.0, "expires": 1764517200.0,
+     "again": false, "evidence": {"recent": [[step, value, z], ...]},
+     "key_id": "3f2a...", "signature": "<base64 Ed25519>"}
+
+A trainer follows only requests signed by an approver on its allowlist, in their validity
+window (:mod:`foreshock.transport.approvals`); ``by`` is then the allowlist's name for the
+key. ``again``: act even if this warning was acted on already (a second ``act`` is otherwise
+refused: one warning, one remedy).
 
 ``action`` null: the trainer's policy picks the action for the family; ``rollback`` and
 ``lr_scale`` null: the policy's. ``step`` is the warning's (where it opened); ``evidence``
@@ -67,6 +73,8 @@ def remedy_request(
     rollback: bool | None = None,
     lr_scale: float | None = None,
     now: float | None = None,
+    lifetime: float = 3_600.0,
+    again: bool = False,
 ) -> dict[str, Any]:
     """The request to act on ``warning`` (a stored warning's state: id, run, family, module,
     step, evidence); ControlError for an action or scale the trainer could not follow.
@@ -95,7 +103,9 @@ def remedy_request(
         "lr_scale": lr_scale,
         "by": by,
         "time": time.time() if now is None else now,
+        "again": again,
     }
+    request["expires"] = (time.time() if now is None else now) + lifetime
     if isinstance(recent, list) and recent:
         request["evidence"] = {"recent": recent[:64]}
     return check_request(request)
@@ -136,7 +146,24 @@ def check_request(message: Any) -> dict[str, Any]:
     if isinstance(moment, bool) or not isinstance(moment, int | float) or not math.isfinite(moment):
         raise ControlError("time must be a number (Unix seconds)")
     _check_evidence(message.get("evidence"))
+    _check_approval(message)
     return message
+
+
+def _check_approval(message: dict[str, Any]) -> None:
+    """The signature's fields, where present, of the types the trainer verifies."""
+    expires = message.get("expires")
+    if expires is not None and (
+        isinstance(expires, bool)
+        or not isinstance(expires, int | float)
+        or not math.isfinite(expires)
+    ):
+        raise ControlError("expires must be a number (Unix seconds) or absent")
+    for name in ("key_id", "signature"):
+        if message.get(name) is not None and not isinstance(message[name], str):
+            raise ControlError(f"{name} must be a string or absent")
+    if not isinstance(message.get("again", False), bool):
+        raise ControlError("again must be true or false")
 
 
 def _check_evidence(evidence: Any) -> None:

@@ -96,6 +96,9 @@ class KafkaSettings:
     deadletter_topic: str = "foreshock.deadletter"
     # a person's requests to a running trainer (``foreshock warnings act``), keyed by run id
     control_topic: str = "foreshock.control"
+    # the trainer's allowlist of approvers' public keys (a JSON file: transport.approvals);
+    # empty: the trainer follows no remote request (its automatic policy still acts)
+    approvers: str = ""
     partitions: int = 6
     replication_factor: int = 1
     retention_ms: int = 7 * 24 * 3600 * 1000

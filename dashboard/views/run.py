@@ -98,6 +98,9 @@ def _statistic_name(warning: dict) -> str:
 
 def _outcome(action: dict) -> str:
     """How an action went, in words."""
+    refused = (action.get("detail") or {}).get("refused")
+    if refused:
+        return f"refused: {refused}"
     if action.get("error"):
         return f"failed: {action['error']}"
     if action.get("dry_run"):
@@ -107,13 +110,24 @@ def _outcome(action: dict) -> str:
 
 def _action_line(action: dict) -> str:
     """One action as HTML text: what, at which step, who decided, how it went."""
-    source = "approved by a person" if action.get("source") == "approved" else "by the policy"
+    source = "by the policy"
+    if action.get("source") == "approved":
+        source = f"requested by {_approver(action)}"
     back = action.get("rolled_back_to")
     back = "" if back is None else f", rolled back to step {html_text(back)}"
     return (
         f"<b>Action:</b> {html_text(action.get('action'))} at step {html_text(action.get('step'))}"
         f", {source}{back}: {html_text(_outcome(action))}"
     )
+
+
+def _approver(action: dict) -> str:
+    """Who asked for an action: the allowlist's name and key id (a verified request), else
+    the name the request gave (not verified: the action was refused)."""
+    approver = action.get("approver") or {}
+    if isinstance(approver, dict) and approver.get("name"):
+        return f"{approver['name']} (key {approver.get('key_id')})"
+    return "an unverified sender"
 
 
 def _actions(actions: list[dict]) -> None:
@@ -129,6 +143,7 @@ def _actions(actions: list[dict]) -> None:
             "family": a.get("family"),
             "module": a.get("module") or "run",
             "source": a.get("source") or "policy",
+            "approver": _approver(a) if a.get("source") == "approved" else None,
             "outcome": _outcome(a),
             "rolled back to": a.get("rolled_back_to"),
             "request": a.get("request_id"),
