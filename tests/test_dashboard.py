@@ -230,3 +230,37 @@ def test_a_failing_query_is_a_message_not_a_traceback(tmp_path, monkeypatch):
         app = _page(name, tmp_path / "history", monkeypatch, **query)  # no exception
         assert not app.get("plotly_chart") and "query failed" in app.error[0].value
         assert "Overflow in addition of INT64" in _shown(app.error[0].value)
+
+
+@pytest.mark.slow
+def test_run_page_shows_the_recipe_why_its_profile_and_who_acted(tmp_path, monkeypatch):
+    """A run trained with a cosine recipe: its recipe in the header, the profile's reason in
+    its warnings (a recipe no calibrated profile was made on), and the actions people asked
+    for: the approver of the applied one, the reason of the refused one."""
+    import gzip
+    import json
+
+    from foreshock.lab.recorded import RECORDED_DIR
+    from foreshock.producers.remedy import Action, action_record
+
+    source = RECORDED_DIR / "recipes-calibration" / "gpt-moe-fa-lowprec-cosine-at400-s110.jsonl.gz"
+    lines = [json.loads(line) for line in gzip.decompress(source.read_bytes()).splitlines()]
+    run_id = lines[0]["run_id"]
+    ana = {"key_id": "0b742816f52c7054", "name": "ana"}
+    asked = {"source": "approved", "family": "attention-numerics", "warning_id": "w-x"}
+    acted = Action("hold-lr", **asked, module="h.1.attn", step=800, applied=True,
+                   request_id="q1", approver=ana)  # fmt: skip
+    refused = Action("stop", **asked, module=None, step=810, applied=False, request_id="q2",
+                     error="refused: unsigned", detail={"refused": "unsigned"})  # fmt: skip
+    path = tmp_path / "run.jsonl"
+    actions = [action_record(run_id, 0, a) for a in (acted, refused)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in [*lines[:-1], *actions, lines[-1]]))
+    with DeltaStore(tmp_path / "history") as store:
+        store_recorded_runs(store, [path], default_config())
+    app = _page("run", tmp_path / "history", monkeypatch, run=run_id)
+    captions = html.unescape("\n".join(c.value for c in app.caption))
+    assert "recipe: cosine lr 0.001, warm-up 100, 2000 steps" in captions
+    assert "gpt-moe fits the model, but cosine lr 0.001" in _html(app)
+    table = app.dataframe[0].value
+    assert list(table["approver"]) == ["ana (key 0b742816f52c7054)", "an unverified sender"]
+    assert list(table["outcome"]) == ["applied", "refused: unsigned"]
