@@ -40,7 +40,14 @@ import torch
 from torch import nn
 
 from .adapters import FINDERS
-from .layouts import AttentionSpec, LatentPath, RouterSpec, head_rows, linear_out_in
+from .layouts import (
+    QK_NORM_PAIRS,
+    AttentionSpec,
+    LatentPath,
+    RouterSpec,
+    head_rows,
+    linear_out_in,
+)
 from .module_attrs import config_int as _attr
 from .module_attrs import submodule, tensor_attr
 from .names import named_modules
@@ -50,12 +57,7 @@ __all__ = ["Discovery", "discover"]
 
 _FUSED = ("c_attn", "qkv_proj", "qkv")
 _SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_k"))
-_QK_NORMS = (
-    ("q_norm", "k_norm"),
-    ("q_layernorm", "k_layernorm"),
-    ("q_ln", "k_ln"),
-    ("norm_q", "norm_k"),
-)
+_QK_NORMS = QK_NORM_PAIRS
 _HEADS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "n_query_groups")
 _HEAD_DIM = ("head_dim", "head_size")

@@ -61,6 +61,18 @@ def head_rows(starts: torch.Tensor | list[int], width: int) -> torch.Tensor:
     return (starts + torch.arange(width)).flatten()
 
 
+# QK-norm modules inside an attention layer, (query, key) names: discovery folds their scales
+# into W_q and W_k, the architecture signature says a model has QK-norm when a layer holds a
+# pair. One list for both: two copies once differed, and a model whose norms were named
+# ``q_ln``/``k_ln`` was folded but signed ``qk_norm: false`` (profiles are chosen by it).
+QK_NORM_PAIRS = (
+    ("q_norm", "k_norm"),
+    ("q_layernorm", "k_layernorm"),
+    ("q_ln", "k_ln"),
+    ("norm_q", "norm_k"),
+)
+
+
 @dataclass(eq=False)
 class LatentPath:
     """The down-projection a per-head projection reads from: c = RMSNorm(x W_aᵀ + b_a) ⊙ g.

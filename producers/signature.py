@@ -15,11 +15,9 @@ from typing import Any
 
 from torch import nn
 
-from .layouts import AttentionSpec, RouterSpec
+from .layouts import QK_NORM_PAIRS, AttentionSpec, RouterSpec
 
 __all__ = ["model_signature", "signature_or_none"]
-
-QK_NORM_NAMES = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 
 
 def model_signature(
@@ -69,7 +67,9 @@ def _hidden(model: nn.Module, first: AttentionSpec | None) -> int | None:
 
 
 def _has_qk_norm(module: nn.Module) -> bool:
-    return any(name in QK_NORM_NAMES for name, _ in module.named_children())
+    """A (query, key) pair of the QK-norm names discovery folds (``layouts``) is a child."""
+    children = {name for name, _ in module.named_children()}
+    return any(q in children and k in children for q, k in QK_NORM_PAIRS)
 
 
 def _attention_kind(first: AttentionSpec | None) -> str | None:

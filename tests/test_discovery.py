@@ -624,3 +624,20 @@ def test_register_attention_rejects_wrong_sizes() -> None:
             "layers.0", layer.wq_param, layer.wk_param, n_heads=4, head_dim=8, n_kv_heads=3
         )
     monitor.close()
+
+
+@pytest.mark.parametrize("names", [("q_norm", "k_norm"), ("q_ln", "k_ln"), ("norm_q", "norm_k")])
+def test_every_qk_norm_discovery_folds_is_in_the_signature(names: tuple[str, str]) -> None:
+    """One list of QK-norm names (``layouts.QK_NORM_PAIRS``): a model whose norms discovery
+    folds is signed ``qk_norm: true``, whatever they are called (profiles are chosen by it)."""
+    config = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    attn = Qwen3Attention(config, bias=False)
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    del attn.q_norm, attn.k_norm
+    setattr(attn, names[0], q_norm)
+    setattr(attn, names[1], k_norm)
+    model = Wrapper("self_attn", attn)
+    monitor = Monitor(model, ListSink(), run_id="qk")
+    (spec,) = monitor.discovery.attention
+    assert spec.q_scale is q_norm.weight and spec.k_scale is k_norm.weight
+    assert monitor.signature()["qk_norm"] is True
