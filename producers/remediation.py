@@ -160,7 +160,7 @@ class Remediation:
                 rank=monitor.rank,
                 write=sink.write if monitor.active else None,
                 requests=getattr(sink, "poll_requests", None),
-                feed=feed if feed is not None else _feed(warnings, monitor.run_id, labels),
+                feed=feed if feed is not None else _feed(warnings, monitor, labels),
             )
         except Exception:
             log.warning("foreshock remedy: off, it could not be set up", exc_info=True)
@@ -300,13 +300,15 @@ class Remediation:
         log.warning("foreshock remedy: " + what, *args, exc_info=True)
 
 
-def _feed(warnings: Any, run_id: str, labels: Mapping[str, Any] | None) -> TrackerFeed | None:
+def _feed(warnings: Any, monitor: Monitor, labels: Mapping[str, Any] | None) -> TrackerFeed | None:
+    """The in-process detectors, their profile chosen by the model's signature (as the
+    worker's is) and the run's labels."""
     if warnings is None or warnings is False:
         return None
     from .integrations.trackers import TrackerFeed
 
     feed = TrackerFeed(warnings)
-    feed.start(run_id, dict(labels or {}))
+    feed.start(monitor.run_id, dict(labels or {}), monitor.signature())
     return feed
 
 

@@ -200,7 +200,8 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         name = getattr(args, "run_name", None)
         self.run.begin(model, labels, name, optimizer=kwargs.get("optimizer"))
         if self.run.running:
-            self.feed.start(self.run.run_id, {**labels, **self.run.labels})
+            signature = self.run.monitor.signature() if self.run.monitor else None
+            self.feed.start(self.run.run_id, {**labels, **self.run.labels}, signature)
         monitor = self.run.monitor if self.run.running else None
         if monitor is not None and self._max_logit:
             try:
@@ -251,7 +252,9 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         self._pending = None  # on_step_end wrote it; the loggers may be closed by now
         self._remove_hook()
         status, fields = self.remedy.finish("finished")
-        self.run.finish(status, global_step=state.global_step, **fields)
+        self.run.finish(
+            status, global_step=state.global_step, **fields, **self.feed.profile_fields()
+        )
 
     # ---- internals ----------------------------------------------------------------------
     def _step(self, step: int, state: Any) -> None:

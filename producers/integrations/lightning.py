@@ -164,7 +164,8 @@ class _ForeshockHooks(RunAccess):
         if peers is not None:
             peers.roots.extend(wrappers)  # each monitoring step reads them whole again
         if self.run.running:
-            self.feed.start(self.run.run_id, {**labels, **self.run.labels})
+            signature = self.run.monitor.signature() if self.run.monitor else None
+            self.feed.start(self.run.run_id, {**labels, **self.run.labels}, signature)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -214,7 +215,9 @@ class _ForeshockHooks(RunAccess):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         status, fields = self.remedy.finish("finished")
-        self.run.finish(status, global_step=trainer.global_step, **fields)
+        self.run.finish(
+            status, global_step=trainer.global_step, **fields, **self.feed.profile_fields()
+        )
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         _, fields = self.remedy.finish("crashed")

@@ -172,8 +172,16 @@ class TrackerFeed:
         self.detector: InProcessDetector | None = None
         self.open: dict[str, int] = {}  # family -> its open warnings
 
-    def start(self, run_id: str | None, labels: Mapping[str, Any]) -> None:
-        """Build the detector for the run (its profile picked from ``labels``)."""
+    def start(
+        self,
+        run_id: str | None,
+        labels: Mapping[str, Any],
+        signature: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Build the detector for the run: its profile chosen from ``labels`` and the model's
+        architecture ``signature`` (``Monitor.signature()``) exactly as the detector worker
+        chooses it from the run's ``start`` record (one chooser:
+        :meth:`~foreshock.detectors.profiles.ProfileConfigs.choose`), and logged."""
         if self.warnings is False or self.warnings is None or run_id is None:
             return
         try:
@@ -181,7 +189,13 @@ class TrackerFeed:
 
             config = shipped_profiles() if self.warnings is True else self.warnings
             self.detector = InProcessDetector(run_id, config)
-            self.detector.update({"kind": "start", "run_id": run_id, "labels": dict(labels)})
+            monitor = {"signature": dict(signature)} if signature else {}
+            start = {"kind": "start", "run_id": run_id, "labels": dict(labels), "monitor": monitor}
+            self.detector.update(start)
+            profile = self.detector.profile
+            log.info(
+                "foreshock: run %s judged by profile %s (%s)", run_id, profile.name, profile.reason
+            )
             self.open = dict.fromkeys(FAMILIES, 0)
         except Exception:
             self.detector = None
@@ -189,6 +203,14 @@ class TrackerFeed:
                 "foreshock: in-process warnings disabled, the detectors could not be built",
                 exc_info=True,
             )
+
+    def profile_fields(self) -> dict[str, Any]:
+        """For the run's ``end`` record: the profile the in-process detectors judged it by,
+        and why ({} with the detectors off)."""
+        if self.detector is None:
+            return {}
+        profile = self.detector.profile
+        return {"profile": {"name": profile.name, "reason": profile.reason}}
 
     def update(self, record: Mapping[str, Any]) -> TrackerUpdate | None:
         """The scalars and warning events of a metrics record; None if it is not one."""
