@@ -54,6 +54,7 @@ from .observations import StepObservations
 from .partials import RankPart, combine
 from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
 from .record_out import error_record, finite_record, say_nonfinite
+from .run_bounds import RunBounds
 from .sharding import is_dtensor
 from .signature import signature_or_none
 from .sinks import Sink
@@ -81,6 +82,7 @@ class Monitor:
         self.config = config or MonitorConfig()
         self.run_id = check_run_id(run_id or uuid.uuid4().hex[:12])  # fail now, not per record
         self.rank, self.world_size = rank_and_world()
+        self._bounds = RunBounds(self.run_id, self.rank, self.world_size)
         self.peers = Peers.join(self.config.join_timeout_s)
         # active: this rank writes records; participating: it measures (hooks, collectives)
         self.active = self.config.emit_ranks == "all" or self.rank == 0
@@ -129,9 +131,8 @@ class Monitor:
         n_kv_heads: int | None = None,
         **layout: Any,
     ) -> AttentionSpec:
-        """Declare an attention layer discovery can't read, e.g. layer 3's W_q, W_k with 8 heads
-        of 64. ``layout`` takes AttentionSpec's optional fields (q_rows, k_rows, transposed,
-        q_bias, k_bias, q_scale, k_scale)."""
+        """Declare an attention layer discovery can't read (e.g. W_q, W_k with 8 heads of 64);
+        ``layout``: AttentionSpec's optional fields (q_rows, k_rows, transposed, q/k_bias/scale)."""
         spec = AttentionSpec(
             name, n_heads, n_kv_heads or n_heads, head_dim, q_weight, k_weight, **layout
         )
@@ -151,9 +152,8 @@ class Monitor:
         bias: torch.Tensor | None = None,
         scoring: Literal["softmax", "sigmoid"] = "softmax",
     ) -> RouterSpec:
-        """Declare a router: ``module`` outputs the routing logits (..., n_experts), alone or
-        first in a tuple with the selected experts; ``weight`` defaults to ``module.weight``.
-        ``scoring`` says how logits become scores (see ``RouterSpec``)."""
+        """Declare a router: ``module`` outputs its logits (..., n_experts), alone or first in a
+        tuple; ``weight`` defaults to ``module.weight``; ``scoring``: see ``RouterSpec``."""
         weight = tensor_attr(module, "weight") if weight is None else weight
         spec = RouterSpec(name, module, weight, n_experts, top_k, bias, scoring)
         self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
@@ -182,10 +182,9 @@ class Monitor:
         return self.participating and self._observed.armed
 
     def watch_sdpa(self, layers: dict[str, nn.Module] | None = None) -> SdpaLogitWatch:
-        """Record ``max_logit@<layer>`` from the ``F.scaled_dot_product_attention`` calls made
-        inside each attention layer's forward, on monitoring steps only (one line for plain
-        PyTorch code: ``monitor.watch_sdpa()``). ``layers`` maps names to modules; default:
-        the discovered attention layers. Removed by ``close()``."""
+        """Record ``max_logit@<layer>`` from each attention layer's ``F.scaled_dot_product_
+        attention`` calls, on monitoring steps only (plain PyTorch: ``monitor.watch_sdpa()``).
+        ``layers``: names to modules (default: those discovered). Removed by ``close()``."""
         layers = self.attention_modules() if layers is None else layers
         watch = SdpaLogitWatch(
             layers.items(), self.observe_max_logit, lambda: self.measuring, self._observed.failed
@@ -215,6 +214,7 @@ class Monitor:
             record = self._measure(step, loss)
             if record is None:  # a rank that measured its share and writes nothing
                 return None
+            self._bounds.before_first(self.sink, self.describe)  # a start where none went
             self.sink.write(record)
             self.records_written += 1
             return record
@@ -387,6 +387,7 @@ class Monitor:
             close()
         self._closers.clear()
         try:
+            self._bounds.at_close(self.sink, self._last_step)  # the end of a start it wrote
             self.sink.close()
         except Exception as exc:  # the sink itself failed: nothing left to write a record to
             self.errors += 1

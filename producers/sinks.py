@@ -37,10 +37,19 @@ class JsonlSink:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._bounds = _Bounds()
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
         self._file.flush()
+        self._bounds.saw(record)
+
+    def has_start(self, run_id: str) -> bool:
+        """Whether a ``start`` record of ``run_id`` went through this sink (``run_bounds``)."""
+        return run_id in self._bounds.started
+
+    def has_end(self, run_id: str) -> bool:
+        return run_id in self._bounds.ended
 
     def close(self) -> None:
         if not self._file.closed:
@@ -48,7 +57,8 @@ class JsonlSink:
 
 
 class ListSink:
-    """Keep records in memory (notebooks, tests of the monitor itself)."""
+    """Keep records in memory (notebooks, tests of the monitor itself): exactly what the
+    Monitor measured, no ``start``/``end`` of its own (a file sink gets them: ``run_bounds``)."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
@@ -58,6 +68,19 @@ class ListSink:
 
     def close(self) -> None:
         pass
+
+
+class _Bounds:
+    """The runs whose ``start`` and ``end`` records a sink wrote."""
+
+    def __init__(self) -> None:
+        self.started: set[str] = set()
+        self.ended: set[str] = set()
+
+    def saw(self, record: Any) -> None:
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind in ("start", "end"):
+            (self.started if kind == "start" else self.ended).add(str(record.get("run_id")))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

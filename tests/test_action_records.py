@@ -119,6 +119,7 @@ def test_an_applied_action_resolves_the_warning_it_names():
         "step": step,
         "source": "approved",
         "request_id": "q-1",
+        "approver": None,
         "rolled_back_to": None,
         "error": None,
     }

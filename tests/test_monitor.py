@@ -243,9 +243,11 @@ def test_jsonl_sink_and_nonfinite_weight(tmp_path: Path) -> None:
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     lines = text.splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 7  # the run's start and end, which nothing else wrote (run_bounds)
     parsed = [strict_json(line) for line in lines]
     assert parsed == read_jsonl(path)
+    assert [r["kind"] for r in (parsed[0], parsed[-1])] == ["start", "end"]
+    parsed = parsed[1:-1]
     assert [r["step"] for r in parsed] == [0, 3, 6, 9, 12]
     assert parsed[2]["flags"] == poisoned["flags"]
 
