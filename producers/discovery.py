@@ -335,6 +335,19 @@ def discover(model: nn.Module) -> Discovery:
     return found
 
 
+def _shared_expert_note(name: str) -> str | None:
+    """Why a shared expert (Qwen2-MoE, DeepSeek) and its gate are not monitored: said, never
+    silent. The experts are on for every token (nothing is routed), and Qwen2-MoE's
+    ``shared_expert_gate`` is one sigmoid scalar per token, not a distribution over experts:
+    none of the router statistics (token or load entropy, ε) is defined for it."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "shared_expert_gate":
+        return f"{name}: a shared expert's gate (one sigmoid per token, no routing): not a router"
+    if leaf in ("shared_expert", "shared_experts"):
+        return f"{name}: shared expert(s), on for every token (nothing routed): no router metric"
+    return None
+
+
 def _find(name: str, module: nn.Module) -> list[AttentionSpec | RouterSpec | str]:
     """What one module holds: from its framework's adapter if it has one, else the rules."""
     for adapter in FINDERS:
@@ -344,6 +357,8 @@ def _find(name: str, module: nn.Module) -> list[AttentionSpec | RouterSpec | str
             return [f"{name}: {type(module).__name__} not readable ({exc})"]
         if claimed is not None:
             return claimed
+    if (note := _shared_expert_note(name)) is not None:
+        return [note]
     found = []
     for find in (_attention_spec, router_spec):
         try:

@@ -641,3 +641,18 @@ def test_every_qk_norm_discovery_folds_is_in_the_signature(names: tuple[str, str
     (spec,) = monitor.discovery.attention
     assert spec.q_scale is q_norm.weight and spec.k_scale is k_norm.weight
     assert monitor.signature()["qk_norm"] is True
+
+
+def test_a_shared_expert_and_its_gate_are_listed_as_skipped_with_the_reason() -> None:
+    """Qwen2-MoE's shared expert and its sigmoid gate are not routers: said, never silent."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1,
+        intermediate_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+        num_experts=4, num_experts_per_tok=2, vocab_size=64,
+    )  # fmt: skip
+    found = discover(transformers.Qwen2MoeForCausalLM(config))
+    assert [r.name for r in found.routers] == ["model.layers.0.mlp.gate"]
+    skipped = "\n".join(found.skipped)
+    assert "model.layers.0.mlp.shared_expert_gate: a shared expert's gate" in skipped
+    assert "model.layers.0.mlp.shared_expert: shared expert(s)" in skipped
