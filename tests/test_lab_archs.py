@@ -174,7 +174,9 @@ def test_new_archs_train_with_the_fa_fault_in_their_own_attention(arch: str, tmp
     moe = arch != "llama"
     discovery = start["monitor"]["discovery"]
     assert discovery.startswith(f"attention layers: 2, routers: {2 if moe else 0}")
-    assert "skipped" not in discovery and start["monitor"]["refused"] == []
+    skipped = [line for line in discovery.splitlines() if "skipped:" in line]
+    assert all("shared expert(s)" in line for line in skipped), skipped  # DeepSeek's: said
+    assert start["monitor"]["refused"] == []
     labels = start["labels"]
     assert (labels["arch"], labels["profile"], start["run_id"]) == (
         arch,
