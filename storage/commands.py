@@ -182,7 +182,14 @@ def _export(args: argparse.Namespace) -> int:
             return 2
         print(f"{args.run} -> {args.out}: {counts}")
     else:
-        print(f"{export_query(location_of(args), args.query, args.out)} rows -> {args.out}")
+        from .reader import QueryError
+
+        try:
+            rows = export_query(location_of(args), args.query, args.out)
+        except (ValueError, QueryError) as exc:  # refused, or a query DuckDB cannot run
+            print(f"foreshock store export: {exc}", file=sys.stderr)
+            return 2
+        print(f"{rows} rows -> {args.out}")
     return 0
 
 

@@ -170,6 +170,25 @@ class History:
         """The snapshot's name: each table's version, in :data:`TABLES` order."""
         return ".".join(str(self.versions[t]) for t in TABLES)
 
+    def user_sql(self, query: str):
+        """A person's own query (``store export --query``), read-only: one ``SELECT`` and
+        nothing else (no ``COPY … TO``, no ``ATTACH``, no second statement), and from here on
+        no file outside the store (and its local cache) can be read, nor the setting undone.
+        ValueError, saying why, for anything else."""
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error as exc:
+            raise ValueError(f"not a query: {exc}") from None
+        kinds = [s.type.name for s in statements]
+        if kinds != ["SELECT"]:
+            raise ValueError(f"--query is read-only: one SELECT statement, got {kinds or 'none'}")
+        folders = [] if not self.location.is_local else [self.location.table_uri("")]
+        folders += [] if self.cache is None else [str(self.cache.folder)]
+        self.connection.execute("SET allowed_directories = ?", [folders])
+        self.connection.execute("SET enable_external_access = false")
+        self.connection.execute("SET lock_configuration = true")
+        return self.sql(query)
+
     def sql(self, query: str, params: list | dict | None = None):
         """Run a parameterised query; the result as an Arrow table."""
         relation = self.connection.sql(query, params=params or None)

@@ -78,8 +78,9 @@ def export_run(root: str | Path, run_id: str, out_dir: str | Path) -> dict[str, 
 
 
 def export_query(root: str | Path, query: str, out: str | Path) -> int:
-    """The result of the user's own read-only ``query`` over the views, as one Parquet file."""
+    """The result of the user's own read-only ``query`` over the views, as one Parquet file
+    (``History.user_sql``: one SELECT, no file outside the store; ValueError otherwise)."""
     with open_history(root) as history:
-        rows = history.sql(query)
+        rows = history.user_sql(query)
     pq.write_table(rows, out)
     return rows.num_rows

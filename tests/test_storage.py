@@ -368,3 +368,32 @@ def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
     assert queries_run >= 10 and counts == sorted(counts)
     with open_history(root) as history:
         assert history.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"] == 50 * batches
+
+
+@pytest.mark.parametrize(
+    ("query", "why"),
+    [
+        ("COPY (SELECT * FROM steps) TO '{out}/leak.csv'", "one SELECT statement"),
+        ("SELECT 1; SELECT 2", "one SELECT statement"),
+        ("ATTACH '{out}/other.db'", "one SELECT statement"),
+        ("SELECT * FROM read_csv('{secret}')", "file system operations are disabled"),
+        ("SELECT * FROM read_text('{secret}')", "file system operations are disabled"),
+    ],
+    ids=["copy-to", "two-statements", "attach", "read-csv", "read-text"],
+)
+def test_export_query_is_read_only(history_dir, tmp_path, capsys, query, why):
+    """``store export --query`` runs one SELECT over the store and reads no file outside it:
+    no COPY … TO, no second statement, no local file (a refusal, exit 2, nothing written)."""
+    from foreshock.cli import main
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password=hunter2\n")
+    sql = query.format(out=tmp_path, secret=secret)
+    out = tmp_path / "q.parquet"
+    assert (
+        main(["store", "export", "--store", str(history_dir), "--query", sql, "--out", str(out)])
+        == 2
+    )
+    assert why in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "leak.csv").exists()
+    assert export_query(history_dir, "SELECT count(*) AS n FROM steps", out) == 1  # still works
