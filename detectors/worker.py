@@ -40,7 +40,7 @@ from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import as_config
 from foreshock.transport.service_loop import ServiceStats, run_service
 from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
-from foreshock.transport.topics import ensure_topics
+from foreshock.transport.topics import ensure_topics, wait_for_topics
 
 from .config import DetectorConfig
 from .ordering import SeqOrderer
@@ -118,7 +118,7 @@ class DetectorWorker:
             from foreshock.telemetry import ServiceTelemetry
 
             self.telemetry = ServiceTelemetry("detector", config.metrics_port, config.metrics_host)
-        ensure_topics(settings)
+        wait_for_topics(settings, "detect")  # the broker may start later
         self.cursor = ReplayCursor()
         self._recent: deque[tuple[bytes, bytes]] = deque(maxlen=config.resend_window)
         self.stats = WorkerStats()  # before the consumer: its rewind callback counts re-sends

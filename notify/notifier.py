@@ -74,7 +74,7 @@ from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.service_loop import run_service
 from foreshock.transport.settings import KafkaSettings
-from foreshock.transport.topics import ensure_topics
+from foreshock.transport.topics import wait_for_topics
 from foreshock.transport.warning import ACTIONS, WarningEvent, decode_event
 from foreshock.transport.wire import WireError
 
@@ -161,7 +161,7 @@ class Notifier:
         self._handled: dict[int, int] = {}  # partition -> 1 + the last offset handled
         self._pending: dict[int, dict[int, int]] = {}  # partition -> offset -> jobs unsettled
         self._refreshed = time.monotonic()
-        ensure_topics(settings)
+        wait_for_topics(settings, "notify")  # the broker may start later
         self.consumer = MetricsConsumer(
             settings,
             config.group_id,

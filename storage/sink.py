@@ -48,7 +48,7 @@ from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import ServiceUnavailableError, as_config
 from foreshock.transport.service_loop import StopServiceError, run_service
 from foreshock.transport.settings import KafkaSettings
-from foreshock.transport.topics import ensure_topics
+from foreshock.transport.topics import wait_for_topics
 
 from .acks import event_key
 from .attempts import AttemptTracker
@@ -142,7 +142,7 @@ class StorageSink:
             except BaseException:  # the port is in use
                 self.store.close()
                 raise
-        ensure_topics(settings)
+        wait_for_topics(settings, "sink")  # the broker may start later
         self.consumer = MetricsConsumer(
             settings,
             config.group_id,

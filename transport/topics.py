@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from .settings import RDKAFKA_LOG, KafkaSettings
 
-__all__ = ["Topics", "ensure_topics", "topic_names"]
+__all__ = ["Topics", "ensure_topics", "topic_names", "wait_for_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +87,40 @@ def ensure_topics(
                 settings.partitions,
             )
     return Topics(counts, created)
+
+
+def wait_for_topics(
+    settings: KafkaSettings,
+    service: str,
+    probe: float = 5.0,
+    max_wait: float = 30.0,
+    stop: Any = None,
+) -> Topics:
+    """``ensure_topics`` once the broker answers: a service started before its broker waits
+    for it — a log line per try, the wait doubling from 1 s to ``max_wait`` s — instead of
+    exiting with a traceback (``detect``, ``sink`` and ``notify`` once died 10 s after a start
+    the broker had not finished). ``stop`` (an Event): give up when set (KafkaException).
+    """
+    import time
+
+    from confluent_kafka import KafkaException
+
+    wait = 1.0
+    while True:
+        try:
+            return ensure_topics(settings, timeout=probe)
+        except KafkaException as exc:
+            if stop is not None and stop.is_set():
+                raise
+            log.warning(
+                "foreshock %s: the broker at %s is not up yet (%s); trying again in %.0f s",
+                service,
+                settings.bootstrap_servers,
+                str(exc)[:200],
+                wait,
+            )
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+            wait = min(wait * 2, max_wait)
