@@ -68,6 +68,15 @@ def store_exists() -> bool:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
+def damage() -> list[str]:
+    """The store's damaged commits, as sentences: the pages read such a table at its last
+    readable version (``storage.store.readable_table``) and say so."""
+    from foreshock.storage.repair import damaged_commits
+
+    return [d.sentence() for d in damaged_commits(store_path())]
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
 def _versions(store: str) -> tuple[tuple[str, int], ...]:
     return tuple(table_versions(store).items())
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 from .file_cache import FileCache, default_cache
 from .location import StoreLocation, load_location
 from .schema import TABLES, empty
-from .store import READ_ORDER, _check_version, open_table
+from .store import READ_ORDER, _check_version, readable_table
 
 __all__ = ["History", "QueryError", "open_history"]
 
@@ -107,6 +107,7 @@ class History:
         self.connection = duckdb.connect(":memory:")
         self.versions: dict[str, int] = {}
         self.files: dict[str, int] = {}
+        self.damaged: dict[str, str] = {}  # table -> read at an older version, and why
         self._relations = []  # a view over an Arrow object needs the object kept alive
         for name in READ_ORDER:
             relation = self._pin(name, (versions or {}).get(name))
@@ -116,7 +117,11 @@ class History:
         self.connection.execute(_WARNINGS_LATEST)
 
     def _pin(self, name: str, version: int | None):
-        table = None if version == -1 else open_table(self.location, name, version)
+        table = None
+        if version != -1:
+            table, note = readable_table(self.location, name, version)
+            if note is not None:
+                self.damaged[name] = note
         if table is None:
             if version is not None and version != -1:
                 raise ValueError(f"store {self.location.uri} has no table {name}")

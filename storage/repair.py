@@ -30,7 +30,7 @@ from .location import StoreLocation, load_location
 from .schema import TABLES
 from .store_files import StoreFiles
 
-__all__ = ["Damage", "damaged_commits", "repair"]
+__all__ = ["Damage", "damaged_commits", "first_damage", "repair"]
 
 COMMIT = re.compile(r"^(\d{20})\.json$")
 _POINTER = "_last_checkpoint"
@@ -77,6 +77,11 @@ def repair(location: StoreLocation | str | None) -> list[str]:
             f"{damage.table} is at version {damage.version - 1}"
         )
     return done
+
+
+def first_damage(location: StoreLocation, table: str) -> Damage | None:
+    """``table``'s first damaged commit (or version gap) after its last checkpoint, if any."""
+    return _first_damage(table, _log(location, table))
 
 
 def _log(location: StoreLocation, table: str) -> StoreFiles:

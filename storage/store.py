@@ -92,6 +92,32 @@ def open_table(
         return None
 
 
+def readable_table(
+    location: StoreLocation, table: str, version: int | None = None
+) -> tuple[DeltaTable | None, str | None]:
+    """For readers: ``open_table``, or — where the newest commits are damaged (a torn commit:
+    :mod:`.repair`) — the table at its last readable version, and a sentence saying so. A
+    damaged commit once stopped every read path (``warnings list``/``act``, ``report``,
+    ``export``, the dashboard) with a traceback while people most needed them."""
+    try:
+        return open_table(location, table, version), None
+    except Exception as exc:
+        if version is not None:
+            raise
+        from .repair import first_damage
+
+        damage = first_damage(location, table)
+        if damage is None or damage.version < 1:
+            raise
+        try:
+            older = open_table(location, table, damage.version - 1)
+        except Exception:
+            raise exc from None
+        note = f"{damage.sentence()}; read at version {damage.version - 1} (foreshock store repair)"
+        log.warning("foreshock store: %s", note)
+        return older, note
+
+
 def store_exists(location: StoreLocation | str | None) -> bool:
     """Has anything created the store's tables yet?"""
     location = load_location(location)
@@ -108,7 +134,7 @@ def table_versions(location: StoreLocation | str | None) -> dict[str, int]:
     location = load_location(location)
     out = {}
     for name in READ_ORDER:
-        table = open_table(location, name)
+        table, _ = readable_table(location, name)  # a damaged table: its last readable one
         out[name] = -1 if table is None else table.version()
     return out
 
@@ -270,7 +296,15 @@ class DeltaStore:
         no rows, or the batch landed on an earlier try)."""
         if not rows.num_rows:
             return None
-        table = self.table(name)
+        try:
+            return self._append(self.table(name), name, rows, number)
+        except SchemaVersionError:
+            raise
+        except Exception:  # reopened at the next try: a log ``store repair`` mended reads again
+            self.tables.pop(name, None)
+            raise
+
+    def _append(self, table: DeltaTable, name: str, rows: pa.Table, number: int) -> int | None:
         table.update_incremental()
         if (table.transaction_version(self.app_id) or 0) >= number:
             return None  # landed on an earlier try

@@ -10,7 +10,7 @@ import streamlit as st
 
 from foreshock.catalogue import MECHANISMS
 from foreshock.dashboard import data
-from foreshock.dashboard.text import html_text, md_code
+from foreshock.dashboard.text import html_text, md_code, md_text
 
 REFRESH_S = 5
 WINDOWS = {"all time": None, "last hour": 3600.0, "last day": 86400.0, "last week": 604800.0}
@@ -128,6 +128,8 @@ def main() -> None:
             "(`foreshock lab run --kafka`)."
         )
         return
+    for note in data.damage():  # read at the last readable version: said, never a traceback
+        st.warning(f"{md_text(note)}; shown as of the last good commit (foreshock store repair)")
     fleet_table(_filters())
 
 

@@ -223,6 +223,8 @@ def main() -> None:
     if not data.store_exists():
         st.info(f"No history yet in {md_code(data.store_path())}.")
         return
+    for note in data.damage():  # read at the last readable version: said, never a traceback
+        st.warning(f"{md_text(note)}; shown as of the last good commit (foreshock store repair)")
     run_id = _pick_run()
     if run_id is None:
         st.info("No runs stored yet.")
