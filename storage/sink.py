@@ -34,6 +34,7 @@ replay from offset 0 (a restarted Tansu forgets offsets) stores nothing twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -57,7 +58,7 @@ from .location import RETAIN_HOURS, StoreLocation
 from .periodic import periodically
 from .retention import prune
 from .rows import BatchBuilder, RecordError
-from .second_writer import SecondWriterError, refuse_a_second_writer
+from .second_writer import SecondWriterError, WriterLease, refuse_a_second_writer
 from .sink_decoders import decode_dead_letter, decode_warning, header_int
 from .sink_stats import SinkStats
 from .store import DeltaStore, first_line
@@ -130,6 +131,8 @@ class StorageSink:
             refuse_a_second_writer(
                 self.store, self.location.uri, c.group_id, c.writer_window, c.take_over
             )
+            self.lease = WriterLease(self.location, c.group_id)
+            self.lease.acquire(c.take_over)  # held while this sink runs: checked every commit
         except SecondWriterError:
             self.store.close()
             raise
@@ -315,7 +318,11 @@ class StorageSink:
             self.stats.values += values
             self.stats.batches += 1
         delay = 0.5
-        while failed := self.held.write(self.store):
+        while True:
+            self.lease.renew()  # before every commit: another group's lease stops this sink
+            failed = self.held.write(self.store)
+            if not failed:
+                break
             self._say_held(failed)
             if self.held.values <= self.config.hold_values and len(self.held) <= MAX_HELD:
                 return False
@@ -377,7 +384,13 @@ class StorageSink:
         """One loop (:meth:`step`) for :func:`~foreshock.transport.service_loop.run_service`;
         told to stop while the store fails, it leaves what is uncommitted to the broker."""
         try:
+            self.lease.renew(force=False)  # idle too: the lease is held while the sink runs
             return self.step() > 0
+        except SecondWriterError as exc:  # another group took the store over: stop, say so
+            log.error("foreshock sink: %s", exc)
+            self.builder.take()
+            self.held.drop()
+            raise StopServiceError from None
         except _StoppedError:
             log.warning("foreshock sink: stopped while the store failed; nothing uncommitted lost")
             self.builder.take()
@@ -387,10 +400,12 @@ class StorageSink:
     def close(self) -> None:
         try:
             self._flush()
-        except _StoppedError:  # the store failed again on the way out: the broker keeps it
+        except (_StoppedError, SecondWriterError):  # the broker keeps what was not written
             self.builder.take()
         self._report(final=True)
         self.consumer.close()
+        with contextlib.suppress(Exception):  # a lease left behind expires by itself
+            self.lease.release()
         self.store.close()
         if self.telemetry is not None:
             self.telemetry.close()
