@@ -6,11 +6,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from foreshock.dashboard.auth import gate
+
 PAGES = (
     Path(__file__).parent / "views"
 )  # not "pages/": that name turns on Streamlit's legacy multipage mode
 
 st.set_page_config(page_title="foreshock", page_icon="⚡", layout="wide")
+gate()  # with --auth: a login or refusal page, and nothing below, unless the user is allowed
 navigation = st.navigation(
     [
         st.Page(PAGES / "fleet.py", title="Fleet", default=True),  # served at /
