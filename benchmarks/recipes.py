@@ -303,19 +303,44 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 
 def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """The README rows (``benchmarks.readme``)."""
-    s = result["summary"]
+    """The rows in the docs (``benchmarks.readme``): the summary, healthy runs per model and
+    schedule, fault runs per scenario and onset phase, and the variants tried."""
+    s, runs = result["summary"], result["runs"]
     phases = ", ".join(f"{p}: {v}" for p, v in s["lead_median_by_phase"].items())
     healthy = f"{s['healthy_warned']}/{s['healthy_runs']} runs"
     rate = f"{s['false_per_10k_steps']} per 10,000 steps ({s['healthy_steps']} steps)"
     right = f"{s['right_before_divergence']}/{s['diverged']}"
     quiet = f"{len(s['not_diverged'])} fault runs did not diverge"
-    return [
+    rows = [
         ("healthy runs under recipes with a mechanism false warning", f"{healthy}; {rate}"),
         ("the default remediation policy's actions on them", str(s["policy_actions_on_healthy"])),
         ("diverging fault runs warned before divergence, right cause", f"{right} ({quiet})"),
         ("median lead per onset phase (steps)", phases or "-"),
     ]
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        key = (
+            (r["model"], r["schedule"])
+            if r["scenario"] == "healthy"
+            else (r["model"], r["scenario"])
+        )
+        by[key].append(r)
+    for (model, what), rs in sorted(by.items()):
+        if rs[0]["scenario"] == "healthy":
+            steps = sum(r["steps"] for r in rs)
+            warned = sum(1 for r in rs if r["false"])
+            rows.append((f"healthy {model}, {what}", f"{warned}/{len(rs)} warned in {steps} steps"))
+            continue
+        cells = []
+        for r in sorted(rs, key=lambda r: (r["phase"] or "", r["run"])):
+            if r["diverged"] is None:
+                cells.append(f"{r['phase']} {r['schedule']}: no divergence (first {r['cause']})")
+            else:
+                cells.append(f"{r['phase']} {r['schedule']}: lead {r['lead']}, {r['cause']}")
+        rows.append((f"{what} on {model}", "; ".join(cells)))
+    for v in result.get("variants", []):
+        rows.append((f"calibration runs, {v['variant']}", f"healthy warned {v['healthy warned']}"))
+    return rows
 
 
 class _AtStep100(ScheduleClock):
