@@ -67,7 +67,7 @@ def test_the_notifier_leaves_replay_when_retention_removed_committed_minus_one(
 ) -> None:
     """The notifier's bug: committed 5, offsets 3 and 4 gone, the next message at 6 — it must
     leave replay (and re-post its open warnings to Alertmanager again)."""
-    monkeypatch.setattr(notifier_module, "ensure_topics", lambda settings: None)
+    monkeypatch.setattr(notifier_module, "wait_for_topics", lambda settings, service: None)
     monkeypatch.setattr(notifier_module, "MetricsConsumer", lambda *a, **k: None)
     config = NotifyConfig([Target("alertmanager", "http://127.0.0.1:9/am")], retries=0)
     notify = Notifier(KafkaSettings(spool_dir="unused"), config)

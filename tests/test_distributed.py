@@ -127,7 +127,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
 def read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in lines if r.get("kind") not in ("start", "end")]  # the run's bounds
 
 
 MONITORED = [step % EVERY == 0 for step in range(STEPS)]

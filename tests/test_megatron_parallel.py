@@ -60,7 +60,8 @@ def launch(mode: str, ranks: int, out_dir: Path) -> list[dict]:
 
 
 def records(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "records-0.jsonl").read_text().splitlines()]
+    lines = (out_dir / "records-0.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") not in ("start", "end")]
 
 
 def worst_difference(got: dict[str, float], want: dict[str, float]) -> tuple[float, str]:

@@ -77,6 +77,8 @@ def records(out_dir: Path, rank: int = 0) -> list[dict]:
     unwrapped = []
     for line in path.read_text().splitlines():
         record = json.loads(line)  # DDP names its modules module.<name>: compare the model's
+        if record.get("kind") in ("start", "end"):  # the run's bounds (producers.run_bounds)
+            continue
         record["values"] = {k.replace("@module.", "@"): v for k, v in record["values"].items()}
         unwrapped.append(record)
     return unwrapped

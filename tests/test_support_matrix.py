@@ -1,6 +1,7 @@
 """The support matrix: every architecture of ``foreshock.producers.support``, built offline.
 
-For each: every attention layer and router is found (``discovery.skipped`` empty); the
+For each: every attention layer and router is found (``discovery.skipped`` names only shared
+experts); the
 discovered factors reproduce the q and k the model itself hands its attention kernel (up to
 the per-token scale of an RMS norm); Δ2, Δ3, ΔW_q/ΔW_k entropies, router token entropy, load
 entropy, ε and mean cosine equal a dense float64 reference after a real training step; and
@@ -134,7 +135,8 @@ def test_monitors_match_dense_float64(arch: Any) -> None:
     model.train()
     sink = ListSink()
     monitor = Monitor(model, sink, run_id="matrix", config=MonitorConfig(every=1, alpha=ALPHA))
-    assert monitor.discovery.skipped == []
+    shared = [s for s in monitor.discovery.skipped if "shared expert" in s]  # said, not routers
+    assert [s for s in monitor.discovery.skipped if s not in shared] == []
     n_layers = arch.settings.get("num_hidden_layers", arch.settings.get("n_layer"))
     assert len(monitor.discovery.attention) == n_layers
     expected_routers = 0 if arch.router == "—" else n_layers

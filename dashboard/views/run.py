@@ -112,7 +112,8 @@ def _action_line(action: dict) -> str:
     """One action as HTML text: what, at which step, who decided, how it went."""
     source = "by the policy"
     if action.get("source") == "approved":
-        source = f"requested by {_approver(action)}"
+        refused = (action.get("detail") or {}).get("refused")
+        source = f"{'requested' if refused else 'approved'} by {_approver(action)}"
     back = action.get("rolled_back_to")
     back = "" if back is None else f", rolled back to step {html_text(back)}"
     return (
@@ -122,12 +123,13 @@ def _action_line(action: dict) -> str:
 
 
 def _approver(action: dict) -> str:
-    """Who asked for an action: the allowlist's name and key id (a verified request), else
-    the name the request gave (not verified: the action was refused)."""
+    """Who asked for an action: the allowlist's name and key id (a verified request); an
+    unverified sender (a refused request); a person (an action stored before signing)."""
     approver = action.get("approver") or {}
     if isinstance(approver, dict) and approver.get("name"):
         return f"{approver['name']} (key {approver.get('key_id')})"
-    return "an unverified sender"
+    refused = (action.get("detail") or {}).get("refused")
+    return "an unverified sender" if refused else "a person"
 
 
 def _actions(actions: list[dict]) -> None:
