@@ -125,7 +125,7 @@ class _Deadline:
     blocked read then fails at once), and ``passed`` says it did."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds, self.passed = seconds, False
+        self.passed = False
         self._connections: list[Any] = []
         track = self._track
 

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .approvals import DEFAULT_LIFETIME
 from .wire import WireError, check_run_id
 
 __all__ = [
@@ -73,7 +74,7 @@ def remedy_request(
     rollback: bool | None = None,
     lr_scale: float | None = None,
     now: float | None = None,
-    lifetime: float = 3_600.0,
+    lifetime: float = DEFAULT_LIFETIME,
     again: bool = False,
 ) -> dict[str, Any]:
     """The request to act on ``warning`` (a stored warning's state: id, run, family, module,
