@@ -33,6 +33,7 @@ from .zero_shot import (
     architecture,
     by_architecture,
     calibration_runs,
+    floors_without,
     load_group,
     right,
     verdict,
@@ -90,7 +91,8 @@ def main() -> None:
             for g, rs in everything.items()
             if architecture(g) != architecture(group)
         }
-        zero = calibrate_zero_shot(by_architecture(others), replay_run)
+        floors = floors_without(architecture(group))
+        zero = calibrate_zero_shot(by_architecture(others), replay_run, floors=floors)
         rows.append(profile_row("zero-shot (0 of its runs)", group, zero, judged))
         pool = calibration_runs(group, runs)
         for size in (int(s) for s in args.sizes.split(",")):

@@ -53,7 +53,7 @@ JUDGED = ROOT / "lab" / "runs" / "recipes-judged"
 CALIBRATION = ROOT / "lab" / "runs" / "recipes-calibration"  # where the rules were chosen
 # The rules were frozen at this time (UTC; the commit that froze them says so): every judged
 # run must have started training after it.
-FROZEN = "2026-12-05T16:03:00"
+FROZEN = "2026-12-05T18:27:00"
 HORIZON = 2000
 ONSETS = {"20%": 400, "50%": 1000, "80%": 1600}
 MODELS = {  # tag -> foreshock lab run options
@@ -61,6 +61,7 @@ MODELS = {  # tag -> foreshock lab run options
     "gpt-moe+capacity": ["--arch", "gpt-moe", "--capacity", "1"],
     "mixtral": ["--arch", "mixtral"],
     "qwen3-moe": ["--arch", "qwen3-moe"],
+    "olmoe": ["--arch", "olmoe"],
     "mixtral-l3h160e6": [
         "--arch",
         "mixtral",
@@ -108,48 +109,55 @@ class Spec:
 
 
 def _healthy() -> list[Spec]:
+    """30 healthy runs: every schedule and rate on the three main models, long horizons (10,000
+    steps on the GPT-MoE, 4,000 on transformers MoEs), the Mixtral of the recipe issue, and an
+    OLMoE no rule or profile was made on."""
     mix = [("cosine", 100, 1.0), ("linear", 200, 1.0), ("wsd", 100, 1.0)]
     constant = [("constant", 0, 0.5), ("constant", 0, 1.0), ("constant", 0, 2.0)]
     specs = [
-        Spec("gpt-moe", "healthy", 200, "cosine", 500, steps=10_000),
-        Spec("gpt-moe", "healthy", 201, "wsd", 500, steps=10_000),
-        Spec("mixtral", "healthy", 200, "cosine", 200, steps=4000),
-        Spec("qwen3-moe", "healthy", 200, "cosine", 200, steps=4000),
+        Spec("gpt-moe", "healthy", 300, "cosine", 500, steps=10_000),
+        Spec("gpt-moe", "healthy", 301, "wsd", 500, steps=10_000),
+        Spec("mixtral", "healthy", 300, "cosine", 200, steps=4000),
+        Spec("qwen3-moe", "healthy", 300, "cosine", 200, steps=4000),
     ]
     for model in ("gpt-moe", "mixtral", "qwen3-moe"):
-        for seed, (schedule, warmup, factor) in enumerate([*mix, *constant], start=202):
-            if not (model == "mixtral" and factor == 1.0 and schedule == "constant"):
-                specs.append(Spec(model, "healthy", seed, schedule, warmup, factor))
-        specs.append(Spec(model, "healthy", 208, "cosine", 100, 2.0))
-    specs += [
-        Spec("mixtral-l3h160e6", "healthy", 200, "cosine", 200),
-        Spec("mixtral-l3h160e6", "healthy", 201, "cosine", 200),
-        Spec("mixtral-l3h160e6", "healthy", 204, "wsd", 100),
-        Spec("mixtral-l3h160e6", "healthy", 207, "constant", 0, 2.0),
-        Spec("gpt-moe+capacity", "healthy", 202, "cosine", 100),
-        Spec("gpt-moe+capacity", "healthy", 204, "wsd", 100),
+        recipes = [*mix, *constant, ("cosine", 100, 2.0)]
+        if model == "qwen3-moe":  # its 4,000-step cosine run is above
+            recipes = [*mix, constant[0], constant[2]]
+        specs += [Spec(model, "healthy", seed, *r) for seed, r in enumerate(recipes, start=302)]
+    return [
+        *specs,
+        Spec("mixtral-l3h160e6", "healthy", 310, "cosine", 200),
+        Spec("mixtral-l3h160e6", "healthy", 311, "wsd", 100),
+        Spec("mixtral-l3h160e6", "healthy", 312, "constant", 0, 2.0),
+        Spec("gpt-moe+capacity", "healthy", 310, "cosine", 100),
+        Spec("olmoe", "healthy", 310, "cosine", 100),
+        Spec("olmoe", "healthy", 311, "wsd", 100),
+        Spec("olmoe", "healthy", 312, "constant", 0, 2.0),
     ]
-    return specs
 
 
 def _faults() -> list[Spec]:
-    specs = []
-    for model, scenarios in (
-        ("gpt-moe", ("fa-lowprec", "lr-high")),
-        ("gpt-moe+capacity", ("router-collapse",)),
-        ("mixtral", ("fa-lowprec", "lr-high")),
-        ("qwen3-moe", ("lr-high",)),
-    ):
-        for scenario in scenarios:
-            specs += [Spec(model, scenario, 210, onset=at) for at in ONSETS.values()]
+    """16 fault runs: onsets at 20 %, 50 % and 80 % of the horizon under cosine decay, and in
+    the stable phase of WSD, where the learning rate is still the peak's."""
+    at = ONSETS
     return [
-        *specs,
-        Spec("qwen3-moe", "fa-lowprec", 210, onset=400),
-        Spec("mixtral-l3h160e6", "fa-lowprec", 210, "cosine", 200, onset=600),
-        Spec("mixtral-l3h160e6", "lr-high", 210, "cosine", 200, onset=400),
-        Spec("gpt-moe", "fa-lowprec", 211, "wsd", 100, onset=1000),
-        Spec("gpt-moe", "lr-high", 211, "linear", 200, onset=400),
-        Spec("mixtral", "fa-lowprec", 211, "wsd", 100, onset=1000),
+        Spec("gpt-moe", "fa-lowprec", 320, onset=at["20%"]),
+        Spec("gpt-moe", "fa-lowprec", 321, "wsd", onset=at["50%"]),
+        Spec("gpt-moe", "fa-lowprec", 322, onset=at["80%"]),
+        Spec("gpt-moe", "lr-high", 320, onset=at["20%"]),
+        Spec("gpt-moe", "lr-high", 321, "wsd", onset=at["50%"]),
+        Spec("gpt-moe+capacity", "router-collapse", 320, "wsd", onset=at["20%"]),
+        Spec("gpt-moe+capacity", "router-collapse", 321, onset=at["50%"]),
+        Spec("mixtral", "fa-lowprec", 320, onset=at["20%"]),
+        Spec("mixtral", "fa-lowprec", 321, "wsd", onset=at["50%"]),
+        Spec("mixtral", "fa-lowprec", 322, onset=at["80%"]),
+        Spec("mixtral", "lr-high", 320, onset=at["20%"]),
+        Spec("mixtral", "lr-high", 321, "wsd", onset=at["50%"]),
+        Spec("qwen3-moe", "lr-high", 320, "wsd", onset=at["20%"]),
+        Spec("qwen3-moe", "fa-lowprec", 320, "wsd", onset=at["20%"]),
+        Spec("mixtral-l3h160e6", "fa-lowprec", 320, "cosine", 200, onset=at["20%"]),
+        Spec("olmoe", "fa-lowprec", 320, "wsd", onset=at["20%"]),
     ]
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from foreshock.detectors.judge import judge
 from foreshock.detectors.replay import RunReport, replay_run
-from foreshock.detectors.zero_shot import calibrate_zero_shot, zero_shot_base
+from foreshock.detectors.zero_shot import calibrate_zero_shot, recipe_floors, zero_shot_base
 from foreshock.lab.envelope import healthy_envelope, scenario_envelope
 from foreshock.lab.recorded import (
     HELD_OUT_HEALTHY,
@@ -100,11 +100,36 @@ def by_architecture(groups: dict[str, list]) -> dict[str, list]:
     return pooled
 
 
+# Healthy runs trained with recipes (warm-up, decay, other rates, long horizons) that set the
+# zero-shot thresholds' floors (``zero_shot.recipe_floors``), per architecture. The Qwen3-MoE's
+# stay out: no rule is made on that model (``benchmarks.recipes`` judges it as never seen).
+RECIPES_DIR = RECORDED_DIR / "recipes-calibration"
+RECIPE_MODELS = {"gpt-moe": "gpt-moe", "gpt-moe+capacity": "gpt-moe", "mixtral": "mixtral"}
+RECIPE_MODELS["mixtral-l3h160e6"] = "mixtral"
+
+
+def recipe_healthy() -> dict[str, list[RecordedRun]]:
+    """The healthy recipe calibration runs of ``RECIPE_MODELS``, per architecture."""
+    out: dict[str, list[RecordedRun]] = {}
+    for run in load_group(RECIPES_DIR):
+        model = run.run_id.split("-" + run.scenario)[0]
+        if run.scenario == "healthy" and model in RECIPE_MODELS:
+            out.setdefault(RECIPE_MODELS[model], []).append(run)
+    return out
+
+
+def floors_without(held: str | None = None) -> dict[str, float]:
+    """The recipe floors set by every architecture's recipe runs but ``held``'s."""
+    runs = [r for arch, rs in recipe_healthy().items() if arch != held for r in rs]
+    return recipe_floors(runs, replay_run, zero_shot_base())
+
+
 def shipped_zero_shot(names: list[str] | None = None) -> Any:
-    """The zero-shot config calibrated on every group's calibration healthy runs."""
+    """The zero-shot config calibrated on every group's calibration healthy runs, floored by
+    the healthy recipe runs."""
     names = names or [n for n in GROUPS if any(shipped_runs(GROUPS[n]))]
     groups = {n: calibration_runs(n, load_group(GROUPS[n])) for n in names}
-    return calibrate_zero_shot(by_architecture(groups), replay_run)
+    return calibrate_zero_shot(by_architecture(groups), replay_run, floors=floors_without())
 
 
 def verdict(report: RunReport, scenario: str) -> dict[str, Any]:
@@ -228,7 +253,8 @@ def main() -> None:
     rows, configs = [], {}
     for held in names:
         others = {g: calibration[g] for g in names if architecture(g) != architecture(held)}
-        config = calibrate_zero_shot(by_architecture(others), replay_run)
+        floors = floors_without(architecture(held))
+        config = calibrate_zero_shot(by_architecture(others), replay_run, floors=floors)
         configs[held] = config.version
         judged = [r for r in runs[held] if r.scenario in SCENARIOS]  # none calibrated it
         verdicts = [verdict(replay_run(r, config), r.scenario) for r in judged]

@@ -56,6 +56,7 @@ from foreshock.transport.records import SeriesKey, parse_series_key
 
 from .config import DetectorConfig
 from .level import SustainedLevel
+from .schedule_clock import ScheduleClock
 
 INFLATION_METRIC = "weight_norm"  # the optimizer's signature: every weight grows
 
@@ -207,10 +208,15 @@ def sustained_peak(run: Recorded, reference: Any, confirm: int) -> float:
     """The largest excursion of the total weight norm above ``reference`` (a standardizer:
     ``update(step, value)`` → x or None) held for ``confirm`` records: what the optimizer
     test reads (:mod:`~foreshock.detectors.inflation`), against a healthy band or the run's
-    own trend."""
-    level = SustainedLevel("up", math.inf, confirm)
+    own trend — on the engine's clock: steps since the schedule's peak, nothing before it
+    (:mod:`~foreshock.detectors.schedule_clock`)."""
+    level, clock = SustainedLevel("up", math.inf, confirm), ScheduleClock()
     for record in run.records:
-        x = reference.update(int(record["step"]), record.get("values", {}).get(INFLATION_METRIC))
+        values = record.get("values", {})
+        since_peak = clock.update(int(record["step"]), values.get("lr"))
+        if since_peak is None:
+            continue
+        x = reference.update(since_peak, values.get(INFLATION_METRIC))
         if x is not None:
             level.update(x)
     return level.peak

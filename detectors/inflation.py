@@ -41,7 +41,17 @@ from .level import SustainedLevel
 from .series import Fired, Series
 from .standardize import LogTrendStandardizer
 
-__all__ = ["WeightInflation"]
+__all__ = ["TREND_RECORDS", "WeightInflation"]
+
+# Records the weight-norm trend is fitted on (a run's own, zero-shot): 12, 300 steps of the
+# lab's records. Over the 6 records of the other series' window the line caught the slow
+# start of a run at twice the lab's rate, and its weights then led the line by 0.375 nats at
+# step 1,500 though it never diverged (a 0.25-nat warning on a healthy run). Chosen on the
+# recipe calibration runs and the lab's constant-rate runs (``benchmarks.zero_shot``): at 12
+# every healthy recipe run stayed under 0.19 nats, and learning-rate ramps were warned as
+# often as at 6 (Mixtral 17/17, GPT-MoE 40/40); at 20 the window swallowed a ramp's start and
+# missed 4 of them.
+TREND_RECORDS = 12
 
 
 class WeightInflation:
@@ -57,7 +67,7 @@ class WeightInflation:
         self.reference: BandStandardizer | LogTrendStandardizer = (
             BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
             if INFLATION_METRIC in c.bands
-            else LogTrendStandardizer(c.warmup_start, c.warmup_records)
+            else LogTrendStandardizer(c.warmup_start, TREND_RECORDS)
         )
         self.level = SustainedLevel("up", h, c.confirm)
         self.optimizer: Series | None = None

@@ -42,16 +42,19 @@ from typing import Any, NamedTuple
 from .bands import sustained_peak
 from .calibrate import MARGINS, calibrate, uncalibrated
 from .config import DEFAULT_RULES, OPTIMIZER_TEST, DetectorConfig, SeriesRule
+from .inflation import TREND_RECORDS
 from .standardize import LogTrendStandardizer
 
 __all__ = [
     "INFLATION_FLOOR",
     "OPTIMIZER_TEST",
     "OPTIMIZER_WARNING_FLOOR",
+    "RECIPE_FLOORED",
     "SHIFTS",
     "ZERO_SHOT_RULES",
     "calibrate_zero_shot",
     "inflation_peak",
+    "recipe_floors",
     "zero_shot_base",
 ]
 
@@ -63,6 +66,18 @@ INFLATION_FLOOR = 0.05  # nats: the least optimizer threshold (a 5 % lead over t
 # warned went from 3 to 11 of 95. Judged on runs trained after it was set (docs/detectors.md).
 OPTIMIZER_WARNING_FLOOR = 0.25
 SHIFTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # nats: the optimizer test's margins
+
+# Floors from healthy runs trained with recipes (warm-up, decay, 0.5-2x the lab's rate, up to
+# 10,000 steps: ``lab/runs/recipes-calibration``). A threshold pooled from constant-rate
+# 1,600-step runs is no bound there: past a warm-up the routers' load entropy keeps settling
+# (8 % below its window on a Mixtral L3/d160 at 2x, 2.4x the pooled h) and at 2x a GPT-MoE's
+# weights lead their trend by 0.375 nats (1.5x the optimizer warning's floor). So each metric
+# here is never below the largest healthy recipe peak × (1 + RECIPE_MARGIN) (load entropy,
+# nats) or + RECIPE_SHIFT (the optimizer warning: its statistic is a log). Chosen on those
+# runs: every one quiet, every diverging fault among them still warned (docs/recipes.md).
+RECIPE_FLOORED = ("router.load_entropy",)
+RECIPE_MARGIN = 0.25
+RECIPE_SHIFT = 0.025  # nats
 
 
 # Levels, not CUSUMs, where a CUSUM's σ (a warm-up's noise) does not transfer across models.
@@ -97,8 +112,22 @@ def zero_shot_base() -> DetectorConfig:
 def inflation_peak(run: Any, config: DetectorConfig) -> float:
     """A run's largest weight-norm lead over its own warm-up trend held for ``confirm``
     records (nats): what the optimizer test reads (:mod:`~foreshock.detectors.inflation`)."""
-    trend = LogTrendStandardizer(config.warmup_start, config.warmup_records)
+    trend = LogTrendStandardizer(config.warmup_start, TREND_RECORDS)
     return sustained_peak(run, trend, config.confirm)
+
+
+def recipe_floors(
+    runs: Sequence[Any], replay: Callable[[Any, DetectorConfig], Any], base: DetectorConfig
+) -> dict[str, float]:
+    """The least thresholds healthy recipe runs allow (``RECIPE_FLOORED`` and the optimizer
+    warning; see ``RECIPE_MARGIN``); none without runs."""
+    if not runs:
+        return {}
+    bare = uncalibrated(base)
+    peaks = [_peaks(run, base, replay(run, bare)).peaks for run in runs]
+    floors = {m: max(p.get(m, 0.0) for p in peaks) * (1 + RECIPE_MARGIN) for m in RECIPE_FLOORED}
+    floors[OPTIMIZER_TEST] = max(p[OPTIMIZER_TEST] for p in peaks) + RECIPE_SHIFT
+    return {m: round(h, 4) for m, h in floors.items()}
 
 
 def calibrate_zero_shot(
@@ -106,12 +135,14 @@ def calibrate_zero_shot(
     replay: Callable[[Any, DetectorConfig], Any],
     base: DetectorConfig | None = None,
     margin: float | None = None,
+    floors: Mapping[str, float] | None = None,
 ) -> DetectorConfig:
     """The zero-shot config from healthy runs of several architectures (see above).
     ``replay(run, config)`` gives a report with ``peaks``; runs have ``records``.
     ``margin``: every metric's margin (and the optimizer test's shift) fixed instead of chosen
     leaving one architecture out — 0 gives the *tightest* thresholds the runs allow, the
-    ceiling of what any threshold on these statistics could warn (``benchmarks.zero_shot``)."""
+    ceiling of what any threshold on these statistics could warn (``benchmarks.zero_shot``).
+    ``floors``: thresholds never below these (``recipe_floors``)."""
     if not groups or not all(groups.values()):
         raise ValueError("a zero-shot profile needs healthy runs of each group given")
     base = base or zero_shot_base()
@@ -143,10 +174,16 @@ def calibrate_zero_shot(
         },
     }
     inflation_h = round(max(INFLATION_FLOOR, top + shift), 4)
+    thresholds = dict(config.thresholds)
     if base.rule_for(OPTIMIZER_TEST) is not None:  # the warning: never below the naming test
-        warns = max(inflation_h, OPTIMIZER_WARNING_FLOOR)
-        config = replace(config, thresholds={**config.thresholds, OPTIMIZER_TEST: warns})
-    return replace(config, calibration=calibration, inflation_h=inflation_h)
+        thresholds[OPTIMIZER_TEST] = max(inflation_h, OPTIMIZER_WARNING_FLOOR)
+    floors = dict(floors or {})
+    for metric, floor in floors.items():
+        if metric in thresholds:
+            thresholds[metric] = max(thresholds[metric], floor)
+    if floors:
+        calibration["recipe_floors"] = floors
+    return replace(config, thresholds=thresholds, calibration=calibration, inflation_h=inflation_h)
 
 
 class _Peaks(NamedTuple):
