@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from foreshock.catalogue import FAMILY_COLOURS
+from foreshock.catalogue import FAMILY_COLOURS, MECHANISMS
 
 from .text import plot_text
 
@@ -28,7 +28,7 @@ _LAYOUT = {
 
 def _first_mechanism(warnings: list[dict[str, Any]], before: int | None) -> dict | None:
     hits = [
-        w for w in warnings if w["family"] != "symptom" and (before is None or w["step"] < before)
+        w for w in warnings if w["family"] in MECHANISMS and (before is None or w["step"] < before)
     ]
     return min(hits, key=lambda w: w["step"], default=None)
 
@@ -94,7 +94,8 @@ def loss_figure(
             line={"color": "grey", "dash": "dot"},
             annotation_text=f"restart {number} @ {step}",
         )
-    _warning_markers(fig, [w for w in warnings if w["family"] != "symptom"], _floor(loss, "low"))
+    mechanisms = [w for w in warnings if w["family"] in MECHANISMS]
+    _warning_markers(fig, mechanisms, _floor(loss, "low"))
     fig.update_layout(title="loss", xaxis_title="step", **_LAYOUT)
     return fig
 

@@ -37,12 +37,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
+from foreshock.transport.attempt_guard import AttemptGuard
 from foreshock.transport.records import MetricsRecord
 from foreshock.transport.warning import EventKind, RunWarning
 
 from .action_records import resolution
 from .attribution import cause_of, role
 from .bands import INFLATION_METRIC
+from .collisions import Collisions
 from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
 from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
@@ -61,33 +63,23 @@ log = logging.getLogger(__name__)
 class RunDetector:
     """Feed a run's messages in seq order with ``update``; read ``alerts`` and ``peaks``.
 
-    **A resumed run is the same run.** Attempts are ordered (:mod:`foreshock.transport.attempts`:
-    the restart count the checkpoint carried, then the producer's start time), and the
-    detector follows the newest it has seen. When a record of a newer ``attempt`` arrives,
-    the older attempt is over (``_follow``): every warning it left open is resolved
-    (``resolved_by: superseded``, with the attempt and step that took over); if the record
-    goes back to a step already seen — training resumed from a checkpoint — the state is
-    rebuilt as it was just before that step (:mod:`~foreshock.detectors.rewind`: the newest
-    state snapshot at or before it, then the kept records after the snapshot);
-    and the warnings still open at that point are opened again for the new attempt, under
-    new ids (``alert_id``'s ``attempt``), as is every warning it raises later. What is
-    open is then what an uninterrupted run that had reached the checkpoint would hold, and
-    every receiver hears of it. A message of an *older* attempt — a crashed job's spool
-    flushed late, a second job under the run id — is never followed: it is counted
-    (``ignored``) and left to the store, which keeps it. The records kept for a rebuild are
-    the last ``MAX_REPLAY``, with a snapshot every ``SNAPSHOT_EVERY``: a resume anywhere in
-    that window is rebuilt exactly; one further back starts from nothing, as a new run would,
-    and says so in the log.
+    **A resumed run is the same run; a stray job is not.** Attempts are ordered
+    (:mod:`foreshock.transport.attempts`); a newer one takes over only as a resume or after
+    the live one fell silent (:mod:`foreshock.transport.attempt_guard`); another newer one is
+    a stray, skipped, with one ``collision`` warning (:mod:`.collisions`). On a takeover
+    (``_follow``) every warning the old attempt left open is resolved (``resolved_by:
+    superseded``); if the record goes back to a step already seen, the state is rebuilt as it
+    was just before that step (:mod:`~foreshock.detectors.rewind`: the newest snapshot at or
+    before it, then the kept records after it), and the warnings still open there are opened
+    again under the new attempt's ids (``alert_id``'s ``attempt``): what an uninterrupted run
+    would hold, and every receiver hears of it. A message of an *older* attempt (a crashed
+    job's spool flushed late) is counted (``ignored``) and left to the store. The last
+    ``MAX_REPLAY`` records are kept, a snapshot every ``SNAPSHOT_EVERY``: a resume in that
+    window is rebuilt exactly; one further back starts from nothing, and says so in the log.
 
-    **One detector follows one rank.** In per-rank mode (``MonitorConfig(emit_ranks="all")``)
-    every rank writes its own stream under the run id, each from its own producer (its own
-    attempt): fed to one detector, one rank's attempt would supersede the others'.
-    :class:`~foreshock.detectors.streams.RunStreams` gives each rank its own detector, built
-    with ``rank``; its warnings name the rank (``RunWarning.rank``, also in their ids) once the
-    stream's records are per-rank records of a run of more than one process (``world_size``
-    > 1 and ``emit_ranks`` not ``"zero"``: a global record speaks for the whole job) or the
-    rank is not 0 — a single-process run's warnings stay as they were. ``rank=None``:
-    whatever comes.
+    **One detector follows one rank** (:mod:`~foreshock.detectors.streams`): built with
+    ``rank``, its warnings name the rank (``RunWarning.rank``, in their ids too) once its
+    records are per-rank records of a run of more than one process, or the rank is not 0.
     """
 
     MAX_REPLAY = 5_000
@@ -105,7 +97,9 @@ class RunDetector:
         self._id_attempt: int | None = None  # in new warnings' ids once the run resumed
         self._replaying = False
         self.resumes: list[tuple[int, int]] = []  # (attempt, step it resumed at)
-        self.ignored = 0  # records of a superseded attempt (two jobs under one run id)
+        self.ignored = 0  # records of a superseded attempt (a crashed job's late spool)
+        self._guard = AttemptGuard()  # which attempt is followed (not rewound by a resume)
+        self.collisions = Collisions(run_id, rank)  # stray attempts: skipped, warned once
         self._ranks: set[int] = set()  # ranks that wrote and have not ended
         before = set(vars(self))
         self._reset()
@@ -128,17 +122,20 @@ class RunDetector:
         self._clock = ScheduleClock()  # no series is read before the schedule's peak
 
     def superseded(self, message: dict[str, Any]) -> bool:
-        """Is ``message`` of an attempt older than the one followed (never followed)?"""
-        return self._attempt is not None and int(message.get("attempt") or 0) < self._attempt
+        """Is ``message`` one never followed: an older attempt's or a stray's?"""
+        return self._guard.peek(message) in ("older", "stray")
 
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         kind = message.get("kind", "metrics")
         events: list[RunWarning] = []
         if kind == "action":  # it names its warning: whichever attempt or rank took it
             return self._on_action(message)
-        if not self._replaying and self.superseded(message):
+        verdict = "live" if self._replaying else self._guard.classify(message)
+        if verdict == "older":
             self.ignored += 1
             return events
+        if verdict == "stray":
+            return self.collisions.stray(message, self._attempt, self.last_step)
         if kind != "end":
             self._ranks.add(int(message.get("rank") or 0))
         if kind == "metrics":
@@ -154,7 +151,9 @@ class RunDetector:
                 events += self._not_diverged()
             self._ranks.discard(int(message.get("rank") or 0))
             if not self._ranks:
-                events += self._clear(self.last_step, ended=str(message.get("status") or "ended"))
+                ended = str(message.get("status") or "ended")
+                events += self._clear(self.last_step, ended=ended)
+                events += self.collisions.close(self.last_step, {"resolved_by": "run ended"})
         return events
 
     def _on_metrics(self, message: dict[str, Any]) -> list[RunWarning]:
@@ -194,6 +193,7 @@ class RunDetector:
         as this attempt's, what is still open there."""
         why = {"resolved_by": "superseded", "superseded_by": attempt, "resumed_at": step}
         events = self._resolve_open(step, why)
+        events += self.collisions.close(step, {"resolved_by": "took over"}, attempt)
         if step <= self.last_step:
             self._resume(step)
         self._id_attempt = attempt

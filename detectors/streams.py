@@ -8,7 +8,10 @@ rank's records looked like a second job under the run id and were ignored (a fau
 beside a healthy rank 0 gave no warning at all), and had they been merged, two ranks' values
 at one step would have fed one standardizer. So the detectors of a run are keyed by rank:
 each rank's stream gets its own detectors, its own resumes (a new attempt of *that* rank)
-and its own end; a rank's warnings name it (``RunWarning.rank``).
+and its own end; a rank's warnings name it (``RunWarning.rank``, also in their ids) once the
+stream's records are per-rank records of a run of more than one process (``world_size`` > 1
+and ``emit_ranks`` not ``"zero"``: a global record speaks for the whole job) or the rank is
+not 0 — a single-process run's warnings stay as they were.
 
 The worker (:mod:`foreshock.detectors.worker`), the offline replay and ``foreshock tune``
 all go through this one router, so live and offline agree. A run written by rank 0 alone
@@ -61,8 +64,8 @@ class RunStreams:
         detector = self.ranks.get(rank)
         if detector is None:
             detector = self.ranks[rank] = RunDetector(self.run_id, self._config, rank=rank)
-            if kind != "start" and self._start is not None:
-                detector.update({**self._start, "rank": rank})
+            if kind != "start" and self._start is not None:  # another rank's: not its attempt
+                detector.update({**self._start, "rank": rank, "attempt": None})
         if detector.superseded(message):  # a late message of an older attempt: not its end
             pass
         elif kind == "end":

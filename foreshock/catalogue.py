@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "COLLISION",
     "FAMILIES",
     "FAMILY_COLOURS",
     "MECHANISMS",
@@ -47,12 +48,16 @@ FAMILIES = ("attention-numerics", "router", "optimizer", "symptom")
 # the families that name a cause; ``optimizer`` is the optimizer test (every weight grew past
 # its own trend before any mechanism moved), warning only where a profile's rules say so
 MECHANISMS = ("attention-numerics", "router", "optimizer")
+# not a family of the run's training: another producer writes under its run id
+# (foreshock.transport.attempt_guard); its warning's family and role
+COLLISION = "collision"
 # how a family is drawn wherever it is drawn (dashboard charts, legends): one colour each
 FAMILY_COLOURS = {
     "attention-numerics": "#d62728",
     "router": "#9467bd",
     "optimizer": "#ff7f0e",
     "symptom": "#7f7f7f",
+    COLLISION: "#17becf",
 }
 
 

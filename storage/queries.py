@@ -13,6 +13,9 @@ else the run's lowest — never two ranks' values at one step averaged into one 
 A run's **status** (fleet page): ``diverged`` once its loss diverged (the producer's exact step,
 else the detectors'); ``warning: <family>`` while a mechanism warning is open; ``finished`` when
 it ended; ``healthy`` while it runs quietly. Urgency: open warning, diverged, healthy, finished.
+``collisions``: how many stray jobs wrote under the run id (``collision`` warnings:
+:mod:`foreshock.transport.attempt_guard`), never a status of its own — the run's is its live
+attempt's.
 """
 
 from __future__ import annotations
@@ -50,16 +53,20 @@ WITH w AS (
     SELECT run_id,
         list_sort(list_distinct(list(family || ' @ ' || coalesce(module, '-')
             || coalesce(' (rank ' || rank || ')', ''))
-            FILTER (WHERE event <> 'cleared' AND family <> 'symptom'))) AS active,
-        arg_min(family, (step, family)) FILTER (WHERE event <> 'cleared' AND family <> 'symptom')
+            FILTER (WHERE event <> 'cleared' AND family NOT IN ('symptom', 'collision'))))
+            AS active,
+        arg_min(family, (step, family))
+            FILTER (WHERE event <> 'cleared' AND family NOT IN ('symptom', 'collision'))
             AS active_family,
-        min(step) FILTER (WHERE family <> 'symptom') AS first_warning_step,
-        arg_min(family, (step, family)) FILTER (WHERE family <> 'symptom') AS first_family,
+        min(step) FILTER (WHERE family NOT IN ('symptom', 'collision')) AS first_warning_step,
+        arg_min(family, (step, family)) FILTER (WHERE family NOT IN ('symptom', 'collision'))
+            AS first_family,
+        count(DISTINCT id) FILTER (WHERE family = 'collision') AS collisions,
         max(divergence_step) AS detected_divergence
     FROM warnings_latest GROUP BY run_id)
 SELECT r.run_id, r.project, r.scenario, r.fault, r.status AS lifecycle, r.last_step,
        r.last_time, r.last_received, r.records, w.active, w.active_family,
-       w.first_warning_step, w.first_family,
+       w.first_warning_step, w.first_family, coalesce(w.collisions, 0) AS collisions,
        CASE WHEN r.divergence_known THEN r.divergence_step ELSE w.detected_divergence END
            AS divergence_step
 FROM runs r LEFT JOIN w USING (run_id)
@@ -251,8 +258,8 @@ SELECT r.run_id, r.scenario, r.fault,
        min(w.step) FILTER (WHERE w.family = 'attention-numerics') AS attention_step,
        min(w.step) FILTER (WHERE w.family = 'router') AS router_step,
        min(w.step) FILTER (WHERE w.family = 'symptom') AS symptom_step,
-       arg_min(w.family || ':' || w.role, (w.step, w.family)) FILTER (WHERE w.family <> 'symptom')
-           AS first_mechanism
+       arg_min(w.family || ':' || w.role, (w.step, w.family))
+           FILTER (WHERE w.family NOT IN ('symptom', 'collision')) AS first_mechanism
 FROM runs r LEFT JOIN warnings_latest w USING (run_id)
 GROUP BY r.run_id, r.scenario, r.fault, r.divergence_step, r.divergence_known
 ORDER BY r.scenario, r.run_id

@@ -238,26 +238,28 @@ class StorageSink:
                     return
                 self.builder.add_warning(message, now)
                 self.stored.seen.add(key)
+            elif self._stray(message, partition, offset, now):
+                return
             elif message["kind"] == "metrics":
                 self.builder.add_metrics(message, now, self.stored.has_values(message))
-                self._check_identity(message, partition, offset, now)
             else:
                 self.builder.add_lifecycle(message, now)
-                self._check_identity(message, partition, offset, now)
         except RecordError as exc:
             where = "metrics" if topic == self.settings.metrics_topic else topic
             self._reject(message, str(exc), f"sink:{where}", partition, offset, now)
             return
         self.stats.messages += 1
 
-    def _check_identity(
+    def _stray(
         self, message: dict[str, Any], partition: int | None, offset: int | None, now: float
-    ) -> None:
-        """Two jobs under one run id: report it (the data stay apart, one stream each)."""
+    ) -> bool:
+        """A message of a stray attempt (another job under a live run id): stored apart, as a
+        dead letter with the reason, never in the run's tables (:mod:`.attempts`)."""
         reason = self.attempts.observe(message)
         if reason is not None:
             self.stats.collisions += 1
             self._reject(message, reason, "sink:identity", partition, offset, now)
+        return reason is not None
 
     def _reject(
         self,

@@ -1,6 +1,7 @@
 """Run identity: a run resumed from a checkpoint under its run id is one run with two attempts,
-stored whole and detected as if uninterrupted; two jobs under one run id are reported, never
-merged; malformed steps give clear errors, not crashes or nonsense lead times."""
+stored whole and detected as if uninterrupted; a second job under a live run id is a stray,
+never followed, stored apart and warned of; malformed steps give clear errors, not crashes or
+nonsense lead times."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from foreshock.storage.reconcile import check_streams
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.sink import StorageSink
 from foreshock.storage.store import DeltaStore
-from foreshock.transport.attempts import restart_of
+from foreshock.transport.attempts import attempt_number, restart_of
 from foreshock.transport.topics import ensure_topics
 
 
@@ -36,6 +38,9 @@ def _records(name: str = "fa-lowprec-s1"):
 
 def _feed(detector: RunDetector, messages) -> list:
     return [e for m in messages for e in detector.update(m)]
+
+
+FIRST, RESUMED = attempt_number(0, 10**15), attempt_number(1, 10**15 - 60 * 10**6)
 
 
 def test_a_resumed_run_is_detected_as_if_it_never_stopped():
@@ -49,11 +54,11 @@ def test_a_resumed_run_is_detected_as_if_it_never_stopped():
         resumed,
         [
             start,
-            *({**m, "attempt": 1} for m in records[:cut]),
-            *({**m, "attempt": 2} for m in records[cut - 10 :]),
+            *({**m, "attempt": FIRST} for m in records[:cut]),
+            *({**m, "attempt": RESUMED} for m in records[cut - 10 :]),
         ],
     )
-    assert resumed.resumes == [(2, records[cut - 10]["step"])]
+    assert resumed.resumes == [(RESUMED, records[cut - 10]["step"])]
     assert [(a.family, a.module, a.step) for a in resumed.alerts] == [
         (a.family, a.module, a.step) for a in straight.alerts
     ]
@@ -63,13 +68,63 @@ def test_a_resumed_run_is_detected_as_if_it_never_stopped():
 def test_records_of_a_superseded_attempt_are_ignored_not_merged():
     _, records = _records()
     detector = RunDetector("r", default_config())
-    _feed(detector, [{**m, "attempt": 1} for m in records[:20]])
-    _feed(detector, [{**m, "attempt": 2} for m in records[5:25]])
-    _feed(detector, [{**m, "attempt": 1} for m in records[20:30]])  # the other job goes on
+    _feed(detector, [{**m, "attempt": FIRST} for m in records[:20]])
+    _feed(detector, [{**m, "attempt": RESUMED} for m in records[5:25]])
+    _feed(detector, [{**m, "attempt": FIRST} for m in records[20:30]])  # its late spool
     assert detector.ignored == 10 and detector.last_step == records[24]["step"]
 
 
+def test_one_stray_record_under_a_live_run_never_blinds_its_detectors():
+    """An evaluation job reusing a live run's id writes one record (and its start and end):
+    the detectors stay on the live attempt — every warning of the uninterrupted run, its
+    divergence — skip the stray's messages, and warn of the collision once."""
+    run, records = _records()
+    start = {**run.start, "kind": "start", "attempt": FIRST}
+    straight = RunDetector("r", default_config())
+    straight_events = _feed(straight, [start, *({**m, "attempt": FIRST} for m in records)])
+    stray_attempt = attempt_number(0, 10**15 + 10**6)  # started later, knows no checkpoint
+    t = records[10]["time"]
+    stray = [
+        {"kind": "start", "attempt": stray_attempt, "time": t, "labels": {"job": "eval"}},
+        {"kind": "metrics", "attempt": stray_attempt, "step": 0, "time": t,
+         "values": {"loss": 9.0}},
+        {"kind": "end", "attempt": stray_attempt, "time": t, "status": "finished"},
+    ]  # fmt: skip
+    detector = RunDetector("r", default_config())
+    live = [{**m, "attempt": FIRST} for m in records]
+    events = _feed(detector, [start, *live[:11], *stray, *live[11:]])
+    assert straight.alerts and detector.divergence_step == straight.divergence_step
+    assert [(a.family, a.module, a.step) for a in detector.alerts] == [
+        (a.family, a.module, a.step) for a in straight.alerts
+    ]
+    collisions = [e for e in events if e.family == "collision"]
+    assert [e.event for e in collisions] == ["opened"]
+    assert collisions[0].role == "collision"
+    assert collisions[0].evidence["stray_attempt"] == stray_attempt
+    assert len(events) == len(straight_events) + 1
+    assert detector.collisions.records == 3 and detector.ignored == 0
+
+
+def test_a_fresh_job_after_the_live_one_fell_silent_takes_the_run_over():
+    """A job resubmitted by hand after a crash, with no restart count, replaces the run once
+    the crashed one has been silent for ``STALE_AFTER_S``; its collision warning, if one
+    opened while both wrote, is resolved as having taken over."""
+    _, records = _records()
+    detector = RunDetector("r", default_config())
+    _feed(detector, [{**m, "attempt": FIRST} for m in records[:20]])
+    fresh = attempt_number(0, 10**15 + 10**6)
+    last = records[19]["time"]
+    early = {**records[0], "attempt": fresh, "time": last + 10}
+    late = [{**m, "attempt": fresh, "time": last + 400 + i} for i, m in enumerate(records[:5])]
+    events = _feed(detector, [early, *late])
+    assert detector.resumes == [(fresh, records[0]["step"])]
+    cleared = [e for e in events if e.family == "collision" and e.event == "cleared"]
+    assert [e.evidence["resolved_by"] for e in cleared] == ["took over"]
+
+
 def test_two_attempts_are_two_streams_in_the_store_and_overlap_is_flagged(tmp_path):
+    """What the store's views do with attempts the sink keeps (a resume, an older attempt's
+    late spool): one stream each, and two of one restart count that overlap are flagged."""
     b = BatchBuilder()
     for attempt, steps, t0 in (
         (1, range(0, 20), 100.0),
@@ -103,14 +158,16 @@ def test_two_attempts_are_two_streams_in_the_store_and_overlap_is_flagged(tmp_pa
     assert len(records) == 20 + 20 + 5  # each attempt's steps, once each
 
 
-def test_the_sink_reports_a_collision_once_per_pair():
+def test_the_sink_stores_a_stray_attempt_apart_and_keeps_resumes_and_late_spools():
     tracker = AttemptTracker()
-    reasons = [
-        tracker.observe({"run_id": "r", "attempt": a, "time": t})
-        for a, t in ((1, 1.0), (2, 1.5), (1, 2.0), (2, 2.5), (1, 3.0))
-    ]
-    assert [r is not None for r in reasons] == [False, False, True, False, False]
-    assert "two jobs under one run id" in reasons[2]
+    seen = [
+        (a, t, tracker.observe({"run_id": "r", "attempt": a, "time": t}))
+        for a, t in ((FIRST, 1.0), (FIRST + 1, 1.5), (FIRST, 2.0), (FIRST + 1, 2.5),
+                     (FIRST - 1, 0.5), (RESUMED, 3.0), (FIRST, 3.5))
+    ]  # fmt: skip
+    apart = [r is not None for _, _, r in seen]
+    assert apart == [False, True, False, True, False, False, False]
+    assert "stored apart" in seen[1][2] and f"attempt {FIRST} is live" in seen[1][2]
 
 
 @pytest.mark.parametrize("step", ['"12"', "null", "-1", "true", "9223372036854775808"])
@@ -196,9 +253,9 @@ def test_a_trainer_killed_and_resumed_from_its_checkpoint_is_one_run_stored_whol
 
 
 def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, tmp_path):
-    """Two producers claim run id ``twin`` at once (two jobs, one name): both jobs' records
-    are stored, apart (one stream per attempt); the collision is a dead letter with its reason
-    and a flag on the run."""
+    """Two producers claim run id ``twin`` at once (two jobs, one name, neither resuming the
+    other): the run's tables hold one job's records — the attempt the broker gave first —
+    and every message of the other is stored apart, a dead letter with the reason."""
     from foreshock.producers.kafka_sink import KafkaSink
 
     ensure_topics(kafka_settings)
@@ -215,11 +272,16 @@ def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, t
     StorageSink(kafka_settings, store, group_id="sink-twin").run(threading.Event(), idle_exit=4)
     with open_history(store) as history:
         attempts = queries.run_attempts(history, "twin")
-        letters = [d["reason"] for d in queries.dead_letters(history)]
+        letters = queries.dead_letters(history)
         assert stream_queries.duplicate_records(history) == []
-    assert sorted(a["attempt"] for a in attempts) == sorted(j.attempt for j in jobs)
-    assert all(a["records"] == 30 and a["overlaps"] for a in attempts)
-    assert [r for r in letters if "run id collision" in r] == [letters[0]] and len(letters) == 1
+    assert len(attempts) == 1 and attempts[0]["records"] == 30 and not attempts[0]["overlaps"]
+    (stray,) = {j.attempt for j in jobs} - {attempts[0]["attempt"]}
+    assert len(letters) >= 30 and all("run id collision" in d["reason"] for d in letters)
+    with open_history(store) as history:
+        raw = history.sql("SELECT raw FROM dead_letters").to_pylist()
+    kept = [json.loads(r["raw"]) for r in raw]
+    assert {m["attempt"] for m in kept} == {stray}  # the other job's messages, whole
+    assert sum(m.get("kind", "metrics") == "metrics" for m in kept) == 30
 
 
 def test_two_producers_claiming_one_attempt_are_reported(kafka_settings, tmp_path):
@@ -252,10 +314,9 @@ def test_two_producers_claiming_one_attempt_are_reported(kafka_settings, tmp_pat
 
 def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     """The shipped fa-lowprec run sent by a producer that dies two thirds in, then by a new one
-    resuming 10 records back (a new attempt): the live worker's warnings are those of the
-    uninterrupted run (same ids, families, modules and steps), no more and no fewer."""
-    from confluent_kafka import Consumer, TopicPartition
-
+    resuming from its checkpoint 10 records back (a new attempt, restart count 1): the live
+    worker's warnings are those of the uninterrupted run (same ids, families, modules and
+    steps), no more and no fewer."""
     from foreshock.detectors.worker import DetectorWorker
     from foreshock.producers.kafka_sink import KafkaSink
 
@@ -268,7 +329,7 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
         first.write({**record, "run_id": "restarted"})
     assert first.wait_delivered(30)
     first._sender.closing.set()  # dies: no end message (what a SIGKILL leaves)
-    second = KafkaSink(kafka_settings, name="second", confirm_group=None)
+    second = KafkaSink(kafka_settings, name="second", confirm_group=None, restart=1)
     second.write({**run.start, "run_id": "restarted"})
     for record in [*records[cut - 10 :]]:
         second.write({**record, "run_id": "restarted"})
@@ -277,26 +338,7 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     DetectorWorker(kafka_settings, default_config(), group_id="det-restart").run(
         threading.Event(), idle_exit=4
     )
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka_settings.bootstrap_servers,
-            "group.id": "read-restart",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign(
-        [
-            TopicPartition(kafka_settings.warnings_topic, p, 0)
-            for p in range(kafka_settings.partitions)
-        ]
-    )
-    live, quiet = [], 0
-    while quiet < 15:
-        message = consumer.poll(0.2)
-        quiet = 0 if message is not None and not message.error() else quiet + 1
-        if quiet == 0:
-            live.append(json.loads(message.value()))
-    consumer.close()
+    live = _warnings_topic(kafka_settings)
     straight = RunDetector("restarted", default_config())
     _feed(straight, [{**run.start, "kind": "start"}, *records])
     # the resume resolves what the first attempt left open ("superseded"), and the steps
@@ -324,6 +366,82 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     ended = _alertmanager_ends(kafka_settings, "notify-restart")
     assert superseded <= set(ended)
     assert all("the run resumed from an earlier step" in ended[i] for i in superseded)
+
+
+def _warnings_topic(settings) -> list[dict]:
+    """Every event on the warnings topic, from the start."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": settings.bootstrap_servers, "group.id": "read-all",
+         "enable.auto.commit": False}
+    )  # fmt: skip
+    consumer.assign(
+        [TopicPartition(settings.warnings_topic, p, 0) for p in range(settings.partitions)]
+    )
+    events, quiet = [], 0
+    while quiet < 15:
+        message = consumer.poll(0.2)
+        quiet = 0 if message is not None and not message.error() else quiet + 1
+        if quiet == 0:
+            events.append(json.loads(message.value()))
+    consumer.close()
+    return events
+
+
+def test_a_stray_job_under_a_live_run_id_is_stored_apart_and_warned_of(kafka_settings, tmp_path):
+    """An evaluation job reuses a live run's id and writes its start, one record and its end
+    while the run trains on (through the broker, the live worker and the storage sink): the
+    run is warned exactly as if alone, one ``collision`` warning says another job wrote, the
+    fleet page shows the live run's status (diverged, not the stray's ``finished``) with the
+    collision flagged, and the stray's messages are kept whole, apart, as dead letters."""
+    from foreshock.detectors.worker import DetectorWorker
+    from foreshock.producers.kafka_sink import KafkaSink
+
+    ensure_topics(kafka_settings)
+    run, records = _records()
+    now = time.time()  # the producers' clocks: both jobs send now, 0.1 s a record
+    records = [{**r, "time": now + 0.1 * i} for i, r in enumerate(records)]
+    live = KafkaSink(kafka_settings, name="live", confirm_group=None)
+    live.write({**run.start, "run_id": "shared"})
+    for record in records[:10]:
+        live.write({**record, "run_id": "shared"})
+    assert live.wait_delivered(30)
+    stray = KafkaSink(kafka_settings, name="eval", confirm_group=None)  # no restart count
+    t = records[9]["time"]
+    stray.write({"schema": "foreshock.run/1", "kind": "start", "run_id": "shared", "time": t,
+                 "labels": {"job": "eval"}})  # fmt: skip
+    stray.write({**records[0], "run_id": "shared", "time": t, "values": {"loss": 9.0}})
+    stray.write({"kind": "end", "run_id": "shared", "status": "finished", "time": t})
+    stray.close()
+    for record in records[10:]:
+        live.write({**record, "run_id": "shared"})
+    live.write({**run.end, "run_id": "shared"})
+    live.close()
+    DetectorWorker(kafka_settings, default_config(), group_id="det-stray").run(
+        threading.Event(), idle_exit=4
+    )
+    store = tmp_path / "store"
+    StorageSink(kafka_settings, store, group_id="sink-stray").run(threading.Event(), idle_exit=4)
+    events = _warnings_topic(kafka_settings)
+    straight = RunDetector("shared", default_config())
+    _feed(straight, [{**run.start, "kind": "start"}, *records])
+    opened = [w for w in events if w["event"] == "opened"]
+    mechanisms = {
+        (w["family"], w["module"], w["step"]) for w in opened if w["family"] != "collision"
+    }
+    assert mechanisms == {(a.family, a.module, a.step) for a in straight.alerts} != set()
+    assert [w["role"] for w in opened if w["family"] == "collision"] == ["collision"]
+    with open_history(store) as history:
+        (row,) = queries.fleet(history, run_id="shared")
+        attempts = queries.run_attempts(history, "shared")
+        raw = [
+            json.loads(r["raw"]) for r in history.sql("SELECT raw FROM dead_letters").to_pylist()
+        ]
+    assert row["status"] == "diverged" and row["collisions"] == 1
+    assert [a["attempt"] for a in attempts] == [live.attempt]
+    assert sorted(m.get("kind", "metrics") for m in raw) == ["end", "metrics", "start"]
+    assert {m["attempt"] for m in raw} == {stray.attempt}
 
 
 def _alertmanager_ends(settings, group: str) -> dict[str, str]:

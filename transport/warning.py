@@ -75,6 +75,7 @@ class Role(StrEnum):
     AMBIGUOUS = "ambiguous"  # both mechanism families on one record
     OPTIMIZER = "optimizer"  # every weight grew first: the optimizer's settings
     SYMPTOM = "symptom"  # loss, gradient or weight norm
+    COLLISION = "collision"  # another producer writes under the run id (not the run's fault)
 
 
 class Direction(StrEnum):

@@ -36,6 +36,14 @@ def _or_dash(value: object) -> str:
     return "–" if value is None or value == "" else html_text(value)
 
 
+def _collision(count: int) -> str:
+    """A badge beside the status: another job wrote under the run id (stored apart)."""
+    if not count:
+        return ""
+    title = f"{count} other job(s) wrote under this run id: stored apart, not followed"
+    return f' <span class="fs-status fs-collision" title="{title}">collision</span>'
+
+
 def _row(r: dict) -> str:
     """One table row; every text from the history through :func:`html_text` (entities only:
     no tag, no line break that would end the HTML block and let Markdown render the rest)."""
@@ -43,7 +51,8 @@ def _row(r: dict) -> str:
     run = html_text(r["run_id"])
     cells = [
         f'<a href="./run?run={quote(r["run_id"], safe="")}" target="_self">{run}</a>',
-        f'<span class="fs-status" style="background:{colour}">{html_text(r["status"])}</span>',
+        f'<span class="fs-status" style="background:{colour}">{html_text(r["status"])}</span>'
+        + _collision(r.get("collisions") or 0),
         _or_dash(r["scenario"]),
         _or_dash(r["project"]),
         _or_dash(r["last_step"]),
@@ -73,6 +82,7 @@ STYLE = """<style>
 .fs-fleet th, .fs-fleet td {border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left}
 .fs-fleet td {white-space: pre-wrap}
 .fs-status {color: white; border-radius: 4px; padding: 1px 6px; white-space: nowrap}
+.fs-collision {background: #17becf}
 </style>"""
 
 
