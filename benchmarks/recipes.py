@@ -34,10 +34,11 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.detectors.config import OPTIMIZER_TEST
 from foreshock.detectors.judge import judge
 from foreshock.detectors.profiles import shipped_profiles
 from foreshock.detectors.replay import replay_run
@@ -341,13 +342,18 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         cells = []
         for r in sorted(rs, key=lambda r: (r["phase"] or "", r["run"])):
+            where = f"{r['phase']} {r['schedule']}"
             if r["diverged"] is None:
-                cells.append(f"{r['phase']} {r['schedule']}: no divergence (first {r['cause']})")
+                cells.append(f"{where}: no divergence (first {r['cause']})")
+            elif r["lead"] is None or not r["right"]:
+                cells.append(f"{where}: diverged at {r['diverged']}, not warned right before")
             else:
-                cells.append(f"{r['phase']} {r['schedule']}: lead {r['lead']}, {r['cause']}")
+                cells.append(f"{where}: lead {r['lead']}, {r['cause']}")
         rows.append((f"{what} on {model}", "; ".join(cells)))
     for v in result.get("variants", []):
-        rows.append((f"calibration runs, {v['variant']}", f"healthy warned {v['healthy warned']}"))
+        named = v["diverged faults named right"]
+        value = f"healthy warned {v['healthy warned']}, actions {v.get('actions')}; "
+        rows.append((f"calibration runs, {v['variant']}", f"{value}diverged faults right {named}"))
     return rows
 
 
@@ -365,42 +371,73 @@ class _AtPeak(ScheduleClock):
         return None if super().update(step, lr) is None else step
 
 
-VARIANTS = {  # what was tried for the warm-up window: (clock, σ floor after a warm-up)
-    "window at step 100 (before)": (_AtStep100, False),
-    "window at step 100, read from the peak": (_AtPeak, False),
-    "window 100 steps after the peak": (ScheduleClock, False),
-    "window 100 steps after the peak, σ floored (chosen)": (ScheduleClock, True),
+@dataclass(frozen=True)
+class Variant:
+    """One way of reading recipes that was tried: the warm-up clock, the σ floor after a
+    warm-up (share of the level; None: none), the zero-shot thresholds of the first freeze
+    (True) or the shipped ones, and the records the weight trend is fitted on."""
+
+    clock: type = ScheduleClock
+    floor: float | None = 0.04
+    first_thresholds: bool = False
+    trend_records: int = 12
+
+
+# The zero-shot thresholds the first freeze (16:03 UTC) judged with, before the recipe floors.
+FIRST_FREEZE = {"router.load_entropy": 0.0341, OPTIMIZER_TEST: 0.25}
+FIRST_INFLATION_H = 0.1888
+VARIANTS = {
+    "window at step 100 (before recipes)": Variant(_AtStep100, None, True, 6),
+    "window at step 100, read from the peak": Variant(_AtPeak, None, True, 6),
+    "window 100 steps after the peak": Variant(ScheduleClock, None, True, 6),
+    "+ σ floor 2 % after a warm-up (first freeze)": Variant(ScheduleClock, 0.02, True, 6),
+    "+ σ floor 4 %": Variant(ScheduleClock, 0.04, True, 6),
+    "+ weight trend on 12 records, load entropy floored (chosen)": Variant(),
 }
 
 
-def variants(folder: Path) -> list[dict[str, Any]]:
-    """The calibration runs' mechanism false warnings (healthy) and right first warnings
-    (faults) under each variant of the warm-up window, through the shipped profiles."""
-    import foreshock.detectors.engine as engine
+def _profiles(variant: Variant) -> Any:
+    """The shipped profiles, with the zero-shot thresholds of the first freeze if asked."""
+    profiles = shipped_profiles()
+    if variant.first_thresholds:
+        zero = profiles.configs["zero-shot"]
+        thresholds = {**zero.thresholds, **FIRST_FREEZE}
+        profiles.configs["zero-shot"] = replace(
+            zero, thresholds=thresholds, inflation_h=FIRST_INFLATION_H
+        )
+    return profiles
 
-    kept = engine.ScheduleClock, engine.settle_floor
+
+def variants(folder: Path) -> list[dict[str, Any]]:
+    """The calibration runs' mechanism false warnings (healthy), the default policy's actions
+    on them, and right first warnings (diverged faults) under each variant that was tried."""
+    import foreshock.detectors.engine as engine
+    import foreshock.detectors.inflation as inflation
+    import foreshock.detectors.schedule_clock as clock
+
+    kept = engine.ScheduleClock, clock.WARMED_UP_REL_FLOOR, inflation.TREND_RECORDS
     paths = sorted(folder.glob("*.jsonl.gz"))
     rows = []
     try:
-        for name, (clock, floor) in VARIANTS.items():
-            engine.ScheduleClock = clock  # type: ignore[misc]
-            engine.settle_floor = kept[1] if floor else (lambda standardizer: None)
-            judged = [judge_run(p, shipped_profiles()) for p in paths]
+        for name, variant in VARIANTS.items():
+            engine.ScheduleClock = variant.clock  # type: ignore[misc]
+            clock.WARMED_UP_REL_FLOOR = variant.floor or 0.0
+            inflation.TREND_RECORDS = variant.trend_records
+            judged = [judge_run(p, _profiles(variant)) for p in paths]
             healthy = [r for r in judged if r["scenario"] == "healthy"]
             diverged = [r for r in judged if r["scenario"] != "healthy" and r["diverged"]]
-            warned = sum(1 for r in healthy if r["false"])
-            right = sum(r["right"] for r in diverged)
             leads = [r["lead"] for r in diverged if r["right"]]
             rows.append(
                 {
                     "variant": name,
-                    "healthy warned": f"{warned}/{len(healthy)}",
-                    "diverged faults named right": f"{right}/{len(diverged)}",
+                    "healthy warned": f"{sum(1 for r in healthy if r['false'])}/{len(healthy)}",
+                    "actions": sum(r["actions"] or 0 for r in healthy),
+                    "diverged faults named right": f"{len(leads)}/{len(diverged)}",
                     "lead median": median(leads) if leads else None,
                 }
             )
     finally:
-        engine.ScheduleClock, engine.settle_floor = kept  # type: ignore[misc]
+        engine.ScheduleClock, clock.WARMED_UP_REL_FLOOR, inflation.TREND_RECORDS = kept  # type: ignore[misc]
     return rows
 
 
