@@ -145,13 +145,16 @@ def conditioning_ratio(weight: torch.Tensor) -> torch.Tensor:
     i.e. the router scores every token almost the same way for every expert and cannot
     discriminate. (For ε ≥ 1 the bound says nothing.) w̄ = 0 gives ε = +inf.
 
+    In float64: ε is smallest exactly where w_e − w̄ cancels most, and in float32 that
+    cancellation cost 1e-4 of ε's relative precision on rows that agree to 0.5 %.
+
     >>> w = torch.tensor([[1.0, 0.1], [1.0, -0.1]])
     >>> round(conditioning_ratio(w).item(), 6)
     0.1
     >>> round(cosine_lower_bound(conditioning_ratio(w)).item(), 6)
     0.98
     """
-    w = weight.float()
+    w = weight.double()
     w_bar = w.mean(0)
     spread = (w - w_bar).norm(dim=-1).max()
     return spread / w_bar.norm()

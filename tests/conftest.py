@@ -12,8 +12,17 @@ import pytest
 # thread, and on a shared 2-core machine two threads per process only contend.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from hypothesis import settings as hypothesis_settings
+
 from foreshock.transport.broker import EmbeddedBroker
 from foreshock.transport.settings import KafkaSettings
+
+# Property tests draw the same examples on every run (a fixed seed): a failure in CI is one
+# anyone reproduces by running the test again, and a pass is not a lucky draw. Exploring new
+# examples is opt-in: HYPOTHESIS_PROFILE=explore.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("explore", print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The fast lane (`pytest -m "not slow"`, docs/operating.md) leaves out what starts real
 # services, processes or browsers: a test that takes one of these fixtures is slow by nature.
