@@ -73,6 +73,7 @@ def _replay(args: argparse.Namespace) -> int:
                         "profile": report.profile,
                         "profile_reason": report.profile_reason,
                         "unruled": report.unruled,
+                        "reach": report.reach,
                         "warnings": [a.to_message() for a in report.alerts],
                     }
                 )
@@ -115,7 +116,8 @@ def _profile_note(report) -> str:
         text += "; no rule for " + ", ".join(
             f"{metric} ({why})" for metric, why in report.unruled.items()
         )
-    return text
+    reach = "".join(f"\n  {metric}: {what}" for metric, what in report.reach.items())
+    return text + (f"\n  what each rule takes to fire on this run:{reach}" if reach else "")
 
 
 def _live(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ class RunReport:
     profile: str | None = None  # the profile the run was judged by
     profile_reason: str = ""  # why that one (``profiles.ProfileChoice.reason``)
     unruled: dict[str, str] = field(default_factory=dict)  # metric no rule read -> why
+    reach: dict[str, str] = field(default_factory=dict)  # metric -> what its rule takes to fire
 
     def first(self, family: str, before: int | None = None) -> RunWarning | None:
         """The first warning of ``family`` (optionally only those before step ``before``)."""
@@ -63,6 +64,7 @@ def replay_run(run: RecordedRun, config: DetectorConfig | ProfileConfigs) -> Run
         profile.name,
         profile.reason,
         detector.unruled,
+        detector.reach,
     )
 
 

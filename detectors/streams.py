@@ -27,6 +27,7 @@ from foreshock.transport.warning import RunWarning
 from .config import DetectorConfig
 from .engine import RunDetector
 from .profiles import ProfileChoice, ProfileConfigs, choose_profile
+from .reach import rule_reach
 
 __all__ = ["RunStreams"]
 
@@ -134,6 +135,16 @@ class RunStreams:
         for _, detector in sorted(self.ranks.items()):
             out = {**detector.unruled, **out}
         return dict(sorted(out.items()))
+
+    @property
+    def reach(self) -> dict[str, str]:
+        """What each rule takes to fire on this run, in its units (:mod:`.reach`; the lowest
+        rank's: every rank is judged by one profile)."""
+        if not self.ranks:
+            return {}
+        detector = self.ranks[min(self.ranks)]
+        config = detector.config
+        return rule_reach(detector._series, config.thresholds, config.k)
 
     @property
     def ignored(self) -> int:
