@@ -77,6 +77,18 @@ DEFAULT_ACTIONS = {
     "optimizer": "hold-lr",
     "router": "scale-router-lr",
 }
+# What the trainer is asked for each action: its method, and the decision's field it is given
+# (None: nothing). Checked against ACTIONS at import: an action without a call would otherwise
+# fall through to another remedy — it once fell through to ``stop``.
+REMEDY_CALLS: dict[str, tuple[str, str | None]] = {
+    "precise-attention": ("precise_attention", "target"),
+    "hold-lr": ("hold_lr", "scale"),
+    "scale-router-lr": ("scale_router_lr", "scale"),
+    "stop": ("stop", None),
+}
+if set(REMEDY_CALLS) != set(ACTIONS):
+    raise RuntimeError(f"remedy calls {sorted(REMEDY_CALLS)} != actions {sorted(ACTIONS)}")
+
 # The direction in which a two-sided series names its family's fault. Router ε = max_e
 # ‖w_e − w̄‖ / ‖w̄‖ (dimensionless) falls as the router's rows align — the collapse the router
 # remedy answers (a small ε forces cos(w_i, w_j) ≥ 1 − 2ε²: ../shared/SCIENCE.md); it rises as
@@ -370,14 +382,8 @@ class Remediator:
         return self._do(self._decision(kind, warning, 0, self.policy))
 
     def _do(self, decision: Decision) -> Any:
-        kind = decision["kind"]
-        if kind == "precise-attention":
-            return self._call("precise_attention", decision["target"])
-        if kind == "hold-lr":
-            return self._call("hold_lr", decision["scale"])
-        if kind == "scale-router-lr":
-            return self._call("scale_router_lr", decision["scale"])
-        return self._call("stop")
+        method, argument = REMEDY_CALLS[decision["kind"]]
+        return self._call(method, *([] if argument is None else [decision[argument]]))
 
     def _call(self, method: str, *args: Any) -> Any:
         remedy = getattr(self.remedies, method, None)

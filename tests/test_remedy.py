@@ -96,6 +96,17 @@ def test_a_failing_remedy_is_reported_not_raised_and_a_dry_run_does_nothing():
     assert action.dry_run and not action.applied and trainer.calls == []
 
 
+def test_an_action_with_no_remedy_call_is_an_error_never_a_stop():
+    """A decision naming an action the dispatch does not know (one added to ``ACTIONS``
+    alone) is reported as the action's error; it used to fall through to ``stop``."""
+    trainer = Trainer()
+    trainer.stop = lambda: trainer.calls.append(("stop",))  # type: ignore[attr-defined]
+    remediator = Remediator(RemedyPolicy(), trainer)
+    (decision,) = remediator.decide(450, [_warning("attention-numerics", Role.CAUSE)])
+    action = remediator.apply({**decision, "kind": "new-remedy"})
+    assert not action.applied and "new-remedy" in action.error and trainer.calls == []
+
+
 def test_a_rollback_goes_before_the_warnings_first_evidence():
     trainer = Trainer()
     policy = RemedyPolicy(rollback=True, attention_scope="module")
