@@ -20,12 +20,15 @@ a and b the least-squares line through the warm-up's (step, ln W)). The weights 
 against a threshold of its own, ``thresholds[OPTIMIZER_TEST]`` (at least ``inflation_h``:
 naming a cause may come early, paging needs more; ∞ when uncalibrated).
 
+The trend is fitted on ``TREND_RECORDS`` records (12) from ``warmup_start``:
+
 >>> from foreshock.detectors.config import DetectorConfig
 >>> test = WeightInflation(DetectorConfig(warmup_start=0, warmup_records=2), h=0.05)
 >>> peaks: dict[str, float] = {}
->>> [test.track(step, math.exp(0.001 * step), peaks) for step in (0, 10, 20)], test.inflated
-([[], [], []], False)
->>> _ = [test.track(step, math.exp(0.1 * step), peaks) for step in (30, 40)]
+>>> fits = [test.track(step, math.exp(0.001 * step), peaks) for step in range(0, 120, 10)]
+>>> fits == [[]] * 12, test.inflated
+(True, False)
+>>> _ = [test.track(step, math.exp(0.1 * step), peaks) for step in (120, 130)]
 >>> test.inflated, test.optimizer is None, peaks
 (True, True, {})
 """

@@ -133,11 +133,24 @@ def seed_injected(root: Path, text: dict[str, str]) -> None:
         store.write(b.take())
 
 
+def seed_collision(root: Path, run_id: str) -> None:
+    """The collision warning the detectors raise when another job wrote under ``run_id``."""
+    from foreshock.detectors.collisions import Collisions
+
+    stray = {"attempt": 7, "kind": "metrics", "step": 0}
+    (event,) = Collisions(run_id, None).stray(stray, 3, 500)
+    b = BatchBuilder()
+    b.add_warning(event.to_message(), time.time())
+    with DeltaStore(root) as store:
+        store.write(b.take())
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, recorder):
     root = tmp_path_factory.mktemp("browser") / "history"
     seed_history(root)
     seed_injected(root, injected_text(f"http://127.0.0.1:{recorder.server_port}"))
+    seed_collision(root, "healthy-s3")
     port = free_port()
     process = subprocess.Popen(
         [
@@ -193,6 +206,14 @@ def test_fleet_page_lists_runs_with_their_statuses(url, page):
         "healthy-s3": "finished",
         INJECTED_RUN: "warning: attention-numerics",
     }
+    badged = [
+        row.get_attribute("data-run")
+        for row in page.locator("table.fs-fleet tbody tr").all()
+        if row.locator(".fs-collision").count()
+    ]
+    assert badged == ["healthy-s3"]  # another job wrote under it: flagged, status its own
+    lead = page.locator('tr[data-run="fa-lowprec-s1"] td').nth(9).inner_text()
+    assert lead.isdigit() and int(lead) > 0  # the lead of its first warning, in steps
     page.screenshot(path=ARTIFACTS / "fleet.png", full_page=True)
 
 
@@ -213,6 +234,10 @@ def test_run_page_shows_the_loss_and_a_warning_marker(url, page):
 def test_compare_and_tuning_pages_render(url, page):
     page.goto(f"{url}/compare")
     page.wait_for_selector(".js-plotly-plot", timeout=90_000)
+    page.wait_for_selector("text=lead", timeout=30_000)
+    shown = page.locator("body").inner_text()
+    known = ("live-fa", "fa-lowprec-s1", "lr-high-s2", "healthy-s3", INJECTED_RUN)
+    assert sum(run in shown for run in known) >= 2  # the runs compared, by name
     page.screenshot(path=ARTIFACTS / "compare.png", full_page=True)
     page.goto(f"{url}/tuning")
     page.wait_for_selector("text=live detector config", timeout=90_000)

@@ -41,7 +41,7 @@ def _collision(count: int) -> str:
     if not count:
         return ""
     title = f"{count} other job(s) wrote under this run id: stored apart, not followed"
-    return f' <span class="fs-status fs-collision" title="{title}">collision</span>'
+    return f' <span class="fs-badge fs-collision" title="{title}">collision</span>'
 
 
 def _row(r: dict) -> str:
@@ -82,6 +82,7 @@ STYLE = """<style>
 .fs-fleet th, .fs-fleet td {border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left}
 .fs-fleet td {white-space: pre-wrap}
 .fs-status {color: white; border-radius: 4px; padding: 1px 6px; white-space: nowrap}
+.fs-badge {color: white; border-radius: 4px; padding: 1px 6px; white-space: nowrap}
 .fs-collision {background: #17becf}
 </style>"""
 
