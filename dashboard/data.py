@@ -184,6 +184,27 @@ def _run_page(
         }
 
 
+def rule_reach(run_id: str) -> tuple[str | None, dict[str, str]]:
+    """The profile that judges ``run_id`` and what each of its rules takes to fire on it, in
+    the run's units (:mod:`foreshock.detectors.reach`): its stored records replayed through
+    the shipped profiles, as ``foreshock detect --replay`` of it would."""
+    store = store_path()
+    return _rule_reach(store, _versions(store), run_id)
+
+
+@st.cache_data(ttl=KEEP, show_spinner=False, max_entries=64)
+def _rule_reach(store: str, versions: tuple, run_id: str) -> tuple[str | None, dict[str, str]]:
+    from foreshock.detectors.commands import default_config
+    from foreshock.detectors.streams import RunStreams
+
+    with _pinned(store, versions) as history:
+        start, records, _ = queries.run_records(history, run_id)
+    streams = RunStreams(run_id, default_config())
+    for message in [{**(start or {}), "kind": "start"}, *records]:
+        streams.update(message)
+    return (streams.profile.name if streams.ranks else None), streams.reach
+
+
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=64)
 def _compare(
     store: str,

@@ -10,7 +10,9 @@ units, median over the modules that series is read on:
 * a ``level`` rule (x = ln(value / μ), μ the warm-up level) fires when the value passes
   μ·e^{±h} — reported with its factor e^h;
 * a ``cusum`` rule fires when the residuals from the series' trend, less k·σ each, add up to
-  h·σ (σ the warm-up's residual spread) — reported as that total drift, h·σ, and h·σ/μ.
+  h·σ (σ the warm-up's residual spread) — reported as that total drift, h·σ, and h·σ/μ;
+* a rule read against a calibrated profile's healthy band fires when its excursions outside
+  that band add up to h band widths.
 
 Whether a point that far is reached depends on the model, so it is shown, not judged: over
 the 535 stored lab runs, the largest logit went up to ×457 its warm-up level before a
@@ -46,6 +48,12 @@ def rule_reach(series: dict[str, Any], thresholds: dict[str, float], k: float) -
             continue
         level = statistics.median(float(s.standardizer.mean) for s in found)
         direction = next(iter(found[0].cusums))
+        if type(found[0].standardizer).__name__ == "BandStandardizer":  # a calibrated band
+            out[metric] = (
+                f"fires when its excursions outside its healthy band at the same step add up to "
+                f"{h:.3g} band widths"
+            )
+            continue
         if metric == OPTIMIZER_TEST:  # its standardizer's level is ln W on its trend
             lead = math.exp(h) - 1
             out[metric] = f"fires when the weight norm leads its warm-up trend by {lead:.0%}"

@@ -233,6 +233,16 @@ def test_a_failing_query_is_a_message_not_a_traceback(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_run_page_says_what_each_rule_takes_to_fire(history, monkeypatch):
+    """The run's stored records replayed through its profile: each rule's firing point in
+    the run's own units (a level rule's factor on its warm-up, a CUSUM's drift)."""
+    app = _page("run", history, monkeypatch, run="fa-lowprec-s1")
+    (reach,) = [e for e in app.expander if "What each rule takes to fire" in _shown(e.label)]
+    assert "profile gpt-moe" in _shown(reach.label)
+    lines = [_shown(m.value) for m in reach.markdown]
+    assert lines and any("fires" in line for line in lines)
+
+
 def test_run_page_shows_the_recipe_why_its_profile_and_who_acted(tmp_path, monkeypatch):
     """A run trained with a cosine recipe: its recipe in the header, the profile's reason in
     its warnings (a recipe no calibrated profile was made on), and the actions people asked

@@ -264,6 +264,18 @@ def main() -> None:
         grid[i % 2].plotly_chart(figure, width="stretch", key=f"m-{metric}")
     _warnings(warnings, page.get("actions", []))
     _actions(page.get("actions", []))
+    _reach(run_id)
+
+
+def _reach(run_id: str) -> None:
+    """What each rule of the run's profile takes to fire on it, in its own units: a rule
+    that cannot fire at this run's scale shows it here (a factor no series will reach)."""
+    profile, reach = data.rule_reach(run_id)
+    if not reach:
+        return
+    with st.expander(f"What each rule takes to fire on this run (profile {md_text(profile)})"):
+        for metric, what in reach.items():
+            st.markdown(f"- {md_code(metric)}: {md_text(what)}")
 
 
 main()
