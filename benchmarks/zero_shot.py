@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ RECIPE_MODELS = {"gpt-moe": "gpt-moe", "gpt-moe+capacity": "gpt-moe", "mixtral":
 RECIPE_MODELS["mixtral-l3h160e6"] = "mixtral"
 
 
+@cache  # read once: every held-out group's floors come from the same runs
 def recipe_healthy() -> dict[str, list[RecordedRun]]:
     """The healthy recipe calibration runs of ``RECIPE_MODELS``, per architecture."""
     out: dict[str, list[RecordedRun]] = {}
@@ -118,6 +120,7 @@ def recipe_healthy() -> dict[str, list[RecordedRun]]:
     return out
 
 
+@cache  # one replay of the recipe runs per architecture left out, not one per group
 def floors_without(held: str | None = None) -> dict[str, float]:
     """The recipe floors set by every architecture's recipe runs but ``held``'s."""
     runs = [r for arch, rs in recipe_healthy().items() if arch != held for r in rs]

@@ -177,14 +177,14 @@ def test_conditioning_ratio_equals_hand_computation(w: torch.Tensor) -> None:
 def test_conditioning_ratio_is_exact_where_rows_nearly_agree() -> None:
     """Rows equal to −0.005 up to 1e-6: ε ≈ 2e-4, where w_e − w̄ cancels all but three
     digits. In float32 ε was off by up to 1.2e-4 of itself (a flaky property test in CI);
-    in float64 it is the hand computation's to 1e-12."""
+    in float64 it is the hand computation's to 1e-9 (a BLAS's last bits aside)."""
     g = torch.Generator().manual_seed(0)
     for _ in range(5):
         w = torch.full((4, 16), -0.005) + 1e-6 * torch.randn(4, 16, generator=g)
         x = w.numpy().astype(np.float64)
         w_bar = x.mean(0)
         expected = np.linalg.norm(x - w_bar, axis=-1).max() / np.linalg.norm(w_bar)
-        assert conditioning_ratio(w).item() == pytest.approx(expected, rel=1e-12)
+        assert conditioning_ratio(w).item() == pytest.approx(expected, rel=1e-9)
 
 
 def test_conditioning_ratio_zero_mean_is_inf() -> None:
