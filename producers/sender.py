@@ -100,7 +100,9 @@ class Sender:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             producer_empty = self.producer is not None and len(self.producer) == 0
-            quiet = self.messages.empty() and not self.spool.pending()
+            # unfinished_tasks, not empty(): a message the thread has taken off the queue but
+            # not yet handed to the producer or the spool is neither, and not delivered
+            quiet = self.messages.unfinished_tasks == 0 and not self.spool.pending()
             if self.online and producer_empty and quiet:
                 return True
             time.sleep(0.05)
@@ -153,14 +155,18 @@ class Sender:
                 items.append(self.messages.get_nowait())
             except queue.Empty:
                 break
-        direct = self.online and self.producer is not None and self.spool.own_pending() == 0
-        spill = []
-        for item in items:
-            direct = direct and self._send(item, self._on_delivery, wait=False)
-            if not direct:
-                spill.append(item)
-        if spill:
-            self.spool.put(spill)
+        try:
+            direct = self.online and self.producer is not None and self.spool.own_pending() == 0
+            spill = []
+            for item in items:
+                direct = direct and self._send(item, self._on_delivery, wait=False)
+                if not direct:
+                    spill.append(item)
+            if spill:
+                self.spool.put(spill)
+        finally:
+            for _ in items:  # in the producer or the spool now: wait_delivered sees them there
+                self.messages.task_done()
 
     # ---- one message --------------------------------------------------------------------
     def _send(self, item: SpooledMessage, callback: Any, wait: bool) -> bool:
@@ -338,6 +344,8 @@ class Sender:
                     left.append(self.messages.get_nowait())
             if left:
                 self.spool.put(left)
+            for _ in left:
+                self.messages.task_done()
             self.spool.release_others(only_empty=False)
             self.producer = None  # its threads and sockets go now, not at interpreter exit
 

@@ -212,6 +212,33 @@ def test_a_record_the_client_refuses_does_not_kill_the_sending_thread(kafka_sett
     assert got[4]["values"]["loss"] == 2.97
 
 
+def test_a_message_in_the_sending_threads_hands_is_not_yet_delivered(kafka_settings):
+    """``wait_delivered`` is what a trainer trusts before a SIGKILL can take nothing away: a
+    message the thread has taken off the queue but not yet handed to the producer is neither
+    queued nor in flight, and must not count as delivered (CI saw step 35 lost this way)."""
+    sink = KafkaSink(kafka_settings, confirm_group=None)
+    assert sink.wait_delivered(30)
+    holding, release = threading.Event(), threading.Event()
+    send = sink._sender._send
+
+    def held_send(item, callback, wait):
+        holding.set()
+        release.wait(30)
+        return send(item, callback, wait)
+
+    sink._sender._send = held_send
+    try:
+        sink.write(_record("run-held", 0))
+        assert holding.wait(30) and sink._sender.messages.empty()
+        assert not sink.wait_delivered(0.5)  # taken off the queue, not yet produced
+    finally:
+        release.set()
+    assert sink.wait_delivered(30)
+    sink.close(timeout=30)
+    got = _delivered(kafka_settings, "run-held").values()
+    assert [m["step"] for m in got if m.get("kind", "metrics") == "metrics"] == [0]
+
+
 def test_an_unexpected_exception_in_the_sending_thread_is_counted_and_it_carries_on(
     kafka_settings, caplog
 ):
