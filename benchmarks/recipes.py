@@ -54,7 +54,7 @@ JUDGED = ROOT / "lab" / "runs" / "recipes-judged"
 CALIBRATION = ROOT / "lab" / "runs" / "recipes-calibration"  # where the rules were chosen
 # The rules were frozen at this time (UTC; the commit that froze them says so): every judged
 # run must have started training after it.
-FROZEN = "2026-12-05T18:27:00"
+FROZEN = "2026-12-05T21:36:13"
 HORIZON = 2000
 ONSETS = {"20%": 400, "50%": 1000, "80%": 1600}
 MODELS = {  # tag -> foreshock lab run options
@@ -110,55 +110,59 @@ class Spec:
 
 
 def _healthy() -> list[Spec]:
-    """30 healthy runs: every schedule and rate on the three main models, long horizons (10,000
-    steps on the GPT-MoE, 4,000 on transformers MoEs), the Mixtral of the recipe issue, and an
-    OLMoE no rule or profile was made on."""
+    """30 healthy runs: every schedule and rate on the three main models, long horizons
+    (10,000 steps on the GPT-MoE, 4,000 on transformers MoEs), the Mixtral of the recipe
+    issue, and an OLMoE no rule or profile was made on."""
     mix = [("cosine", 100, 1.0), ("linear", 200, 1.0), ("wsd", 100, 1.0)]
     constant = [("constant", 0, 0.5), ("constant", 0, 1.0), ("constant", 0, 2.0)]
     specs = [
-        Spec("gpt-moe", "healthy", 300, "cosine", 500, steps=10_000),
-        Spec("gpt-moe", "healthy", 301, "wsd", 500, steps=10_000),
-        Spec("mixtral", "healthy", 300, "cosine", 200, steps=4000),
-        Spec("qwen3-moe", "healthy", 300, "cosine", 200, steps=4000),
+        Spec("gpt-moe", "healthy", 400, "linear", 500, steps=10_000),
+        Spec("mixtral", "healthy", 400, "wsd", 200, steps=4000),
+        Spec("olmoe", "healthy", 400, "cosine", 200, steps=4000),
     ]
     for model in ("gpt-moe", "mixtral", "qwen3-moe"):
         recipes = [*mix, *constant, ("cosine", 100, 2.0)]
-        if model == "qwen3-moe":  # its 4,000-step cosine run is above
+        if model == "qwen3-moe":
             recipes = [*mix, constant[0], constant[2]]
-        specs += [Spec(model, "healthy", seed, *r) for seed, r in enumerate(recipes, start=302)]
+        specs += [Spec(model, "healthy", seed, *r) for seed, r in enumerate(recipes, start=402)]
     return [
         *specs,
-        Spec("mixtral-l3h160e6", "healthy", 310, "cosine", 200),
-        Spec("mixtral-l3h160e6", "healthy", 311, "wsd", 100),
-        Spec("mixtral-l3h160e6", "healthy", 312, "constant", 0, 2.0),
-        Spec("gpt-moe+capacity", "healthy", 310, "cosine", 100),
-        Spec("olmoe", "healthy", 310, "cosine", 100),
-        Spec("olmoe", "healthy", 311, "wsd", 100),
-        Spec("olmoe", "healthy", 312, "constant", 0, 2.0),
+        Spec("mixtral-l3h160e6", "healthy", 410, "cosine", 200),
+        Spec("mixtral-l3h160e6", "healthy", 411, "linear", 100),
+        Spec("mixtral-l3h160e6", "healthy", 412, "constant", 0, 0.5),
+        Spec("gpt-moe+capacity", "healthy", 410, "wsd", 100),
+        Spec("olmoe", "healthy", 410, "linear", 200),
+        Spec("olmoe", "healthy", 411, "wsd", 100),
+        Spec("olmoe", "healthy", 412, "constant", 0, 2.0),
+        Spec("olmoe", "healthy", 413, "constant", 0, 0.5),
     ]
 
 
 def _faults() -> list[Spec]:
-    """16 fault runs: onsets at 20 %, 50 % and 80 % of the horizon under cosine decay, and in
-    the stable phase of WSD, where the learning rate is still the peak's."""
+    """20 fault runs: onsets at 20 %, 50 % and 80 % of the horizon under cosine and linear
+    decay, and in the stable phase of WSD, where the learning rate is still the peak's."""
     at = ONSETS
     return [
-        Spec("gpt-moe", "fa-lowprec", 320, onset=at["20%"]),
-        Spec("gpt-moe", "fa-lowprec", 321, "wsd", onset=at["50%"]),
-        Spec("gpt-moe", "fa-lowprec", 322, onset=at["80%"]),
-        Spec("gpt-moe", "lr-high", 320, onset=at["20%"]),
-        Spec("gpt-moe", "lr-high", 321, "wsd", onset=at["50%"]),
-        Spec("gpt-moe+capacity", "router-collapse", 320, "wsd", onset=at["20%"]),
-        Spec("gpt-moe+capacity", "router-collapse", 321, onset=at["50%"]),
-        Spec("mixtral", "fa-lowprec", 320, onset=at["20%"]),
-        Spec("mixtral", "fa-lowprec", 321, "wsd", onset=at["50%"]),
-        Spec("mixtral", "fa-lowprec", 322, onset=at["80%"]),
-        Spec("mixtral", "lr-high", 320, onset=at["20%"]),
-        Spec("mixtral", "lr-high", 321, "wsd", onset=at["50%"]),
-        Spec("qwen3-moe", "lr-high", 320, "wsd", onset=at["20%"]),
-        Spec("qwen3-moe", "fa-lowprec", 320, "wsd", onset=at["20%"]),
-        Spec("mixtral-l3h160e6", "fa-lowprec", 320, "cosine", 200, onset=at["20%"]),
-        Spec("olmoe", "fa-lowprec", 320, "wsd", onset=at["20%"]),
+        Spec("gpt-moe", "fa-lowprec", 420, onset=at["20%"]),
+        Spec("gpt-moe", "lr-high", 420, "wsd", onset=at["50%"]),
+        Spec("gpt-moe", "lr-high", 421, "linear", 200, onset=at["20%"]),
+        Spec("gpt-moe+capacity", "router-collapse", 420, "wsd", onset=at["20%"]),
+        Spec("gpt-moe+capacity", "router-collapse", 421, onset=at["50%"]),
+        Spec("mixtral", "fa-lowprec", 420, onset=at["20%"]),
+        Spec("mixtral", "fa-lowprec", 421, "wsd", onset=at["50%"]),
+        Spec("mixtral", "fa-lowprec", 422, onset=at["80%"]),
+        Spec("mixtral", "fa-lowprec", 423, "linear", 200, onset=at["20%"]),
+        Spec("mixtral", "lr-high", 420, onset=at["20%"]),
+        Spec("mixtral", "lr-high", 421, "wsd", onset=at["50%"]),
+        Spec("mixtral", "lr-high", 422, "linear", 200, onset=at["20%"]),
+        Spec("mixtral-l3h160e6", "fa-lowprec", 420, "cosine", 200, onset=at["20%"]),
+        Spec("mixtral-l3h160e6", "lr-high", 421, "wsd", onset=at["50%"]),
+        Spec("qwen3-moe", "lr-high", 420, "wsd", onset=at["20%"]),
+        Spec("qwen3-moe", "lr-high", 421, onset=at["20%"]),
+        Spec("qwen3-moe", "fa-lowprec", 420, "wsd", onset=at["20%"]),
+        Spec("olmoe", "fa-lowprec", 420, "wsd", onset=at["20%"]),
+        Spec("olmoe", "lr-high", 420, "wsd", onset=at["20%"]),
+        Spec("olmoe", "lr-high", 421, onset=at["50%"]),
     ]
 
 
@@ -374,36 +378,45 @@ class _AtPeak(ScheduleClock):
 @dataclass(frozen=True)
 class Variant:
     """One way of reading recipes that was tried: the warm-up clock, the σ floor after a
-    warm-up (share of the level; None: none), the zero-shot thresholds of the first freeze
-    (True) or the shipped ones, and the records the weight trend is fitted on."""
+    warm-up (share of the level; None: none), the zero-shot thresholds it was judged with
+    (those of the ``first`` or ``second`` freeze, or the ``shipped`` ones), and the weight
+    trend: the records it is fitted on and how far back its window ends (None: the
+    warm-up's line for good)."""
 
     clock: type = ScheduleClock
     floor: float | None = 0.04
-    first_thresholds: bool = False
+    thresholds: str = "shipped"
     trend_records: int = 12
+    trend_gap: int | None = 8
 
 
-# The zero-shot thresholds the first freeze (16:03 UTC) judged with, before the recipe floors.
-FIRST_FREEZE = {"router.load_entropy": 0.0341, OPTIMIZER_TEST: 0.25}
-FIRST_INFLATION_H = 0.1888
+# The zero-shot thresholds each earlier freeze judged with (16:03 and 18:27 UTC).
+FROZEN_THRESHOLDS = {
+    "first": ({"router.load_entropy": 0.0341, OPTIMIZER_TEST: 0.25}, 0.1888),
+    "second": ({"router.load_entropy": 0.1038, OPTIMIZER_TEST: 0.25}, 0.0875),
+}
 VARIANTS = {
-    "window at step 100 (before recipes)": Variant(_AtStep100, None, True, 6),
-    "window at step 100, read from the peak": Variant(_AtPeak, None, True, 6),
-    "window 100 steps after the peak": Variant(ScheduleClock, None, True, 6),
-    "+ σ floor 2 % after a warm-up (first freeze)": Variant(ScheduleClock, 0.02, True, 6),
-    "+ σ floor 4 %": Variant(ScheduleClock, 0.04, True, 6),
-    "+ weight trend on 12 records, load entropy floored (chosen)": Variant(),
+    "window at step 100 (before recipes)": Variant(_AtStep100, None, "first", 6, None),
+    "window at step 100, read from the peak": Variant(_AtPeak, None, "first", 6, None),
+    "window 100 steps after the peak": Variant(ScheduleClock, None, "first", 6, None),
+    "+ σ floor 2 % after a warm-up (first freeze)": Variant(ScheduleClock, 0.02, "first", 6, None),
+    "+ σ floor 4 %": Variant(ScheduleClock, 0.04, "first", 6, None),
+    "+ weight trend on 12 records, load entropy floored (second freeze)": Variant(
+        thresholds="second", trend_gap=None
+    ),
+    "+ weight trend refit on the records 8 back, warning at 0.10 nats (chosen)": Variant(),
 }
 
 
 def _profiles(variant: Variant) -> Any:
-    """The shipped profiles, with the zero-shot thresholds of the first freeze if asked."""
+    """The shipped profiles, with the zero-shot thresholds of an earlier freeze if asked."""
     profiles = shipped_profiles()
-    if variant.first_thresholds:
+    if variant.thresholds in FROZEN_THRESHOLDS:
+        frozen, inflation_h = FROZEN_THRESHOLDS[variant.thresholds]
         zero = profiles.configs["zero-shot"]
-        thresholds = {**zero.thresholds, **FIRST_FREEZE}
+        thresholds = {**zero.thresholds, **frozen}
         profiles.configs["zero-shot"] = replace(
-            zero, thresholds=thresholds, inflation_h=FIRST_INFLATION_H
+            zero, thresholds=thresholds, inflation_h=inflation_h
         )
     return profiles
 
@@ -415,7 +428,12 @@ def variants(folder: Path) -> list[dict[str, Any]]:
     import foreshock.detectors.inflation as inflation
     import foreshock.detectors.schedule_clock as clock
 
-    kept = engine.ScheduleClock, clock.WARMED_UP_REL_FLOOR, inflation.TREND_RECORDS
+    kept = (
+        engine.ScheduleClock,
+        clock.WARMED_UP_REL_FLOOR,
+        inflation.TREND_RECORDS,
+        inflation.TREND_GAP,
+    )
     paths = sorted(folder.glob("*.jsonl.gz"))
     rows = []
     try:
@@ -423,6 +441,7 @@ def variants(folder: Path) -> list[dict[str, Any]]:
             engine.ScheduleClock = variant.clock  # type: ignore[misc]
             clock.WARMED_UP_REL_FLOOR = variant.floor or 0.0
             inflation.TREND_RECORDS = variant.trend_records
+            inflation.TREND_GAP = variant.trend_gap
             judged = [judge_run(p, _profiles(variant)) for p in paths]
             healthy = [r for r in judged if r["scenario"] == "healthy"]
             diverged = [r for r in judged if r["scenario"] != "healthy" and r["diverged"]]
@@ -437,7 +456,12 @@ def variants(folder: Path) -> list[dict[str, Any]]:
                 }
             )
     finally:
-        engine.ScheduleClock, clock.WARMED_UP_REL_FLOOR, inflation.TREND_RECORDS = kept  # type: ignore[misc]
+        (
+            engine.ScheduleClock,  # type: ignore[misc]
+            clock.WARMED_UP_REL_FLOOR,
+            inflation.TREND_RECORDS,
+            inflation.TREND_GAP,
+        ) = kept
     return rows
 
 

@@ -9,18 +9,20 @@ rules hold the test (``OPTIMIZER_TEST``) it also warns on its own, as family ``o
 
 The total weight norm W (``weight_norm``) is read against its healthy band where the profile
 has one (z in band widths, :class:`~foreshock.detectors.bands.BandStandardizer`), else against
-the run's own warm-up trend (a zero-shot profile reads no other model's weights:
-:class:`~foreshock.detectors.standardize.LogTrendStandardizer`,
+the run's own recent trend (a zero-shot profile reads no other model's weights:
+:class:`~foreshock.detectors.standardize.TrailingLogTrendStandardizer`,
 
     z = ln W − (a + b·step)   nats,
 
-a and b the least-squares line through the warm-up's (step, ln W)). The weights are
+a and b the least-squares line through (step, ln W) of ``TREND_RECORDS`` records that end
+``TREND_GAP`` records before this one; the warm-up's first ``TREND_RECORDS`` until there
+are that many). The weights are
 *inflated* once z has stayed above ``inflation_h`` for ``confirm`` records (a
 ``SustainedLevel``: min of the last ``confirm`` z above h). The warning reads the same z
 against a threshold of its own, ``thresholds[OPTIMIZER_TEST]`` (at least ``inflation_h``:
 naming a cause may come early, paging needs more; ∞ when uncalibrated).
 
-The trend is fitted on ``TREND_RECORDS`` records (12) from ``warmup_start``:
+The first z comes once ``TREND_RECORDS`` records (12) at steps ≥ ``warmup_start`` are in:
 
 >>> from foreshock.detectors.config import DetectorConfig
 >>> test = WeightInflation(DetectorConfig(warmup_start=0, warmup_records=2), h=0.05)
@@ -42,9 +44,9 @@ from .bands import INFLATION_METRIC, BandStandardizer
 from .config import OPTIMIZER_TEST, DetectorConfig
 from .level import SustainedLevel
 from .series import Fired, Series
-from .standardize import LogTrendStandardizer
+from .standardize import LogTrendStandardizer, TrailingLogTrendStandardizer
 
-__all__ = ["TREND_RECORDS", "WeightInflation"]
+__all__ = ["TREND_GAP", "TREND_RECORDS", "WeightInflation", "weight_trend"]
 
 # Records the weight-norm trend is fitted on (a run's own, zero-shot): 12, 300 steps of the
 # lab's records. Over the 6 records of the other series' window the line caught the slow
@@ -55,6 +57,20 @@ __all__ = ["TREND_RECORDS", "WeightInflation"]
 # often as at 6 (Mixtral 17/17, GPT-MoE 40/40); at 20 the window swallowed a ramp's start and
 # missed 4 of them.
 TREND_RECORDS = 12
+# Records between the trend's window and the record read against it: 8 (200 steps of the
+# lab's records); None reads against the warm-up's line (before the third freeze). Chosen
+# on the recipe calibration runs (``benchmarks.recipes``' table of what was tried): the
+# warm-up's line missed a Mixtral's learning-rate ramp from step 1,000 under WSD (the line
+# lay 0.3 nats above the norm by then); the recent line warned it with every healthy recipe
+# run under 0.075 nats.
+TREND_GAP: int | None = 8
+
+
+def weight_trend(start: int) -> LogTrendStandardizer | TrailingLogTrendStandardizer:
+    """The weight norm's own trend the zero-shot optimizer test reads against (above)."""
+    if TREND_GAP is None:
+        return LogTrendStandardizer(start, TREND_RECORDS)
+    return TrailingLogTrendStandardizer(start, TREND_RECORDS, TREND_GAP)
 
 
 class WeightInflation:
@@ -67,10 +83,10 @@ class WeightInflation:
 
     def __init__(self, config: DetectorConfig, h: float) -> None:
         c = config
-        self.reference: BandStandardizer | LogTrendStandardizer = (
+        self.reference: BandStandardizer | LogTrendStandardizer | TrailingLogTrendStandardizer = (
             BandStandardizer(c.bands[INFLATION_METRIC], c.warmup_start)
             if INFLATION_METRIC in c.bands
-            else LogTrendStandardizer(c.warmup_start, TREND_RECORDS)
+            else weight_trend(c.warmup_start)
         )
         self.level = SustainedLevel("up", h, c.confirm)
         self.optimizer: Series | None = None

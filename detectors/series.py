@@ -36,7 +36,12 @@ from .bands import BandStandardizer, band_key
 from .config import DetectorConfig
 from .cusum import OneSidedCUSUM
 from .kinds import BUILDERS
-from .standardize import LogTrendStandardizer, TrendStandardizer, WarmupStandardizer
+from .standardize import (
+    LogTrendStandardizer,
+    TrailingLogTrendStandardizer,
+    TrendStandardizer,
+    WarmupStandardizer,
+)
 
 __all__ = ["RULED_METRICS", "Fired", "Series", "Standardizer", "build_series"]
 
@@ -44,7 +49,13 @@ __all__ = ["RULED_METRICS", "Fired", "Series", "Standardizer", "build_series"]
 RULED_METRICS = frozenset(s.metric for s in SERIES)
 
 # LogRatioStandardizer is a Warmup one; LogTrend is the optimizer test's (inflation)
-Standardizer = WarmupStandardizer | TrendStandardizer | LogTrendStandardizer | BandStandardizer
+Standardizer = (
+    WarmupStandardizer
+    | TrendStandardizer
+    | LogTrendStandardizer
+    | TrailingLogTrendStandardizer
+    | BandStandardizer
+)
 
 
 @dataclass

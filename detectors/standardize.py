@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from collections import deque
 
 from river import base
 
@@ -29,6 +30,7 @@ __all__ = [
     "Z_LIMIT",
     "LogRatioStandardizer",
     "LogTrendStandardizer",
+    "TrailingLogTrendStandardizer",
     "TrendStandardizer",
     "WarmupStandardizer",
 ]
@@ -238,14 +240,65 @@ class LogTrendStandardizer(base.Base):
         return y - (self._intercept + self.scale * step)  # type: ignore[operator]
 
     def _fit(self) -> None:
-        steps = [s for s, _ in self._warmup]
-        logs = [y for _, y in self._warmup]
-        s_mean, y_mean = _mean(steps), _mean(logs)
-        spread = sum((s - s_mean) ** 2 for s in steps)
-        slope = (
-            0.0
-            if spread == 0
-            else sum((s - s_mean) * (y - y_mean) for s, y in self._warmup) / spread
-        )
-        self._intercept, self.scale = y_mean - slope * s_mean, slope
-        self.mean = self._intercept + slope * steps[-1]
+        self._intercept, self.scale = _line(self._warmup)
+        self.mean = self._intercept + self.scale * self._warmup[-1][0]
+
+
+class TrailingLogTrendStandardizer(base.Base):
+    """The series' log above its *recent* trend: x = ln(value) − (a + b·step) (nats), a and b
+    the least-squares line through ``records`` values that end ``gap`` values before this
+    one — or, while there are fewer than ``records + gap`` before it, the first ``records``
+    (the warm-up's line, as :class:`LogTrendStandardizer`).
+
+    Why not the warm-up's line for good: a weight norm's growth slows as the run goes on, and
+    faster under a decaying learning rate, so the warm-up's slope extrapolated to step 1,000
+    lies far above the healthy norm — a learning-rate ramp that starts there must first climb
+    out of that deficit, and one in the lab's recipe runs (a Mixtral under WSD, ramp from
+    step 1,000) diverged before it had. The recent line follows the slowing growth, so a
+    ramp's acceleration shows wherever it starts; the ``gap`` keeps the ramp's own first
+    records out of the line it is compared with (a window that ends at the present swallows a
+    slow ramp's start). No value before ``records`` values at steps ≥ ``start``; values ≤ 0
+    have no log and are skipped.
+
+    >>> s = TrailingLogTrendStandardizer(start=0, records=3, gap=1)
+    >>> [s.update(t, math.exp(0.01 * t)) for t in (0, 10, 20)]
+    [None, None, None]
+    >>> round(s.update(30, math.exp(0.3)), 6), round(s.update(40, math.exp(0.6)), 6)
+    (0.0, 0.2)
+    >>> round(s.update(50, math.exp(0.7)), 6)  # the line through steps 10-30 now
+    0.2
+    """
+
+    def __init__(self, start: int, records: int, gap: int) -> None:
+        if records < 2 or gap < 0:
+            raise ValueError("the trend needs at least 2 records and a gap of 0 or more")
+        self.start, self.records, self.gap = start, records, gap
+        self._recent: deque[tuple[float, float]] = deque(maxlen=records + gap)
+        self.mean: float | None = None  # the line's value at its window's last step (nats)
+        self.scale: float | None = None  # its slope (nats per step)
+
+    @property
+    def ready(self) -> bool:
+        return self.mean is not None
+
+    def update(self, step: int, x: float | None) -> float | None:
+        x = _finite(x)
+        if x is None or x <= 0 or step < self.start:
+            return None
+        y, z = math.log(x), None
+        if len(self._recent) >= self.records:
+            window = list(self._recent)[: self.records]
+            intercept, self.scale = _line(window)
+            self.mean = intercept + self.scale * window[-1][0]
+            z = y - (intercept + self.scale * step)
+        self._recent.append((float(step), y))
+        return z
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares line through ``points`` (step, y): (intercept, slope)."""
+    steps = [s for s, _ in points]
+    s_mean, y_mean = _mean(steps), _mean([y for _, y in points])
+    spread = sum((s - s_mean) ** 2 for s in steps)
+    slope = 0.0 if spread == 0 else sum((s - s_mean) * (y - y_mean) for s, y in points) / spread
+    return y_mean - slope * s_mean, slope

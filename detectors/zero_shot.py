@@ -9,7 +9,7 @@ a band, so the zero-shot profile keeps only rules that compare a run with *itsel
   attention logit and the QK increment's entropy as a log ratio to their warm-up level, in
   nats) — scale-free, so one threshold serves any width or depth;
 * the optimizer test (weights moved before any mechanism) as the total weight norm's log
-  above its own warm-up trend (``standardize.LogTrendStandardizer``), never another model's
+  above its own recent trend (``inflation.weight_trend``), never another model's
   weight band.
 
 Thresholds are pooled across architectures, and each metric's margin is chosen **leave one
@@ -42,8 +42,7 @@ from typing import Any, NamedTuple
 from .bands import sustained_peak
 from .calibrate import MARGINS, calibrate, uncalibrated
 from .config import DEFAULT_RULES, OPTIMIZER_TEST, DetectorConfig, SeriesRule
-from .inflation import TREND_RECORDS
-from .standardize import LogTrendStandardizer
+from .inflation import weight_trend
 
 __all__ = [
     "INFLATION_FLOOR",
@@ -64,7 +63,7 @@ INFLATION_FLOOR = 0.05  # nats: the least optimizer threshold (a 5 % lead over t
 # expert capacity; 0.02 outside GPT-MoE), learning-rate ramps 0.9–2.0. The leave-one-out
 # shift alone armed 0.05 when GPT-MoE was the architecture never seen: its healthy runs that
 # warned went from 3 to 11 of 95. Judged on runs trained after it was set (docs/detectors.md).
-OPTIMIZER_WARNING_FLOOR = 0.25
+OPTIMIZER_WARNING_FLOOR = 0.10
 SHIFTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # nats: the optimizer test's margins
 
 # Floors from healthy runs trained with recipes (warm-up, decay, 0.5-2x the lab's rate, up to
@@ -112,8 +111,7 @@ def zero_shot_base() -> DetectorConfig:
 def inflation_peak(run: Any, config: DetectorConfig) -> float:
     """A run's largest weight-norm lead over its own warm-up trend held for ``confirm``
     records (nats): what the optimizer test reads (:mod:`~foreshock.detectors.inflation`)."""
-    trend = LogTrendStandardizer(config.warmup_start, TREND_RECORDS)
-    return sustained_peak(run, trend, config.confirm)
+    return sustained_peak(run, weight_trend(config.warmup_start), config.confirm)
 
 
 def recipe_floors(
@@ -168,7 +166,7 @@ def calibrate_zero_shot(
         "method": "zero-shot: pooled max-statistic, margins leave one architecture out",
         "groups": {g: len(rs) for g, rs in sorted(reports.items())},
         "inflation": {
-            "method": "weight-norm log above its warm-up trend",
+            "method": "weight-norm log above its recent trend",
             "peak": round(top, 4),
             "shift": shift,
         },

@@ -31,6 +31,7 @@ from foreshock.detectors.level import SustainedLevel
 from foreshock.detectors.standardize import (
     LogRatioStandardizer,
     LogTrendStandardizer,
+    TrailingLogTrendStandardizer,
     TrendStandardizer,
     WarmupStandardizer,
 )
@@ -127,6 +128,14 @@ SPECS = [
         stream=[(0, 9.0), (10, 1.0), (20, 1.1), (30, 1.2), (40, 2.0)],
         signal=_ready,
         fires_at=2,
+    ),
+    Spec(
+        TrailingLogTrendStandardizer,
+        params={"start": 10, "records": 2, "gap": 1},
+        others={"start": 20, "records": 3, "gap": 2},
+        stream=[(0, 9.0), (10, 1.0), (20, 1.1), (30, 1.2), (40, 2.0)],
+        signal=_ready,
+        fires_at=3,  # ready with its first line: the record after the two it is fitted on
     ),
     Spec(
         BandStandardizer,
