@@ -6,8 +6,9 @@ same computation, as a trainer would on its own:
 * ``precise_attention(module)``: that attention layer's backward goes back to full precision
   (its ``lowp`` switch off from the next step on) — what switching a layer to a
   higher-precision attention implementation does on a real model;
-* ``hold_lr(scale)``: the faulted parameter groups' learning rate is held at ``scale`` × its
-  value at the warning (a held one: × ``scale`` again), whatever the schedule does next;
+* ``hold_lr(scale, since)``: the faulted parameter groups' learning rate is held at ``scale``
+  × its value at step ``since`` (when the warning's evidence began; None: at the warning; a
+  held one: × ``scale`` again), whatever the schedule does next;
 * ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
   warning (a router-only fault keeps the routers in their own group, the faulted one, so this
   is ``hold_lr`` on it; with one group for the whole model it is refused);
@@ -72,6 +73,8 @@ class LabRemedies:
         self.cured: set[str] = set()  # attention layers back to full precision
         self.lr_hold: float | None = None  # the held factor on the faulted groups
         self._hold_scale: float | None = None  # a hold asked, fixed at the next step's factor
+        self._hold_since: int | None = None  # the step whose factor it scales (None: now)
+        self._factors: dict[int, float] = {}  # the faulted groups' factor at each step
         self.stopped = False
         self.redone = 0  # steps whose training a rollback undid
         self.rewind: int | None = None  # the step a rollback restored, for the loop to resume at
@@ -93,8 +96,16 @@ class LabRemedies:
             return scheduled
         if self._hold_scale is not None:
             now = scheduled if self.lr_hold is None else self.lr_hold
-            self.lr_hold, self._hold_scale = now * self._hold_scale, None
-        return scheduled if self.lr_hold is None else self.lr_hold
+            base = self._factor_at(self._hold_since, now)
+            self.lr_hold, self._hold_scale = base * self._hold_scale, None
+        factor = scheduled if self.lr_hold is None else self.lr_hold
+        self._factors[self._step] = factor
+        return factor
+
+    def _factor_at(self, step: int | None, now: float) -> float:
+        """The faulted groups' factor at the newest step ≤ ``step`` trained (``now`` if None)."""
+        seen = [s for s in self._factors if step is not None and s <= step]
+        return self._factors[max(seen)] if seen else now
 
     def after_record(self, step: int, record: dict[str, Any] | None) -> list[Action]:
         """Feed the Monitor's record to the detectors; act on the warnings that opened."""
@@ -137,8 +148,8 @@ class LabRemedies:
             raise KeyError(f"no attention layer {unknown} in this model")
         self.cured.update(names)
 
-    def hold_lr(self, scale: float) -> None:
-        self._hold_scale = scale
+    def hold_lr(self, scale: float, since: int | None = None) -> None:
+        self._hold_scale, self._hold_since = scale, since
 
     def scale_router_lr(self, scale: float) -> None:
         if not any(g.get("faulted") is True for g in self.optimizer.param_groups):

@@ -19,9 +19,12 @@ attention-numerics   ``precise-attention``   the attention backward in full prec
                                              the named layer alone left the other to warn
                                              later) or the named one ("module")
 optimizer            ``hold-lr``             the learning rate held at ``lr_scale`` × its
-                                             value at the warning from then on (a one-off
-                                             cut while the schedule keeps ramping did not
-                                             save the lab's runs; holding it did)
+                                             value when the warning's evidence began
+                                             (``hold_from``), from then on (a one-off cut
+                                             while the schedule keeps ramping did not save
+                                             the lab's runs; holding it did; a ramp caught
+                                             late has already multiplied the rate at the
+                                             warning)
 router               ``scale-router-lr``     the routers' learning rate held at
                                              ``router_lr_scale`` × its value at the warning
                                              (a collapse fed by a rising router learning
@@ -77,14 +80,14 @@ DEFAULT_ACTIONS = {
     "optimizer": "hold-lr",
     "router": "scale-router-lr",
 }
-# What the trainer is asked for each action: its method, and the decision's field it is given
-# (None: nothing). Checked against ACTIONS at import: an action without a call would otherwise
+# What the trainer is asked for each action: its method, and the decision's fields it is given
+# in order. Checked against ACTIONS at import: an action without a call would otherwise
 # fall through to another remedy — it once fell through to ``stop``.
-REMEDY_CALLS: dict[str, tuple[str, str | None]] = {
+REMEDY_CALLS: dict[str, tuple[str, ...]] = {
     "precise-attention": ("precise_attention", "target"),
-    "hold-lr": ("hold_lr", "scale"),
+    "hold-lr": ("hold_lr", "scale", "since"),
     "scale-router-lr": ("scale_router_lr", "scale"),
-    "stop": ("stop", None),
+    "stop": ("stop",),
 }
 if set(REMEDY_CALLS) != set(ACTIONS):
     raise RuntimeError(f"remedy calls {sorted(REMEDY_CALLS)} != actions {sorted(ACTIONS)}")
@@ -105,7 +108,10 @@ class RemedyPolicy:
 
     actions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     attention_scope: str = "all"  # precise-attention: "all" layers, or the named "module"
-    lr_scale: float = 0.5  # hold-lr: the held learning rate, × its value at the warning
+    lr_scale: float = 0.5  # hold-lr: the held learning rate, × its value at ``hold_from``
+    # hold-lr: the rate it scales — when the warning's "evidence" began (its first record), or
+    # at the "warning"
+    hold_from: str = "evidence"
     router_lr_scale: float = 0.1  # scale-router-lr: the routers' learning rate factor
     # restore the newest snapshot before the warning's evidence first: for every cause (True),
     # none (False), or the causes listed (e.g. ["router"])
@@ -125,6 +131,8 @@ class RemedyPolicy:
             raise ValueError(f"unknown remedy action(s) {unknown}; known: {list(ACTIONS)}")
         if not 0 < self.lr_scale <= 1 or not 0 < self.router_lr_scale <= 1:
             raise ValueError("lr_scale and router_lr_scale must be in (0, 1]")
+        if self.hold_from not in ("evidence", "warning"):
+            raise ValueError(f"hold_from must be 'evidence' or 'warning', got {self.hold_from!r}")
         if self.attention_scope not in ("all", "module"):
             raise ValueError(
                 f"attention_scope must be 'all' or 'module', got {self.attention_scope!r}"
@@ -215,7 +223,8 @@ def action_record(run_id: str, rank: int, action: Action) -> dict[str, Any]:
 class Remediator:
     """``act(step, warnings)`` at a step boundary: the actions the policy takes for the
     warnings that opened; never raises. ``remedies`` is the trainer's side: any of
-    ``precise_attention(module)``, ``hold_lr(scale)``, ``scale_router_lr(scale)``, ``stop()``,
+    ``precise_attention(module)``, ``hold_lr(scale, since)`` (``since``: the step whose
+    learning rate it scales, None for now), ``scale_router_lr(scale)``, ``stop()``,
     ``rollback(step)``; a method it lacks is an action it cannot take (reported as such).
 
     Deciding and applying are apart (``decide``/``decide_request``, then ``apply``): under
@@ -290,6 +299,8 @@ class Remediator:
         self.actions.append(action)
         if d.get("refused"):
             action.detail["refused"] = d["refused"]
+        if d.get("since") is not None:  # the step whose learning rate a hold scales
+            action.detail["since"] = d["since"]
         if d["error"] is not None:
             action.error = d["error"]
             return action
@@ -359,6 +370,7 @@ class Remediator:
         every one; ``scale``; ``rollback_before``: the step a snapshot must be older than)."""
         scale = {"hold-lr": policy.lr_scale, "scale-router-lr": policy.router_lr_scale}
         target = warning.module if policy.attention_scope == "module" else None
+        since = _first_evidence(warning) if policy.hold_from == "evidence" else None
         return {
             "kind": kind,
             "warning_id": warning.id,
@@ -367,6 +379,7 @@ class Remediator:
             "step": int(step),
             "target": target,
             "scale": float(scale.get(kind, 1.0)),
+            "since": since if kind == "hold-lr" else None,
             "rollback_before": (
                 _first_evidence(warning) if policy.rolls_back(_cause_or_family(warning)) else None
             ),
@@ -382,8 +395,8 @@ class Remediator:
         return self._do(self._decision(kind, warning, 0, self.policy))
 
     def _do(self, decision: Decision) -> Any:
-        method, argument = REMEDY_CALLS[decision["kind"]]
-        return self._call(method, *([] if argument is None else [decision[argument]]))
+        method, *arguments = REMEDY_CALLS[decision["kind"]]
+        return self._call(method, *(decision.get(a) for a in arguments))
 
     def _call(self, method: str, *args: Any) -> Any:
         remedy = getattr(self.remedies, method, None)

@@ -15,12 +15,13 @@ boundary is and turns ``stop`` into its own flag.
   (:func:`~.integrations.hf_attention.switch_layer`), foreshock's ``max_logit`` wrapper kept;
   a name that is no attention layer of the model, or a layer outside the registry, is an
   error (the action reports it; training goes on);
-* ``hold_lr(scale)``: every parameter group's learning rate held at ``scale`` × its value at
-  the warning, set again by an optimizer step pre-hook, so no scheduler's ``step()`` undoes it
-  (the Trainer's logged ``learning_rate`` stays the schedule's: the action record has the
-  held values); never below ``HOLD_FLOOR`` × the rate before the first hold, however often
-  or however low it is asked (two ×1e-300 requests once set the rate to exactly 0 and the run
-  trained on, looking healthy);
+* ``hold_lr(scale, since)``: every parameter group's learning rate held at ``scale`` × its
+  value at step ``since`` (when the warning's evidence began; the newest step at or before
+  it this trainer saw, else now), set again by an optimizer step pre-hook, so no scheduler's
+  ``step()`` undoes it (the Trainer's logged ``learning_rate`` stays the schedule's: the
+  action record has the held values); never below ``HOLD_FLOOR`` × the first hold's
+  reference rate, however often or however low it is asked (two ×1e-300 requests once set
+  the rate to exactly 0 and the run trained on, looking healthy);
 * ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
   warning, under any optimizer and schedule: step hooks keep the routers' weights before the
   step and set w = w_old + s · (w_new − w_old), s = min(1, scale · lr_warning / lr_now) with
@@ -36,6 +37,7 @@ boundary is and turns ``stop`` into its own flag.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,8 +65,9 @@ def _innermost(optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
-# The lowest a learning rate is held, as a share of its value before the first hold.
+# The lowest a learning rate is held, as a share of the rate the first hold scaled.
 HOLD_FLOOR = 0.1
+RATE_HISTORY = 20_000  # steps whose learning rates are kept for ``hold_lr(scale, since)``
 
 
 class _TrainingState:
@@ -117,7 +120,8 @@ class TrainerRemedies:
         self.ring = snapshots
         self.switched: dict[str, str] = {}  # attention layer -> its implementation now
         self.held: list[float] | None = None  # each group's held learning rate
-        self._unheld: list[float] = []  # each group's learning rate before the first hold
+        self._unheld: list[float] = []  # each group's rate the first hold scaled
+        self._rates: deque[tuple[int, list[float]]] = deque(maxlen=RATE_HISTORY)
         self.router_scale = 1.0
         self.stopped = False
         self.redone = 0  # steps whose training a rollback undid
@@ -136,6 +140,8 @@ class TrainerRemedies:
             self.ring.maybe_take(step, self.model, self.state)
         self.step = step
         self._apply_held()
+        if not self._rates or self._rates[-1][0] != step:
+            self._rates.append((step, self._group_rates()))
 
     # ---- the remedies -------------------------------------------------------------------
     def precise_attention(self, module: str | None) -> dict[str, str]:
@@ -153,11 +159,11 @@ class TrainerRemedies:
             self.switched[name] = switch_layer(layers[name], self.precise)
         return {n: self.switched[n] for n in names}
 
-    def hold_lr(self, scale: float) -> list[float]:
-        now = [float(g["lr"]) for g in self.optimizer.param_groups]
-        self._unheld = self._unheld or now  # the rates before the first hold
+    def hold_lr(self, scale: float, since: int | None = None) -> list[float]:
+        base = self._rates_at(since)
+        self._unheld = self._unheld or base  # the rates the first hold scaled
         floor = [HOLD_FLOOR * lr for lr in self._unheld]
-        self.held = [max(scale * lr, low) for lr, low in zip(now, floor, strict=False)]
+        self.held = [max(scale * lr, low) for lr, low in zip(base, floor, strict=False)]
         self._apply_held()
         if not any(h[0] == "lr" for h in self._hooks):
             hook = self.optimizer.register_step_pre_hook(lambda *_: self._apply_held())
@@ -199,6 +205,18 @@ class TrainerRemedies:
         self._hooks = []
 
     # ---- internals ----------------------------------------------------------------------
+    def _group_rates(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def _rates_at(self, step: int | None) -> list[float]:
+        """Each group's learning rate at the newest step ≤ ``step`` this trainer saw (now for
+        None, or a step older than every one kept)."""
+        if step is not None:
+            for seen, rates in reversed(self._rates):
+                if seen <= step:
+                    return rates
+        return self._group_rates()
+
     def _apply_held(self) -> None:
         if self.held is None:
             return

@@ -76,7 +76,7 @@ class _Trainer:
     def __init__(self) -> None:
         self.held: list[float] = []
 
-    def hold_lr(self, scale: float) -> None:
+    def hold_lr(self, scale: float, since: int | None = None) -> None:
         self.held.append(scale)
 
 

@@ -48,7 +48,7 @@ class Trainer:
             raise RuntimeError("the attention registry refused")
         self.calls.append(("precise", module))
 
-    def hold_lr(self, scale):
+    def hold_lr(self, scale, since=None):
         self.calls.append(("hold", scale))
 
     def scale_router_lr(self, scale):
@@ -309,3 +309,58 @@ def test_the_lab_holds_the_faulted_groups_rate_and_a_second_hold_scales_the_held
     shared = torch.optim.SGD([weight], lr=0.1)
     with pytest.raises(NotImplementedError, match="share"):
         LabRemedies(None, lab=None, optimizer=shared, start={}).scale_router_lr(0.1)  # type: ignore[arg-type]
+
+
+def test_a_hold_scales_the_rate_from_when_the_evidence_began():
+    """A learning-rate ramp warned late has already multiplied the rate: ``hold-lr`` holds
+    ``lr_scale`` × the rate at the warning's first evidence (``hold_from = "evidence"``, the
+    default), not at the warning; ``"warning"`` keeps the old reading."""
+    warning = _warning("optimizer", Role.OPTIMIZER, module=None, step=450)
+    evidence = Remediator(RemedyPolicy(), Trainer()).decide(451, [warning])
+    at_warning = Remediator(RemedyPolicy(hold_from="warning"), Trainer()).decide(451, [warning])
+    assert (evidence[0]["since"], at_warning[0]["since"]) == (400, None)
+    with pytest.raises(ValueError, match="hold_from"):
+        RemedyPolicy(hold_from="peak")
+
+
+def test_a_trainer_holds_the_rate_its_schedule_had_at_the_evidence():
+    """Through a real optimizer and scheduler (a ramp ×1.1 a step): the held rate is
+    0.5 × the rate at step 20, the floor is a share of that rate, and no scheduler step
+    undoes the hold."""
+    from foreshock.producers.trainer_remedies import HOLD_FLOOR, TrainerRemedies
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.1**step)
+    remedies = TrainerRemedies(model, optimizer, ramp)
+    for step in range(40):
+        remedies.before_step(step)
+        optimizer.step()
+        ramp.step()
+    at_20 = 0.01 * 1.1**20
+    assert remedies.hold_lr(0.5, since=20) == pytest.approx([0.5 * at_20], rel=1e-9)
+    remedies.before_step(40)
+    optimizer.step()
+    ramp.step()
+    remedies.before_step(41)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * at_20, rel=1e-9)
+    assert remedies.hold_lr(1e-9, since=41) == pytest.approx([HOLD_FLOOR * at_20], rel=1e-9)
+    remedies.close()
+
+
+def test_the_lab_holds_the_faulted_factor_it_had_when_the_evidence_began():
+    """The lab's hold reads the factor the faulted groups trained with at the evidence's
+    step (the newest step at or before it), whatever the ramp reached by the warning."""
+    from foreshock.lab.remedies import LabRemedies
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([{"params": [weight], "faulted": True}], lr=0.1)
+    lab = LabRemedies(None, lab=None, optimizer=optimizer, start={})  # type: ignore[arg-type]
+    for step in range(10):
+        lab.before_step(step)
+        assert lab.lr_factor(float(step + 1), True) == step + 1
+    lab.hold_lr(0.5, since=3)
+    lab.before_step(10)
+    assert lab.lr_factor(11.0, True) == pytest.approx(0.5 * 4.0)
+    lab.before_step(11)
+    assert lab.lr_factor(12.0, True) == pytest.approx(2.0)

@@ -262,7 +262,8 @@ def lightning_callback(path: Path, policy: RemedyPolicy, sink: Any = None) -> An
 
 def test_lightning_holds_the_learning_rate_against_its_schedule(tmp_path: Path) -> None:
     """hold-lr at the boundary before step 16: every later update uses half the learning
-    rate the schedule had reached there, while the schedule keeps decaying underneath."""
+    rate the schedule had when the warning's evidence began, while the schedule keeps
+    decaying underneath."""
     path = tmp_path / "pl.jsonl"
     policy = RemedyPolicy(actions={"attention-numerics": "hold-lr"}, lr_scale=0.5)
     trainer, module = lightning_fit(lightning_callback(path, policy))
@@ -270,9 +271,11 @@ def test_lightning_holds_the_learning_rate_against_its_schedule(tmp_path: Path) 
     scheduled = [1e-3 / (1.0 + s / 10) for s in range(STEPS)]
     assert trainer.global_step == STEPS
     assert module.lrs[:ACTED] == pytest.approx(scheduled[:ACTED], rel=1e-12)
-    held = 0.5 * scheduled[ACTED]  # the lr at the warning: the one step 16 was to use
-    assert module.lrs[ACTED:] == pytest.approx([held] * (STEPS - ACTED), rel=1e-12)
     [record] = actions_in(path)
+    since = record["detail"]["since"]  # the warning's first evidence
+    assert since < ACTED
+    held = 0.5 * scheduled[since]
+    assert module.lrs[ACTED:] == pytest.approx([held] * (STEPS - ACTED), rel=1e-12)
     assert (record["action"], record["step"], record["applied"]) == ("hold-lr", ACTED, True)
     assert record["detail"]["result"] == pytest.approx([held])
     assert end_of(path)["status"] == "finished"
@@ -404,8 +407,9 @@ def test_a_rollback_restores_model_optimizer_and_schedule_bit_for_bit() -> None:
     assert same(model.state_dict(), saved["model"])
     assert same(optimizer.state_dict()["state"], saved["optimizer"]["state"])
     assert schedule.state_dict()["last_epoch"] == saved["schedule"]["last_epoch"] == 10
-    # hold-lr after the rollback: half the lr the restored schedule gives
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 / 11)
+    # hold-lr after the rollback: half the lr the schedule gave at the first evidence (11)
+    assert action.detail["since"] == 11
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 1e-2 / 12)
     assert [r["kind"] for r in written] == ["action"] and written[0]["rolled_back_to"] == 10
     assert remedies.ring is not None and remedies.ring.steps == [5, 10]
 
