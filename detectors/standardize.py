@@ -228,10 +228,9 @@ class LogTrendStandardizer(base.Base):
         return self.mean is not None
 
     def update(self, step: int, x: float | None) -> float | None:
-        x = _finite(x)
-        if x is None or x <= 0 or step < self.start:
+        y = _log_at(step, x, self.start)
+        if y is None:
             return None
-        y = math.log(x)
         if self.mean is None:
             self._warmup.append((float(step), y))
             if len(self._warmup) == self.records:
@@ -282,10 +281,9 @@ class TrailingLogTrendStandardizer(base.Base):
         return self.mean is not None
 
     def update(self, step: int, x: float | None) -> float | None:
-        x = _finite(x)
-        if x is None or x <= 0 or step < self.start:
+        y, z = _log_at(step, x, self.start), None
+        if y is None:
             return None
-        y, z = math.log(x), None
         if len(self._recent) >= self.records:
             window = list(self._recent)[: self.records]
             intercept, self.scale = _line(window)
@@ -293,6 +291,12 @@ class TrailingLogTrendStandardizer(base.Base):
             z = y - (intercept + self.scale * step)
         self._recent.append((float(step), y))
         return z
+
+
+def _log_at(step: int, x: float | None, start: int) -> float | None:
+    """ln x for a finite x > 0 at a step ≥ ``start``, else None (no news)."""
+    x = _finite(x)
+    return None if x is None or x <= 0 or step < start else math.log(x)
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
