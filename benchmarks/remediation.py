@@ -16,7 +16,13 @@ run.run_lab`, the product's training loop with the Monitor:
 * ``loss-rollback+fix``: the same trigger, plus the right remedy (as if the operator guessed
   the cause);
 * ``stop``: stop at the first warning (the run ends ``stopped``: compute saved, nothing
-  finished).
+  finished);
+* ``foreshock-hold-at-warning``: the default policy with ``hold-lr`` scaling the rate at the
+  warning, as before it scaled the rate when the warning's evidence began — trained on
+  lr-high, the only scenario whose runs it changes;
+* ``zclip``, ``clip-1.0``, ``spam``: no detector, an always-on guard at every step
+  (:mod:`foreshock.lab.anchors`: ZClip at α = 0.97, z = 2.5; the gradient norm clipped to 1.0;
+  SPAM's spike-aware clipping and momentum reset) — the anchors a fleet could turn on instead.
 
 Faults are the lab's, injected into the training computation; a remedy changes that
 computation (the attention backward back to full precision; the learning rate held). Per
@@ -75,13 +81,16 @@ DIVERGING = ("fa-lowprec", "lr-high")  # judged by the final loss; router-collap
 # the controls (unbiased rounding noise; a router learning rate ×2 that leaves routing healthy)
 HEALTHY = ("healthy", "healthy+capacity-1", "fa-noise", "router-mild")
 POLICIES = ("none", "foreshock", "foreshock-hold", "loss-rollback", "loss-rollback+fix", "stop")
+POLICIES += ("foreshock-hold-at-warning", "zclip", "clip-1.0", "spam")
 ARCHS = ("gpt-moe", "mixtral")  # the lab's GPT-MoE, a transformers Mixtral
 STOP = RemedyPolicy(actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"), rollback=False)
 HOLD_ONLY = RemedyPolicy(rollback=False)  # the routers' learning rate held, no rollback
+HOLD_AT_WARNING = RemedyPolicy(hold_from="warning")  # hold-lr as before issue 46's item 6
+ANCHOR_POLICIES = ("zclip", "clip-1.0", "spam")  # always-on guards (lab.anchors), no detector
 
 
 # policies whose runs never read a detector profile: a run of theirs stays valid across profiles
-PROFILE_FREE = ("none", "loss-rollback", "loss-rollback+fix")
+PROFILE_FREE = ("none", "loss-rollback", "loss-rollback+fix", *ANCHOR_POLICIES)
 
 
 def right_fix(scenario: str) -> str:
@@ -99,6 +108,10 @@ def run_config(scenario: str, seed: int, policy: str, arch: str = "gpt-moe") -> 
         return replace(base, policy=RemedyPolicy())
     if policy == "foreshock-hold":
         return replace(base, policy=HOLD_ONLY)
+    if policy == "foreshock-hold-at-warning":
+        return replace(base, policy=HOLD_AT_WARNING)
+    if policy in ANCHOR_POLICIES:
+        return replace(base, anchor=policy)
     if policy == "stop":
         return replace(base, policy=STOP)
     if policy.startswith("loss-rollback"):
@@ -113,6 +126,8 @@ def _trains(scenario: str, policy: str) -> bool:
     (elsewhere it acts as the default: a router action on a healthy run is false either way)."""
     if policy == "foreshock-hold":
         return scenario == "router-collapse"
+    if policy == "foreshock-hold-at-warning":
+        return scenario == "lr-high"  # the only scenario whose hold it changes
     return policy in ("none", "foreshock") or scenario in DIVERGING
 
 

@@ -102,6 +102,10 @@ def _lab_run(args: argparse.Namespace) -> int:
         )
         check_fault(args.arch, fault, model.n_experts)
         policy = _policy(args.remedy)
+        if args.anchor is not None:
+            from foreshock.lab.anchors import anchor
+
+            anchor(args.anchor)  # an unknown name: a clear error before training
         recipe = Recipe(args.schedule, args.lr, args.warmup, args.steps, args.decay_start)
     except (ValueError, OSError) as exc:
         print(f"foreshock lab run: {exc}", file=sys.stderr)
@@ -121,6 +125,7 @@ def _lab_run(args: argparse.Namespace) -> int:
         project=args.project,
         arch=args.arch,
         policy=policy,
+        anchor=args.anchor,
     )
     sink = None
     if args.kafka is not None:
@@ -216,6 +221,12 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         metavar="POLICY",
         help="act on the in-process warnings: 'default' or a policy file (TOML/JSON; "
         "docs/remediation.md); default: off",
+    )
+    run.add_argument(
+        "--anchor",
+        metavar="NAME",
+        help="an always-on guard at every step, the baseline remediation is compared with: "
+        "clip-1.0, zclip or spam (lab/anchors.py); default: none",
     )
     run.add_argument(
         "--to-horizon",

@@ -31,6 +31,7 @@ from foreshock.producers.sinks import JsonlSink, Sink
 from foreshock.recipe import Recipe
 from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 
+from .anchors import anchor
 from .arch import LabModel, build, check_fault
 from .data import ByteBatches, stdlib_bytes
 from .faults import Fault
@@ -63,6 +64,7 @@ class RunConfig:
     arch: str = "gpt-moe"  # "gpt-moe" (the lab's own) or a transformers one (arch.ARCHS)
     policy: RemedyPolicy | None = None  # act on warnings in the run (lab.remedies); None: off
     loss_trigger: LossTriggerPolicy | None = None  # the loss-triggered rollback baseline
+    anchor: str | None = None  # an always-on guard at every step (lab.anchors.ANCHORS)
 
     @property
     def recipe(self) -> Recipe:
@@ -139,6 +141,7 @@ def _labels(config: RunConfig, lab: LabModel) -> dict[str, Any]:
         **built,
         **({} if config.policy is None else {"remedy": policy_summary(config.policy)}),
         **({} if config.loss_trigger is None else {"loss_trigger": config.loss_trigger.summary()}),
+        **({} if config.anchor is None else {"anchor": config.anchor}),
         "parameters": lab.n_parameters,
         "divergence_rule": asdict(config.divergence),
         "foreshock": __version__,
@@ -177,6 +180,7 @@ def config_from_labels(labels: dict[str, Any], steps: int | None = None) -> RunC
         divergence=DivergenceRule(**labels["divergence_rule"]),
         after_divergence=labels["after_divergence"],
         arch=labels.get("arch", "gpt-moe"),
+        anchor=labels.get("anchor"),
     )
 
 
@@ -291,6 +295,8 @@ def run_lab(
     remedies = None
     if config.policy is not None or config.loss_trigger is not None:
         remedies = LabRemedies(config.policy, lab, optimizer, start, trigger=config.loss_trigger)
+    guard = None if config.anchor is None else anchor(config.anchor)
+    params = [p for p in lab.model.parameters() if p.requires_grad]
     bar = _Progress(config.steps, progress)
     losses: list[float] = []
     cpu0, wall0, monitor_seconds = time.process_time(), time.perf_counter(), 0.0
@@ -313,6 +319,8 @@ def run_lab(
             x, y = batches.next()
             loss = lab.loss(x, y)
             loss.backward()
+            if guard is not None:
+                guard.before_step(params, optimizer)
             optimizer.step()
             if lab.after_step is not None:
                 lab.after_step()  # e.g. DeepSeek-V3's router-bias update
