@@ -66,9 +66,11 @@ __all__ = [
     "approve",
     "build",
     "candidates",
+    "in_force",
     "lineage",
     "policy",
     "profile_name",
+    "profile_of_group",
     "reject",
     "set_policy",
 ]
