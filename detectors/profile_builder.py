@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ __all__ = [
     "Candidate",
     "approve",
     "build",
+    "build_profiles",
     "candidates",
     "in_force",
     "lineage",
@@ -85,6 +87,7 @@ BUILDER, CANDIDATES, POLICY_FILE, LINEAGE = (
     ("lineage.jsonl"),
 )
 PENDING, PUBLISHED, REJECTED = "pending", "published", "rejected"
+log = logging.getLogger(__name__)
 
 
 class BuilderError(ValueError):
@@ -195,6 +198,16 @@ def build(root: Any, chosen: str | None = None, now: float | None = None) -> Bui
                 _log(root, candidate, "built", "auto", f"awaiting approval ({rule})")
                 report.outcomes.append((group.label, f"candidate {candidate.name} awaits approval"))
     return report
+
+
+def build_profiles(root: Any) -> set[str]:
+    """:func:`build` under the store's policy, logged; the ids of the runs stored as ended
+    (the detector worker's hook: :class:`~foreshock.detectors.worker.WorkerConfig`)."""
+    report = build(root)
+    for model, what in report.outcomes:
+        if not what.startswith("has profile"):
+            log.info("foreshock profiles: %s: %s", model, what)
+    return report.ended
 
 
 def _why_not(group: SignatureGroup, profiles: ProfileConfigs, waiting: list[Candidate]) -> str:
