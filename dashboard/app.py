@@ -1,4 +1,4 @@
-"""The foreshock dashboard (``foreshock dashboard``): four pages over the run history."""
+"""The foreshock dashboard (``foreshock dashboard``): five pages over the run history."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ navigation = st.navigation(
         st.Page(PAGES / "run.py", title="Run", url_path="run"),
         st.Page(PAGES / "compare.py", title="Compare", url_path="compare"),
         st.Page(PAGES / "tuning.py", title="Tuning", url_path="tuning"),
+        st.Page(PAGES / "profiles.py", title="Profiles", url_path="profiles"),
     ]
 )
 navigation.run()

@@ -31,6 +31,7 @@ __all__ = [
     "compare",
     "fleet",
     "live_config",
+    "profiles",
     "projects",
     "run_ids",
     "run_page",
@@ -234,3 +235,41 @@ def tune_reports() -> dict[str, dict[str, Any]]:
     folder = Path(store_path()) / "detector-configs"
     paths = sorted(folder.glob("*.tune.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     return {p.name.removesuffix(".tune.json"): json.loads(p.read_text()) for p in paths}
+
+
+def profiles() -> dict[str, Any]:
+    """The Profiles page: per model, its runs, the profile in force and its lineage, stated
+    and measured false-warning rates, the rules that can fire; candidates and the policy."""
+    store = store_path()
+    return _profiles(store, _versions(store))
+
+
+@st.cache_data(ttl=KEEP, show_spinner=False, max_entries=8)
+def _profiles(store: str, versions: tuple) -> dict[str, Any]:
+    from foreshock.detectors import profile_builder as pb
+    from foreshock.detectors.profile_groups import by_signature, fleet_runs
+
+    in_force, lineage = pb.in_force(store), pb.lineage(store)
+    models = []
+    for group in by_signature(fleet_runs(store)):
+        name = pb.profile_of_group(in_force, group)
+        config = in_force.configs[name] if name else in_force.fallback_choice("").config
+        published = [e for e in lineage if e["profile"] == name and e["action"] == "published"]
+        models.append(
+            {
+                "model": group.label,
+                "runs": [(r.run_id, r.verdict) for r in group.runs],
+                "healthy": len(group.healthy),
+                "faults": len(group.faults),
+                "profile": name or in_force.fallback,
+                "shipped": name is not None and not published,
+                "lineage": published[-1] if published else None,
+                "stated": config.false_alarm,
+                "rules": [
+                    (r.metric, r.family, r.kind, config.thresholds.get(r.metric))
+                    for r in config.rules
+                ],
+            }
+        )
+    pending = [c.name for c in pb.candidates(store) if c.status == pb.PENDING]
+    return {"models": models, "pending": pending, "policy": pb.policy(store)}

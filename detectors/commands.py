@@ -125,8 +125,17 @@ def _live(args: argparse.Namespace) -> int:
 
     from .worker import DetectorWorker, WorkerConfig
 
-    reload = None if args.store is None else lambda: _detect_config(args, quiet=True)
-    config = config_from_args(WorkerConfig, args, detectors=_detect_config(args), reload=reload)
+    reload = build = None
+    if args.store is not None:  # the store's profiles as they are now, and its builder
+        from functools import partial
+
+        from .profile_builder import build_profiles
+
+        reload = partial(_detect_config, args, quiet=True)
+        build = partial(build_profiles, args.store)
+    config = config_from_args(
+        WorkerConfig, args, detectors=_detect_config(args), reload=reload, build_profiles=build
+    )
     started = f"group {args.group}, config {config.detectors.version}"
     return serve("detect", DetectorWorker, config, args, lambda _: started, _detected)
 

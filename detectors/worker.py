@@ -65,7 +65,12 @@ class WorkerConfig:
     profile published while the worker runs judges the runs that start after it; runs
     already followed keep the profile they started with. ``keep_ended``: how many ended
     runs' detectors are kept (newest), so that a run preempted gracefully and resumed
-    carries on warm instead of starting cold.
+    carries on warm instead of starting cold. ``build_profiles``: called in a thread of its
+    own ``build_after`` seconds after runs ended (``foreshock detect --store``: the store's
+    profile builder, :mod:`~foreshock.detectors.profile_builder`); it returns the ids of the
+    runs the store holds as ended, and a run it does not yet (the sink lags) is tried again
+    ``build_after`` later. A profile it publishes is loaded at once, for the runs that start
+    after it.
     """
 
     detectors: DetectorConfig | ProfileConfigs
@@ -76,6 +81,8 @@ class WorkerConfig:
     reload: Callable[[], DetectorConfig | ProfileConfigs] | None = None
     reload_every: float = 30.0
     keep_ended: int = 64
+    build_profiles: Callable[[], set[str]] | None = None
+    build_after: float = 30.0
 
 
 @dataclass
@@ -140,6 +147,9 @@ class DetectorWorker:
         )
         self.orderer: SeqOrderer[Consumed] = SeqOrderer(message_of=lambda c: c.message)
         self.seconds = {"consume+decode": 0.0, "detect": 0.0, "produce+commit": 0.0}
+        self._unbuilt: set[str] = set()  # ended runs the profile builder has not seen stored
+        self._ended_at = 0.0  # monotonic time of the last run end (the builder waits after)
+        self._builder: threading.Thread | None = None
 
     # The counts as they were read before ``stats`` held them (the benchmarks, the tests).
     @property
@@ -189,6 +199,9 @@ class DetectorWorker:
             self.stats.values += len(ready.get("values", ()))
             if self.cursor.history(ready_at.partition, ready_at.offset):
                 continue  # replaying history: state only, these warnings were emitted before
+            if detectors.ended and self.config.build_profiles is not None:
+                self._unbuilt.add(run_id)
+                self._ended_at = time.monotonic()
             for event in events:
                 key, value = run_id.encode(), json.dumps(event.to_message()).encode()
                 self._produce(key, value)
@@ -250,6 +263,7 @@ class DetectorWorker:
     def refresh(self) -> None:
         """Every ``reload_every`` seconds, the config ``reload`` gives now; a bad one is
         logged and the current one kept (detection never stops for a broken file)."""
+        self._build_profiles()
         reload = self.config.reload
         if reload is None or time.monotonic() - self._reloaded < self.config.reload_every:
             return
@@ -262,6 +276,30 @@ class DetectorWorker:
         if fresh.version != self.detectors.version:
             log.info("foreshock detect: detector config %s (new runs)", fresh.version)
             self.detectors = fresh
+
+    def _build_profiles(self) -> None:
+        """Start the profile builder in a thread once runs ended ``build_after`` seconds ago
+        (one at a time; detection goes on meanwhile)."""
+        if (
+            not self._unbuilt
+            or (self._builder is not None and self._builder.is_alive())
+            or time.monotonic() - self._ended_at < self.config.build_after
+        ):
+            return
+        self._ended_at = time.monotonic()  # a run the store lacks yet: again build_after later
+        self._builder = threading.Thread(target=self._build, name="profile-builder", daemon=True)
+        self._builder.start()
+
+    def _build(self) -> None:
+        build = self.config.build_profiles
+        assert build is not None
+        try:
+            stored = build()
+        except Exception as exc:  # a store being repaired: detection goes on, try again later
+            log.warning("foreshock detect: profiles not built (%s)", exc)
+            return
+        self._unbuilt -= stored
+        self._reloaded = -float("inf")  # load what it published at the next turn
 
     def _report(self, final: bool = False) -> None:
         """Totals (and, every few seconds, the lag) to the telemetry, if served."""

@@ -20,6 +20,7 @@ from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
 from foreshock.detectors.approver_commands import add_approver_commands
 from foreshock.detectors.commands import add_detector_commands
+from foreshock.detectors.profiles_commands import add_profiles_commands
 from foreshock.detectors.warnings_commands import add_warnings_commands
 from foreshock.notify.commands import add_notify_commands
 from foreshock.producers.commands import add_producer_commands
@@ -307,6 +308,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_transport_commands,
     add_producer_commands,
     add_detector_commands,
+    add_profiles_commands,
     add_notify_commands,
     add_warnings_commands,
     add_approver_commands,

@@ -40,6 +40,7 @@ __all__ = [
     "run_records",
     "run_rows",
     "run_series_index",
+    "run_starts",
     "run_warnings",
     "series",
     "series_across_runs",
@@ -286,6 +287,26 @@ def lead_table(history: History) -> list[dict[str, Any]]:
             div - sym if div is not None and sym is not None and sym < div else None
         )
     return rows
+
+
+def run_starts(history: History) -> list[dict[str, Any]]:
+    """Each run's first ``start`` (parsed: its labels and architecture signature), whether it
+    ended and its divergence step as :func:`fleet` reads it (the producer's, else the
+    detectors'): what the profile builder groups and judges runs by."""
+    rows = history.sql(
+        "SELECT run_id, start_body, ended_at FROM runs "
+        "WHERE start_body IS NOT NULL ORDER BY started_at, run_id"
+    ).to_pylist()
+    divergence = {r["run_id"]: r["divergence_step"] for r in fleet(history)}
+    return [
+        {
+            "run_id": row["run_id"],
+            "start": json.loads(row["start_body"]),
+            "ended": row["ended_at"] is not None,
+            "divergence_step": divergence.get(row["run_id"]),
+        }
+        for row in rows
+    ]
 
 
 def run_records(history: History, run_id: str) -> tuple[dict | None, list[dict], dict | None]:

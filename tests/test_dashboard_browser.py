@@ -244,6 +244,18 @@ def test_compare_and_tuning_pages_render(url, page):
     page.screenshot(path=ARTIFACTS / "tuning.png", full_page=True)
 
 
+def test_profiles_page_shows_each_model_its_profile_and_rules(url, page):
+    """The seeded lab runs are the GPT-MoE the shipped ``gpt-moe`` profile was calibrated
+    on: the page names the model, that profile (shipped) and its rules' thresholds."""
+    page.goto(f"{url}/profiles")
+    page.wait_for_selector("text=profile in force", timeout=90_000)
+    shown = _plain(page.locator("body").inner_text())
+    assert "gpt-moe L2 d128" in shown and "gpt-moe (shipped)" in shown
+    assert "policy: approve" in shown and "fires when" in shown and "stated" in shown
+    assert "band widths outside the healthy band" in shown
+    page.screenshot(path=ARTIFACTS / "profiles.png", full_page=True)
+
+
 # elements the injected text must not have made: anything pointing at the recorder or at the
 # autolinkable names, and bold/italic/emoji/maths/icons made from its Markdown or HTML
 MADE = """([port, markers]) => {
