@@ -262,7 +262,29 @@ def main() -> None:
     print(format_table(["run", "profile", "false", "lead", "envelope", "share", "cause"], rows))
     print()
     print(format_table(list(summaries[0]), [list(s.values()) for s in summaries]))
-    emit_json({"groups": summaries})
+    emit_json({"benchmark": "fleet_profiles", "groups": summaries})
+
+
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows: per group, when the profile was published and by whom,
+    and what the runs after it measured."""
+    rows = []
+    for g in result["groups"]:
+        published = (
+            f"{g['profile']} after run {g['published_after_runs']} of {g['runs']}, by "
+            f"{g['published_by']}; {g['zero_shot_runs']} runs judged zero-shot before it"
+            if g["profile"]
+            else f"no profile after {g['runs']} runs"
+        )
+        share = g["lead_share_median"]
+        after = (
+            f"{g['faults_after_right']}/{g['faults_after']} fault runs named right at "
+            f"≥ {SHARE:.0%} of their envelope lead (median "
+            f"{'-' if share is None else f'{share:.0%}'}); {g['healthy_after_warned']}/"
+            f"{g['healthy_after']} healthy runs warned (stated rate {g['stated_rate']})"
+        )
+        rows += [(f"{g['group']}: the profile", published), (f"{g['group']}: after it", after)]
+    return rows
 
 
 if __name__ == "__main__":

@@ -168,6 +168,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "recipes",
         "Warnings under real recipes (warm-up, decay, 0.5-2x learning rates, 2k-10k steps)",
     ),
+    "fleet_profiles": (
+        ["--quick"],
+        "fleet_profiles",
+        "Profiles the fleet builds itself: recorded runs in fleet order, policy auto",
+    ),
     "snapshot_cost": (
         ["--quick"],
         "snapshot_cost",
