@@ -170,6 +170,22 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """``benchmarks.readme``'s rows: per variant, the held-out loss change and the steps."""
+    rows = []
+    for r in result["rows"]:
+        change = r["change vs no action (median)"]
+        value = (
+            f"held-out loss {r['held-out loss (median)']} nats/token"
+            + ("" if change is None or r["variant"] == "none" else f" ({change:+.4f})")
+            + f"; {r['steps re-done (median)']} steps re-done, {r['steps trained (median)']}"
+            f" trained ({r['runs']} runs)"
+        )
+        what = "no action" if r["variant"] == "none" else f"a false {r['variant']}"
+        rows.append((f"{what} at step {result['at']} of {result['steps']}", value))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 200 steps")

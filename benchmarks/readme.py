@@ -168,6 +168,16 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "recipes",
         "Warnings under real recipes (warm-up, decay, 0.5-2x learning rates, 2k-10k steps)",
     ),
+    "unasked_actions": (
+        [],
+        "unasked_actions",
+        "Actions unasked on the zero-shot profile, under bounds on the rules' false-alarm rates",
+    ),
+    "action_cost": (
+        [],
+        "action_cost",
+        "What one false action costs a healthy run (HF Trainer, cosine, tiny Mixtral)",
+    ),
     "fleet_profiles": (
         ["--quick"],
         "fleet_profiles",
