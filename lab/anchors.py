@@ -29,6 +29,7 @@ anchor acts between ``loss.backward()`` and ``optimizer.step()``:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -41,16 +42,18 @@ ANCHORS = ("clip-1.0", "zclip", "spam")
 class Anchor(Protocol):
     """A guard that may change the gradients (or the optimizer's state) before each step."""
 
-    def before_step(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None: ...
+    def before_step(
+        self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer
+    ) -> None: ...
 
 
-def _grad_norm(params: list[torch.Tensor]) -> float:
+def _grad_norm(params: Sequence[torch.Tensor]) -> float:
     """‖g‖₂ over every parameter's gradient (0 with none)."""
     squares = [p.grad.detach().float().square().sum() for p in params if p.grad is not None]
     return math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
 
 
-def _scale_grads(params: list[torch.Tensor], factor: float) -> None:
+def _scale_grads(params: Sequence[torch.Tensor], factor: float) -> None:
     for p in params:
         if p.grad is not None:
             p.grad.mul_(factor)
@@ -62,7 +65,7 @@ class FixedClip:
     def __init__(self, max_norm: float = 1.0) -> None:
         self.max_norm = max_norm
 
-    def before_step(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    def before_step(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         torch.nn.utils.clip_grad_norm_(params, self.max_norm)
 
 
@@ -76,7 +79,7 @@ class ZClip:
         self.var = 0.0
         self.clipped = 0  # steps whose norm was clipped
 
-    def before_step(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    def before_step(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         norm = _grad_norm(params)
         if not math.isfinite(norm):
             return  # nothing to scale a NaN into; the run's divergence rule sees it
@@ -111,7 +114,7 @@ class SpikeAwareReset:
         self.clipped = 0  # gradient elements clipped
 
     @torch.no_grad()
-    def before_step(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    def before_step(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         self.steps += 1
         for p in params:
             state: dict[str, Any] = optimizer.state.get(p, {})
