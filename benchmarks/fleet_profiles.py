@@ -44,9 +44,10 @@ GROUPS = ("llama", "deepseek-v3")
 SHARE = 0.7  # of the envelope lead a fault run's lead must reach
 
 
-def fleet_order(folder: Path) -> list[Path]:
+def fleet_order(*folders: Path) -> list[Path]:
     """Five healthy runs, one fault, five healthy, then faults and healthy interleaved."""
-    runs = sorted(folder.glob("*.jsonl.gz"), key=lambda p: (_seed(p), p.name))
+    found = [p for folder in folders for p in folder.glob("*.jsonl.gz")]
+    runs = sorted(found, key=lambda p: (_seed(p), p.name))
     healthy = [p for p in runs if "-healthy-" in p.name]
     faults = [p for p in runs if "-healthy-" not in p.name]
     order = healthy[:5] + faults[:1] + healthy[5:10]
@@ -190,7 +191,9 @@ def envelope_lead(run: Any, healthy: list[Any]) -> int | None:
 
 
 def run_group(fleet: Fleet, group: str) -> dict[str, Any]:
-    runs = [load_run(p) for p in fleet_order(RECORDED_DIR / group)]
+    # the group's recorded runs, and those trained for this benchmark only (``<group>-fleet``:
+    # kept apart so they calibrate no shipped or zero-shot profile)
+    runs = [load_run(p) for p in fleet_order(RECORDED_DIR / group, RECORDED_DIR / f"{group}-fleet")]
     healthy = [r for r in runs if r.labels.get("scenario") == "healthy"]
     rows, profile, at = [], None, None
     for i, run in enumerate(runs):
