@@ -353,7 +353,9 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
                 cells.append(f"{where}: diverged at {r['diverged']}, not warned right before")
             else:
                 cells.append(f"{where}: lead {r['lead']}, {r['cause']}")
-        rows.append((f"{what} on {model}", "; ".join(cells)))
+        constant = _constant_leads().get((model, what))
+        at_constant = "" if constant is None else f" (constant-rate zero-shot lead: {constant})"
+        rows.append((f"{what} on {model}", "; ".join(cells) + at_constant))
     for v in result.get("variants", []):
         named = v["diverged faults named right"]
         value = f"healthy warned {v['healthy warned']}, actions {v.get('actions')}; "
