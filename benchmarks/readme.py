@@ -168,6 +168,18 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "recipes",
         "Warnings under real recipes (warm-up, decay, 0.5-2x learning rates, 2k-10k steps)",
     ),
+    "remediation_anchors": (
+        [
+            "--seeds",
+            "33-34",
+            "--scenarios",
+            "fa-lowprec,lr-high",
+            "--policies",
+            "none,foreshock,foreshock-hold-at-warning,zclip,clip-1.0,spam",
+        ],
+        "remediation",
+        "Remediation against the always-on anchors (ZClip, clipping at 1.0, SPAM), lab GPT-MoE",
+    ),
     "unasked_actions": (
         [],
         "unasked_actions",
