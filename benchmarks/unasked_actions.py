@@ -25,19 +25,11 @@ from typing import Any
 
 from foreshock.catalogue import scenario as catalogue_scenario
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.zero_shot import calibrate_zero_shot
 from foreshock.lab.recorded import shipped_runs
 from foreshock.producers.remedy import DEFAULT_ACTIONS, Remediator, RemedyPolicy
 
 from ._table import emit_json, format_table
-from .zero_shot import (
-    GROUPS,
-    architecture,
-    by_architecture,
-    calibration_runs,
-    floors_without,
-    load_group,
-)
+from .zero_shot import GROUPS, calibration_runs, load_group, zero_shot_without
 
 BOUNDS = (None, 0.1, 0.07, 0.05)  # per-run false-alarm rates (None: no bound)
 DIVERGING = ("fa-lowprec", "lr-high")
@@ -60,9 +52,7 @@ def held_out_reports() -> list[tuple[str, Any]]:
     calibration = {name: calibration_runs(name, rs) for name, rs in runs.items()}
     reports = []
     for held in names:
-        others = {g: calibration[g] for g in names if architecture(g) != architecture(held)}
-        floors = floors_without(architecture(held))
-        config = calibrate_zero_shot(by_architecture(others), replay_run, floors=floors)
+        config = zero_shot_without(held, calibration)
         reports += [(r.scenario, replay_run(r, config)) for r in runs[held]]
     return reports
 

@@ -127,6 +127,15 @@ def floors_without(held: str | None = None) -> dict[str, float]:
     return recipe_floors(runs, replay_run, zero_shot_base())
 
 
+def zero_shot_without(held: str, calibration: dict[str, list[RecordedRun]]) -> Any:
+    """The zero-shot config a model of group ``held`` gets: calibrated on the other
+    architectures' calibration runs (``calibration``: per group), floored by their recipe
+    runs — the profile an architecture never seen is judged by."""
+    others = {g: rs for g, rs in calibration.items() if architecture(g) != architecture(held)}
+    floors = floors_without(architecture(held))
+    return calibrate_zero_shot(by_architecture(others), replay_run, floors=floors)
+
+
 def shipped_zero_shot(names: list[str] | None = None) -> Any:
     """The zero-shot config calibrated on every group's calibration healthy runs, floored by
     the healthy recipe runs."""
@@ -256,8 +265,7 @@ def main() -> None:
     rows, configs = [], {}
     for held in names:
         others = {g: calibration[g] for g in names if architecture(g) != architecture(held)}
-        floors = floors_without(architecture(held))
-        config = calibrate_zero_shot(by_architecture(others), replay_run, floors=floors)
+        config = zero_shot_without(held, calibration)
         configs[held] = config.version
         judged = [r for r in runs[held] if r.scenario in SCENARIOS]  # none calibrated it
         verdicts = [verdict(replay_run(r, config), r.scenario) for r in judged]
