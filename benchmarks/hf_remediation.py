@@ -4,7 +4,8 @@ The lab's remediation table (``benchmarks.remediation``) trains in the lab's own
 models the shipped profiles know. A user's run is neither: it trains through the HF Trainer,
 with its own schedule, and no label names a profile, so the zero-shot profile judges it. Each
 run here is that: a transformers model of an architecture no profile was calibrated on (the
-lab's DeepSeek-V3 and Llama by default), built from its config with the lab's attention kernel
+lab's Qwen2-MoE and dense Qwen2 by default: outside the zero-shot profile's calibration pool
+and without a profile of their own), built from its config with the lab's attention kernel
 (:mod:`foreshock.lab.hf_attention`: where the fault lives), trained by ``transformers.Trainer``
 under warm-up then WSD decay (``lr_scheduler_type="warmup_stable_decay"``), with foreshock's
 callback (``remedy=RemedyPolicy()``, no labels) or one of the always-on anchors
@@ -30,6 +31,7 @@ import argparse
 import math
 import multiprocessing
 import statistics
+import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -38,7 +40,7 @@ from typing import Any
 from ._table import emit_json, format_table
 
 STEPS, ONSET, BATCH, PEAK, EVERY = 1200, 240, 16, 1e-3, 25
-ARCHS = ("deepseek-v3", "llama")
+ARCHS = ("qwen2-moe", "qwen2")
 POLICIES = ("none", "foreshock", "zclip", "clip-1.0", "spam")
 FAULTS = ("fa-lowprec", "lr-high")
 
@@ -204,7 +206,10 @@ def main() -> None:
     seeds, healthy = (1, 2) if args.quick else (args.seeds, args.healthy)
     todo = jobs(seeds, healthy, tuple(args.archs.split(",")))
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        runs = list(pool.map(train, todo))
+        runs = []
+        for run in pool.map(train, todo):
+            runs.append(run)
+            print(f"[{len(runs)}/{len(todo)}] {run}", file=sys.stderr, flush=True)
     rows = summarise(runs)
     print(format_table(list(rows[0]), [list(r.values()) for r in rows]))
     emit_json({"benchmark": "hf_remediation", "steps": STEPS, "rows": rows, "runs": runs})

@@ -180,6 +180,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "remediation",
         "Remediation against the always-on anchors (ZClip, clipping at 1.0, SPAM), lab GPT-MoE",
     ),
+    "hf_remediation": (
+        [],
+        "hf_remediation",
+        "Remediation through the HF Trainer (WSD), no labels, on architectures no profile saw",
+    ),
     "unasked_actions": (
         [],
         "unasked_actions",

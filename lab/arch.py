@@ -73,6 +73,8 @@ BUILDERS: dict[str, Callable[[GPTConfig], LabModel]] = {
     "gpt-moe": _gpt_moe,
     "mixtral": hf_archs.mixtral,
     "llama": hf_archs.llama,
+    "qwen2": hf_archs.qwen2,
+    "qwen2-moe": hf_archs.qwen2_moe,
     "qwen3-moe": hf_archs.qwen3_moe,
     "olmoe": hf_archs.olmoe,
     "deepseek-v3": hf_archs.deepseek_v3,

@@ -50,6 +50,16 @@ ARCHS: dict[str, ArchInfo] = {
         moe=False,
         aux_loss=False,
     ),
+    "qwen2": ArchInfo(
+        "transformers Qwen2: dense, GQA with q/k/v biases, no router (router scenarios refused)",
+        {"n_kv_head": 2, "n_experts": 0, "aux_loss_weight": 0.0},
+        moe=False,
+        aux_loss=False,
+    ),
+    "qwen2-moe": ArchInfo(
+        "transformers Qwen2-MoE: GQA with q/k/v biases, softmax top-k router, gated shared expert",
+        {"n_kv_head": 2},
+    ),
     "qwen3-moe": ArchInfo(
         "transformers Qwen3-MoE: GQA, per-head QK-norm, softmax top-k router",
         {"n_kv_head": 2},

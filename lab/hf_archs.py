@@ -32,7 +32,7 @@ from .lab_model import LabModel, set_switch
 from .model import GPTConfig
 from .router_bias import BiasBalancer
 
-__all__ = ["deepseek_v3", "llama", "mixtral", "olmoe", "qwen3_moe"]
+__all__ = ["deepseek_v3", "llama", "mixtral", "olmoe", "qwen2", "qwen2_moe", "qwen3_moe"]
 
 
 def mixtral(config: GPTConfig) -> LabModel:
@@ -56,6 +56,36 @@ def llama(config: GPTConfig) -> LabModel:
         config,
         intermediate_size=4 * config.n_embd,
         num_key_value_heads=config.n_kv_head or config.n_head,
+    )
+
+
+def qwen2(config: GPTConfig) -> LabModel:
+    """Qwen2: dense like Llama, but q, k and v projections carry a bias (W x + b), so the
+    monitored W_q, W_k are not the whole projection — a layout no profile was made on."""
+    return _causal_lm(
+        "Qwen2",
+        config,
+        intermediate_size=4 * config.n_embd,
+        num_key_value_heads=config.n_kv_head or config.n_head,
+    )
+
+
+def qwen2_moe(config: GPTConfig) -> LabModel:
+    """Qwen2-MoE: GQA attention with q/k/v biases, a softmax router whose top-k weights are
+    not renormalised (``norm_topk_prob`` off, as released), and one shared expert of a dense
+    4d MLP's width beside the routed ones, mixed in through its own sigmoid gate
+    σ(w_s·x) — a gate the router monitors do not read (listed as skipped)."""
+    return _causal_lm(
+        "Qwen2Moe",
+        config,
+        num_key_value_heads=config.n_kv_head or config.n_head,
+        intermediate_size=4 * config.n_embd,  # dense layers only; there are none
+        moe_intermediate_size=_expert_width(config),
+        shared_expert_intermediate_size=_expert_width(config),
+        num_experts=config.n_experts,
+        num_experts_per_tok=config.top_k,
+        norm_topk_prob=False,
+        router_aux_loss_coef=config.aux_loss_weight,
     )
 
 

@@ -32,6 +32,12 @@ router               ``scale-router-lr``     the routers' learning rate held at
 any                  ``stop``                stop, keeping the last checkpoint
 ==================== ======================= ===============================================
 
+A rate that rose while the mechanism broke is a cause of its own: with ``hold_rising_lr`` (on
+by default) ``precise-attention`` and ``scale-router-lr`` also hold the learning rate where the
+warning's evidence began, if it has since risen past :data:`RATE_RISE` × that value — an LR
+ramp caught through the router it feeds (a Qwen2-MoE through the HF Trainer) diverged 5 steps
+after the router's remedy alone.
+
 Off by default (a trainer passes a policy to act). Bounded: at most ``max_actions`` per run,
 ``backoff_steps`` between two, only on rules trusted enough (``max_false_alarm_rate``: the
 rule's stated per-run false-alarm rate at most this), never an exception into the training
@@ -64,7 +70,14 @@ from typing import Any
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
-from .remedy_policy import ACTIONS, CAUSES, DEFAULT_ACTIONS, RemedyPolicy, policy_summary
+from .remedy_policy import (
+    ACTIONS,
+    CAUSES,
+    DEFAULT_ACTIONS,
+    RATE_RISE,
+    RemedyPolicy,
+    policy_summary,
+)
 from .request_gate import refusal
 
 __all__ = [
@@ -245,7 +258,24 @@ class Remediator:
         except Exception as exc:  # a remedy that fails never stops training
             action.error = repr(exc)[:500]
             log.warning("foreshock remedy: %s failed: %r", d["kind"], exc)
+        if action.applied and d.get("hold_rising") is not None:
+            self._hold_if_risen(action, d["hold_rising"])
         return action
+
+    def _hold_if_risen(self, action: Action, since: int) -> None:
+        """``hold_rising_lr``: the learning rate held where the evidence began, if it has
+        risen since (the trainer judges: :data:`RATE_RISE`); a trainer that cannot say is
+        left as it is. Never raises."""
+        if getattr(self.remedies, "hold_if_risen", None) is None:
+            return
+        try:
+            held = self._call("hold_if_risen", since, RATE_RISE)
+        except Exception as exc:
+            action.detail["hold_rising_error"] = repr(exc)[:500]
+            return
+        if held is not None:
+            action.detail["held_lr"], action.detail["since"] = held, since
+            log.warning("foreshock remedy: the learning rate had risen; held from step %d", since)
 
     def _roll_back(self, action: Action, before: int) -> None:
         """Restore the newest state before step ``before``; where none can be (no snapshot
@@ -304,6 +334,11 @@ class Remediator:
             "target": target,
             "scale": float(scale.get(kind, 1.0)),
             "since": since if kind == "hold-lr" else None,
+            "hold_rising": (
+                _first_evidence(warning)
+                if policy.hold_rising_lr and kind in ("precise-attention", "scale-router-lr")
+                else None
+            ),
             "rollback_before": (
                 _first_evidence(warning) if policy.rolls_back(_cause_or_family(warning)) else None
             ),

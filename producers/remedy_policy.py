@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACTIONS", "CAUSES", "DEFAULT_ACTIONS", "RemedyPolicy", "policy_summary"]
+__all__ = ["ACTIONS", "CAUSES", "DEFAULT_ACTIONS", "RATE_RISE", "RemedyPolicy", "policy_summary"]
 
 ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
 CAUSES = ("attention-numerics", "optimizer", "router")
@@ -24,6 +24,11 @@ DEFAULT_ACTIONS = {
     "optimizer": "hold-lr",
     "router": "scale-router-lr",
 }
+
+# ``hold_rising_lr``: a learning rate "has risen" when the rate now exceeds RATE_RISE × its
+# value at the warning's first evidence (a decaying or constant schedule never does; a warm-up
+# still running over the evidence window may, and a warning then is held where it began)
+RATE_RISE = 1.25
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,11 @@ class RemedyPolicy:
     # at the "warning"
     hold_from: str = "evidence"
     router_lr_scale: float = 0.1  # scale-router-lr: the routers' learning rate factor
+    # with precise-attention or scale-router-lr: also hold the learning rate at its value when
+    # the warning's evidence began, if it has risen since by more than RATE_RISE (a rate that
+    # rose while the mechanism broke is a cause of its own: a ramp caught through the router
+    # or the attention it drives, which the mechanism's remedy alone does not stop)
+    hold_rising_lr: bool = True
     # restore the newest snapshot before the warning's evidence first: for every cause (True),
     # none (False), or the causes listed (e.g. ["router"])
     # (the default: a router's, whose rows have aligned by the warning — holding its learning

@@ -18,10 +18,13 @@ boundary is and turns ``stop`` into its own flag.
 * ``hold_lr(scale, since)``: every parameter group's learning rate held at ``scale`` × its
   value at step ``since`` (when the warning's evidence began; the newest step at or before
   it this trainer saw, else now), set again by an optimizer step pre-hook, so no scheduler's
-  ``step()`` undoes it (the Trainer's logged ``learning_rate`` stays the schedule's: the
-  action record has the held values); never below ``HOLD_FLOOR`` × the first hold's
-  reference rate, however often or however low it is asked (two ×1e-300 requests once set
-  the rate to exactly 0 and the run trained on, looking healthy);
+  ``step()`` raises it again (one decaying below it is followed; the Trainer's logged
+  ``learning_rate`` stays the schedule's: the action record has the held values); never
+  below ``HOLD_FLOOR`` × the first hold's reference rate, however often or however low it
+  is asked (two ×1e-300 requests once set the rate to exactly 0 and the run trained on,
+  looking healthy);
+* ``hold_if_risen(since, rise)``: ``hold_lr(1.0, since)`` if some group's rate at this step
+  exceeds ``rise`` × its rate at ``since`` (a ramp caught through a mechanism), else nothing;
 * ``scale_router_lr(scale)``: the routers' learning rate held at ``scale`` × its value at the
   warning, under any optimizer and schedule: step hooks keep the routers' weights before the
   step and set w = w_old + s · (w_new − w_old), s = min(1, scale · lr_warning / lr_now) with
@@ -170,6 +173,15 @@ class TrainerRemedies:
             self._hooks.append(("lr", hook))
         return self.held
 
+    def hold_if_risen(self, since: int, rise: float) -> list[float] | None:
+        """Hold every group's rate at its value at step ``since`` if some group's rate at this
+        step (before any rollback restored older ones) exceeds ``rise`` × it; else None."""
+        then = self._rates_at(since)
+        now = self._rates[-1][1] if self._rates else self._group_rates()
+        if not any(lr > rise * old for lr, old in zip(now, then, strict=False)):
+            return None
+        return self.hold_lr(1.0, since)
+
     def scale_router_lr(self, scale: float) -> float:
         if not self._routers:
             self._routers = self._router_parameters()
@@ -221,6 +233,7 @@ class TrainerRemedies:
         if self.held is None:
             return
         for group, lr in zip(self.optimizer.param_groups, self.held, strict=False):
+            lr = min(lr, float(group["lr"]))  # a schedule decaying below the hold is followed
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)
             else:

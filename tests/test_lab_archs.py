@@ -138,12 +138,12 @@ def test_lab_attention_matches_eager_attention_forward_and_backward() -> None:
 
 
 # ---- the support matrix in the lab: dense, QK-norm, MLA ------------------------------------
-NEW_ARCHS = ("llama", "qwen3-moe", "olmoe", "deepseek-v3")
+NEW_ARCHS = ("llama", "qwen2", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek-v3")
 
 
 def _tiny(arch: str, **sizes: int) -> GPTConfig:
     """The arch's own defaults at a test's size: 2 layers, d = 32, 2 heads, 4 experts."""
-    dense = arch == "llama"
+    dense = arch in ("llama", "qwen2")
     given = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_experts": 0 if dense else 4, **sizes}
     return dataclasses.replace(default_model(arch, **given), block_size=16)
 
@@ -171,11 +171,12 @@ def test_new_archs_train_with_the_fa_fault_in_their_own_attention(arch: str, tmp
 
     lines = _records(tmp_path / "fa-lowprec.jsonl")
     start, end, last = lines[0], lines[-1], lines[-2]
-    moe = arch != "llama"
+    moe = arch not in ("llama", "qwen2")
     discovery = start["monitor"]["discovery"]
     assert discovery.startswith(f"attention layers: 2, routers: {2 if moe else 0}")
     skipped = [line for line in discovery.splitlines() if "skipped:" in line]
-    assert all("shared expert(s)" in line for line in skipped), skipped  # DeepSeek's: said
+    said = ("shared expert(s)", "a shared expert's gate")  # DeepSeek's and Qwen2-MoE's
+    assert all(any(why in line for why in said) for line in skipped), skipped
     assert start["monitor"]["refused"] == []
     labels = start["labels"]
     assert (labels["arch"], labels["profile"], start["run_id"]) == (
@@ -259,7 +260,7 @@ def test_defaults_are_todays_lab_dimensions() -> None:
 
 @pytest.mark.parametrize("arch", ["mixtral", *NEW_ARCHS])
 def test_size_options_change_the_models_dimensions(arch: str) -> None:
-    dense, mla = arch == "llama", arch == "deepseek-v3"
+    dense, mla = arch in ("llama", "qwen2"), arch == "deepseek-v3"
     sizes = {"n_layer": 3, "n_embd": 48, "n_head": 4, "n_kv_head": 4 if mla else 2}
     lab = build(arch, _tiny(arch, **sizes, **({} if dense else {"n_experts": 6, "top_k": 3})))
     hf = lab.model.config

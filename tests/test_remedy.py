@@ -364,3 +364,72 @@ def test_the_lab_holds_the_faulted_factor_it_had_when_the_evidence_began():
     assert lab.lr_factor(11.0, True) == pytest.approx(0.5 * 4.0)
     lab.before_step(11)
     assert lab.lr_factor(12.0, True) == pytest.approx(2.0)
+
+
+class RisingTrainer(Trainer):
+    """A trainer that says whether its rate rose (``hold_if_risen``), as TrainerRemedies does."""
+
+    def __init__(self, risen: bool) -> None:
+        super().__init__()
+        self.risen = risen
+
+    def hold_if_risen(self, since, rise):
+        self.calls.append(("risen?", since, rise))
+        return [0.002] if self.risen else None
+
+
+@pytest.mark.parametrize("risen", [True, False])
+def test_a_mechanisms_remedy_also_holds_a_rate_that_rose_since_the_evidence(risen):
+    """A ramp caught through the router (or the attention it drives) is not stopped by the
+    router's remedy alone (a Qwen2-MoE through the HF Trainer diverged 5 steps after it): with
+    ``hold_rising_lr`` the trainer is asked whether the rate rose since the evidence began, and
+    the action records the held rate only where it did; ``hold-lr`` itself is not asked twice,
+    and the setting off asks nothing."""
+    from foreshock.producers.remedy_policy import RATE_RISE
+
+    warning = _warning("router", Role.CAUSE, module="h.1.mlp.gate", step=450)
+    trainer = RisingTrainer(risen)
+    (action,) = Remediator(RemedyPolicy(rollback=False), trainer).act(451, [warning])
+    assert trainer.calls == [("router", 0.1), ("risen?", 400, RATE_RISE)]
+    assert action.detail.get("held_lr") == ([0.002] if risen else None)
+    off = RisingTrainer(True)
+    Remediator(RemedyPolicy(rollback=False, hold_rising_lr=False), off).act(451, [warning])
+    assert off.calls == [("router", 0.1)]
+    hold = RisingTrainer(True)
+    optimizer_warning = _warning("optimizer", Role.OPTIMIZER, module=None, step=450)
+    Remediator(RemedyPolicy(), hold).act(451, [optimizer_warning])
+    assert hold.calls == [("hold", 0.5)]
+
+
+def test_a_trainer_holds_a_risen_rate_where_the_evidence_began_and_follows_a_decay():
+    """Through a real optimizer: a rate ×1.1 a step has risen past 1.25× its value 10 steps
+    back, so it is held there; a flat rate has not, and nothing is held. Once held, a schedule
+    decaying below the held rate is followed (a WSD decay still decays)."""
+    from foreshock.producers.trainer_remedies import TrainerRemedies
+
+    def trained(lam, steps=40):
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
+        remedies = TrainerRemedies(model, optimizer, schedule)
+        for step in range(steps):
+            remedies.before_step(step)
+            optimizer.step()
+            schedule.step()
+        remedies.before_step(steps)
+        return remedies, optimizer, schedule
+
+    flat, _, _ = trained(lambda step: 1.0)
+    assert flat.hold_if_risen(30, 1.25) is None and flat.held is None
+    rising, _, _ = trained(lambda step: 1.1**step)
+    assert rising.hold_if_risen(30, 1.25) == pytest.approx([0.01 * 1.1**30], rel=1e-9)
+    up_then_down = lambda step: 1.1**step if step < 45 else 1e-4  # noqa: E731
+    decaying, optimizer, schedule = trained(up_then_down)
+    decaying.hold_if_risen(30, 1.25)
+    for step in range(40, 50):
+        optimizer.step()
+        schedule.step()
+        decaying.before_step(step + 1)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 1e-4, rel=1e-9)
+    for remedies in (flat, rising, decaying):
+        remedies.close()
