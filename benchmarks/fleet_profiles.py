@@ -99,6 +99,7 @@ class Fleet:
             reload=configs,
             reload_every=0.5,
             build_profiles=lambda: pb.build_profiles(store),
+            on_switch=lambda event: pb.record_switch(store, event),
             build_after=0.5,
         )
         self.sink = StorageSink(self.settings, store, group_id="fleet-profiles-sink")

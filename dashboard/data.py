@@ -264,6 +264,11 @@ def _profiles(store: str, versions: tuple) -> dict[str, Any]:
                 "profile": name or in_force.fallback,
                 "shipped": name is not None and not published,
                 "lineage": published[-1] if published else None,
+                "switched": [
+                    e["run_id"]
+                    for e in lineage
+                    if e["profile"] == name and e["action"] == "switched"
+                ],
                 "stated": config.false_alarm,
                 "rules": [
                     (r.metric, r.family, r.kind, config.thresholds.get(r.metric))

@@ -125,17 +125,19 @@ def _live(args: argparse.Namespace) -> int:
 
     from .worker import DetectorWorker, WorkerConfig
 
-    reload = build = None
+    reload = build = switched = None
     if args.store is not None:  # the store's profiles as they are now, and its builder
         from functools import partial
 
-        from .profile_builder import build_profiles
+        from .profile_builder import build_profiles, record_switch
 
         reload = partial(_detect_config, args, quiet=True)
         build = partial(build_profiles, args.store)
+        switched = partial(record_switch, args.store)
     config = config_from_args(
-        WorkerConfig, args, detectors=_detect_config(args), reload=reload, build_profiles=build
-    )
+        WorkerConfig, args, detectors=_detect_config(args), reload=reload, build_profiles=build,
+        on_switch=switched,
+    )  # fmt: skip
     started = f"group {args.group}, config {config.detectors.version}"
     return serve("detect", DetectorWorker, config, args, lambda _: started, _detected)
 

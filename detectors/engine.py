@@ -121,6 +121,11 @@ class RunDetector:
         self._inflation: WeightInflation | None = None  # the optimizer test, once armed
         self._clock = ScheduleClock()  # no series is read before the schedule's peak
 
+    @property
+    def open_alerts(self) -> list[RunWarning]:
+        """The warnings open now (each closes only through the detector that opened it)."""
+        return list(self._open.values())
+
     def superseded(self, message: dict[str, Any]) -> bool:
         """Is ``message`` one never followed: an older attempt's or a stray's?"""
         return self._guard.peek(message) in ("older", "stray")
@@ -309,17 +314,10 @@ class RunDetector:
         cause = self.cause if family in MECHANISMS else None
         rank = self.rank if self._named else None
         alert = RunWarning(
-            id=self._alert_id(family, series.module, step),
-            run_id=self.run_id,
-            family=family,
-            module=series.module,
-            series=series.key,
-            direction=direction,
-            step=step,
-            role=role(family, self.cause),
-            statistic=round(cusum.statistic, 3),
-            threshold=cusum.h,
-            false_alarm_rate=self.config.false_alarm.get(family),
+            id=self._alert_id(family, series.module, step), run_id=self.run_id, family=family,
+            module=series.module, series=series.key, direction=direction, step=step,
+            role=role(family, self.cause), statistic=round(cusum.statistic, 3),
+            threshold=cusum.h, false_alarm_rate=self.config.false_alarm.get(family),
             config_version=self.config.version,
             evidence={
                 "detector": series.kind,
@@ -334,7 +332,7 @@ class RunDetector:
             divergence_step=self.divergence_step,
             lead_time=lead_of(self.divergence_step, step),
             rank=rank,
-        )
+        )  # fmt: skip
         self._open[(family, series.module)] = alert
         self.alerts.append(alert)
         return RunWarning(**asdict(alert))  # the event is a snapshot; the alert itself lives on

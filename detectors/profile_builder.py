@@ -28,7 +28,8 @@ profiles (:func:`~foreshock.detectors.profiles.save_profile`), by ``auto``; unde
 (the default: a new profile changes what warns) it waits in ``candidates/`` until
 ``foreshock profiles approve NAME`` (by that person) or ``reject``; ``off`` builds nothing.
 Every step appends a line to the profiles' ``lineage.jsonl`` (time, profile, version, action,
-by, the calibration runs, the judged figures): where a profile came from, for the dashboard.
+by, the calibration runs, the judged figures): where a profile came from, for the dashboard;
+so does every live run a worker switched to a published profile (action ``switched``).
 
     <store>/detector-configs/profile-builder/policy.json      {"policy", "by", "time"}
     <store>/detector-configs/profile-builder/candidates/<name>.json
@@ -73,6 +74,7 @@ __all__ = [
     "policy",
     "profile_name",
     "profile_of_group",
+    "record_switch",
     "reject",
     "set_policy",
 ]
@@ -304,6 +306,12 @@ def reject(root: Any, name: str, by: str | None = None, note: str = "") -> Candi
         _save(root, candidate)
         _log(root, candidate, REJECTED, candidate.decided_by or "", note)
     return candidate
+
+
+def record_switch(root: Any, event: dict[str, Any]) -> None:
+    """A live run moved to a published profile (:mod:`.profile_switch`), in the lineage."""
+    entry = {"time": time.time(), "by": "detector worker", **event, "profile": event["to_profile"]}
+    profiles_folder(root).append_line(LINEAGE, json.dumps(entry))
 
 
 def lineage(root: Any) -> list[dict[str, Any]]:

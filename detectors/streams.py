@@ -48,13 +48,45 @@ class RunStreams:
     ([0, 1], [0, 0])
     """
 
-    def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs) -> None:
+    def __init__(self, run_id: str, config: DetectorConfig | ProfileConfigs, keep: int = 0) -> None:
         self.run_id, self._config = run_id, config
         self.ranks: dict[int, RunDetector] = {}
         self._start: dict[str, Any] | None = None  # the run's first start with labels
         self._live: set[int] = set()  # ranks that wrote and have not ended
+        # up to ``keep`` messages kept while the fallback judges the run, for a switch to a
+        # profile published later (:mod:`.profile_switch`)
+        self._keep, self.kept = keep, []  # type: list[dict[str, Any]]
 
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
+        events = self._update(message)
+        if self._keep:
+            self._remember(message)
+        return events
+
+    def _remember(self, message: dict[str, Any]) -> None:
+        fallback = getattr(self._config, "fallback", None)
+        judged_by = self.ranks[min(self.ranks)].profile.name if self.ranks else None
+        if len(self.kept) >= self._keep or judged_by != fallback:
+            self._keep, self.kept = 0, []  # past the bound, or judged by a profile of its own
+        else:
+            self.kept.append(message)
+
+    @property
+    def keeping(self) -> bool:
+        """Whether the run keeps its messages for a switch (:mod:`.profile_switch`)."""
+        return bool(self._keep)
+
+    @property
+    def start(self) -> dict[str, Any] | None:
+        """The run's first start record with labels or a signature (None: none yet)."""
+        return self._start
+
+    @property
+    def alerts_open(self) -> bool:
+        """Whether a rank's detector holds an open warning."""
+        return any(d.open_alerts for d in self.ranks.values())
+
+    def _update(self, message: dict[str, Any]) -> list[RunWarning]:
         rank, kind = int(message.get("rank") or 0), message.get("kind", "metrics")
         if kind == "action":  # it names its warning, whichever rank's detector holds it
             return [e for _, d in sorted(self.ranks.items()) for e in d.update(message)]

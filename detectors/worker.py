@@ -44,6 +44,7 @@ from foreshock.transport.topics import ensure_topics, wait_for_topics
 
 from .config import DetectorConfig
 from .ordering import SeqOrderer
+from .profile_switch import MAX_KEPT, switch
 from .profiles import ProfileConfigs
 from .streams import RunStreams
 
@@ -62,8 +63,10 @@ class WorkerConfig:
     ``resend_window``: the warning events re-sent after a broker forgot its data.
     ``reload``: called every ``reload_every`` seconds for the detectors' config as it is now
     (``foreshock detect --store``: the store's live config and published profiles), so a
-    profile published while the worker runs judges the runs that start after it; runs
-    already followed keep the profile they started with. ``keep_ended``: how many ended
+    profile published while the worker runs judges the runs that start after it, and the live
+    runs judged by the fallback switch to it at a record boundary
+    (:mod:`~foreshock.detectors.profile_switch`; each switch is handed to ``on_switch``, the
+    store's profile lineage under ``--store``). ``keep_ended``: how many ended
     runs' detectors are kept (newest), so that a run preempted gracefully and resumed
     carries on warm instead of starting cold. ``build_profiles``: called in a thread of its
     own ``build_after`` seconds after runs ended (``foreshock detect --store``: the store's
@@ -83,6 +86,7 @@ class WorkerConfig:
     keep_ended: int = 64
     build_profiles: Callable[[], set[str]] | None = None
     build_after: float = 30.0
+    on_switch: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass
@@ -94,13 +98,14 @@ class WorkerStats(ServiceStats):
     >>> stats = WorkerStats(messages=3, values=120)
     >>> stats.warnings += 2
     >>> stats.as_dict()
-    {'messages': 3, 'values': 120, 'warnings': 2, 'resent': 0}
+    {'messages': 3, 'values': 120, 'warnings': 2, 'resent': 0, 'switched': 0}
     """
 
     messages: int = 0  # messages fed to the detectors (history replayed on assignment too)
     values: int = 0  # metric values in them
     warnings: int = 0  # warning events produced
     resent: int = 0  # warning events re-sent after the broker forgot its data
+    switched: int = 0  # live runs moved to a profile published while they trained
 
 
 class DetectorWorker:
@@ -188,7 +193,7 @@ class DetectorWorker:
             ready = ready_at.message
             run_id = ready["run_id"]
             detectors = self.runs.get(run_id) or self.runs.setdefault(
-                run_id, self._revived(run_id) or RunStreams(run_id, self.detectors)
+                run_id, self._revived(run_id) or self._new_run(run_id)
             )
             events = detectors.update(ready)
             if detectors.ended:  # a fleet served for weeks must not keep every run it saw,
@@ -209,6 +214,11 @@ class DetectorWorker:
                 produced += 1
         self.producer.poll(0)
         return produced
+
+    def _new_run(self, run_id: str) -> RunStreams:
+        """A run's detectors; kept messages for a switch where a reload may publish a profile."""
+        keep = MAX_KEPT if self.config.reload is not None else 0
+        return RunStreams(run_id, self.detectors, keep=keep)
 
     def _revived(self, run_id: str) -> RunStreams | None:
         """An ended run's detectors, taken back when the run goes on (a resume), else None."""
@@ -276,6 +286,26 @@ class DetectorWorker:
         if fresh.version != self.detectors.version:
             log.info("foreshock detect: detector config %s (new runs)", fresh.version)
             self.detectors = fresh
+        self._switch_live()
+
+    def _switch_live(self) -> None:
+        """Live runs judged by the fallback move to a profile the config now has for them
+        (:mod:`~foreshock.detectors.profile_switch`); one with an open warning waits."""
+        for run_id, run in list(self.runs.items()):
+            moved = switch(run, self.detectors)
+            if moved is None:
+                continue
+            self.runs[run_id], event = moved
+            self.stats.switched += 1
+            log.info(
+                "foreshock detect: run %s now judged by profile %s (was %s) after step %s",
+                run_id, event.to_profile, event.from_profile, event.step,
+            )  # fmt: skip
+            if self.config.on_switch is not None:
+                try:
+                    self.config.on_switch(event.to_dict())
+                except Exception as exc:  # a store being repaired: detection goes on
+                    log.warning("foreshock detect: switch of %s not recorded (%s)", run_id, exc)
 
     def _build_profiles(self) -> None:
         """Start the profile builder in a thread once runs ended ``build_after`` seconds ago

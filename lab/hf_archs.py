@@ -51,23 +51,13 @@ def mixtral(config: GPTConfig) -> LabModel:
 
 def llama(config: GPTConfig) -> LabModel:
     """Llama: dense (a 4d SwiGLU MLP), GQA attention, no router — the lab's dense control."""
-    return _causal_lm(
-        "Llama",
-        config,
-        intermediate_size=4 * config.n_embd,
-        num_key_value_heads=config.n_kv_head or config.n_head,
-    )
+    return _dense("Llama", config)
 
 
 def qwen2(config: GPTConfig) -> LabModel:
     """Qwen2: dense like Llama, but q, k and v projections carry a bias (W x + b), so the
     monitored W_q, W_k are not the whole projection — a layout no profile was made on."""
-    return _causal_lm(
-        "Qwen2",
-        config,
-        intermediate_size=4 * config.n_embd,
-        num_key_value_heads=config.n_kv_head or config.n_head,
-    )
+    return _dense("Qwen2", config)
 
 
 def qwen2_moe(config: GPTConfig) -> LabModel:
@@ -182,6 +172,16 @@ def _groups(n_experts: int, top_k: int) -> tuple[int, int]:
         if n_experts % n_group == 0 and size >= 2 and kept * size >= top_k:
             return n_group, kept
     return 1, 1
+
+
+def _dense(family: str, config: GPTConfig) -> LabModel:
+    """A dense model of ``family``: a 4d SwiGLU MLP, GQA attention, no router."""
+    return _causal_lm(
+        family,
+        config,
+        intermediate_size=4 * config.n_embd,
+        num_key_value_heads=config.n_kv_head or config.n_head,
+    )
 
 
 def _expert_width(config: GPTConfig) -> int:

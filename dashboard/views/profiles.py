@@ -57,6 +57,11 @@ def _model(model: dict) -> None:
             f"{md_code(lineage['version'])} · calibrated from {len(lineage['runs'])} runs: "
             f"{md_text(', '.join(lineage['runs']))}"
         )
+    if model["switched"]:
+        st.markdown(
+            f"live runs switched to it while training: {len(model['switched'])} "
+            f"({md_text(', '.join(model['switched']))})"
+        )
     st.code(format_table(["family", "stated", "measured"], _rates(model)), language="text")
     st.code(format_table(["rule", "family", "kind", "h", "fires when"], _rules(model)), "text")
     with st.expander(f"runs of {model['model']}"):
