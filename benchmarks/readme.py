@@ -181,7 +181,7 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "Remediation against the always-on anchors (ZClip, clipping at 1.0, SPAM), lab GPT-MoE",
     ),
     "hf_remediation": (
-        [],
+        ["--seeds", "2"],
         "hf_remediation",
         "Remediation through the HF Trainer (WSD), no labels, on architectures no profile saw",
     ),

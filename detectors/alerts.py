@@ -26,19 +26,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from foreshock.transport.warning import (
-    ACTIONS,
     DETECTOR_EVENTS,
     EVENTS,
     FACTS,
+    PERSON_EVENTS,
     RESOLVED_BY,
     SCHEMA,
     resolved_by,
 )
 
 __all__ = [
-    "ACTIONS",
     "DETECTOR_EVENTS",
     "EVENTS",
+    "PERSON_EVENTS",
     "RESOLVED_BY",
     "STATES",
     "action_event",
@@ -110,8 +110,8 @@ def action_event(
     ...
     ValueError: warning a1 is resolved already: there is nothing to acknowledge
     """
-    if kind not in ACTIONS:
-        raise ValueError(f"unknown action {kind!r} (one of {', '.join(ACTIONS)})")
+    if kind not in PERSON_EVENTS:
+        raise ValueError(f"unknown action {kind!r} (one of {', '.join(PERSON_EVENTS)})")
     if warning.get("event") == "cleared":
         verb = "acknowledge" if kind == "acknowledged" else "silence"
         raise ValueError(

@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 
 from foreshock.transport.approvals import DEFAULT_LIFETIME, MAX_LIFETIME
-from foreshock.transport.control import REMEDY_ACTIONS, ControlError, remedy_request
+from foreshock.transport.control import REMEDIES, ControlError, remedy_request
 
 __all__ = ["MAX_WAIT", "AckListener", "act", "add_act_arguments", "lr_scale", "wait_seconds"]
 
@@ -222,7 +222,7 @@ def add_act_arguments(parser: argparse.ArgumentParser) -> None:
     """``act``'s own options (``id``, ``--by`` and ``--store`` come from the shared parents)."""
     parser.add_argument(
         "--action",
-        choices=REMEDY_ACTIONS,
+        choices=REMEDIES,
         help="what to do (default: the trainer's policy's action for the warning's cause)",
     )
     parser.add_argument(

@@ -155,7 +155,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _act(args: argparse.Namespace) -> int:
+def _person_event(args: argparse.Namespace) -> int:
     from foreshock.storage.acks import find_warning
     from foreshock.storage.reader import open_history
     from foreshock.storage.store import store_exists
@@ -194,7 +194,7 @@ def _act(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remedy(args: argparse.Namespace) -> int:
+def _request_remedy(args: argparse.Namespace) -> int:
     """``warnings act``: the warning from the store, as ``ack`` finds it; the request out."""
     from foreshock.storage.acks import find_warning
     from foreshock.storage.reader import open_history
@@ -238,7 +238,7 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
     ack = what.add_parser(
         "ack", parents=[store, person], help="acknowledge a warning: you have it in hand"
     )
-    ack.set_defaults(func=_act)
+    ack.set_defaults(func=_person_event)
     silence = what.add_parser(
         "silence", parents=[store, person], help="silence a warning until a time"
     )
@@ -252,7 +252,7 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
         metavar="TIME",
         help="ISO 8601, e.g. 2025-06-01T18:00 (local) or …Z",
     )
-    silence.set_defaults(func=_act)
+    silence.set_defaults(func=_person_event)
     remedy = what.add_parser(
         "act",
         parents=[store],
@@ -260,4 +260,4 @@ def add_warnings_commands(sub: argparse._SubParsersAction) -> None:
     )
     remedy.add_argument("id", help="the warning's id, or a unique start of it")
     add_act_arguments(remedy)
-    remedy.set_defaults(func=_remedy)
+    remedy.set_defaults(func=_request_remedy)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from foreshock.detectors.divergence import DivergenceRule, LossDivergence
-from foreshock.producers.remedy import ACTIONS
+from foreshock.producers.remedy import REMEDIES
 
 __all__ = ["LossTrigger", "LossTriggerPolicy"]
 
@@ -46,8 +46,8 @@ class LossTriggerPolicy:
     rule: DivergenceRule = field(default_factory=DivergenceRule)
 
     def __post_init__(self) -> None:
-        if self.fix is not None and self.fix not in ACTIONS:
-            raise ValueError(f"unknown fix {self.fix!r}; known: {list(ACTIONS)}")
+        if self.fix is not None and self.fix not in REMEDIES:
+            raise ValueError(f"unknown fix {self.fix!r}; known: {list(REMEDIES)}")
         if self.back < 0 or self.skip_batches < 0 or self.max_rollbacks < 0:
             raise ValueError("back, skip_batches and max_rollbacks must be >= 0")
 

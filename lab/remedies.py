@@ -171,6 +171,6 @@ class LabRemedies:
 
 def _fixed(lab: LabModel) -> Any:
     """The warning a loss trigger's fix answers: the whole model (every attention layer)."""
-    from foreshock.producers.remedy import _opened
+    from foreshock.producers.remedy_decision import opened
 
-    return _opened("loss", None)
+    return opened("loss", None)

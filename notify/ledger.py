@@ -10,7 +10,7 @@ rebuilt on start by replaying the retained topic (:mod:`foreshock.notify.notifie
 
 from __future__ import annotations
 
-from foreshock.transport.warning import ACTIONS, WarningEvent
+from foreshock.transport.warning import PERSON_EVENTS, WarningEvent
 
 __all__ = ["Ledger"]
 
@@ -67,7 +67,7 @@ class Ledger:
                 _, started, where = self.open[wid]
                 self.open[wid] = (event, started, where)
             return True
-        if kind in ACTIONS:
+        if kind in PERSON_EVENTS:
             action = str((event.evidence or {}).get("action_id"))
             if action in self.actions or wid in self.cleared:
                 return False

@@ -75,7 +75,7 @@ from foreshock.transport.envelope import Consumed, SkippedMessageError
 from foreshock.transport.service_loop import run_service
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import wait_for_topics
-from foreshock.transport.warning import ACTIONS, WarningEvent, decode_event
+from foreshock.transport.warning import PERSON_EVENTS, WarningEvent, decode_event
 from foreshock.transport.wire import WireError
 
 from .courier import Courier, Job
@@ -226,7 +226,7 @@ class Notifier:
         if kind == "updated" and not self.updates:
             self._count("skipped")
             return
-        if kind in ACTIONS and wid in self.ledger.cleared:
+        if kind in PERSON_EVENTS and wid in self.ledger.cleared:
             self._count("skipped")  # stored by the sink; nothing to tell a receiver
             return
         started, muted = self.ledger.started(wid), self.ledger.muted(wid, time.time())

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from foreshock.transport.warning import ACTIONS, WarningEvent, resolved_by
+from foreshock.transport.warning import PERSON_EVENTS, WarningEvent, resolved_by
 
 __all__ = [
     "SEVERITY",
@@ -154,7 +154,7 @@ def summary(event: WarningEvent) -> str:
             f"{family} warning on {where} (opened at step {event.step}): the "
             f"loss diverged at step {event.divergence_step}"
         )
-    elif kind in ACTIONS:
+    elif kind in PERSON_EVENTS:
         action = _evidence(event)
         text = f"{family} warning on {where}, opened at step {event.step}, {kind} by "
         text += str(action.get("by"))
@@ -242,14 +242,14 @@ def slack_payload(event: WarningEvent, dashboard_url: str) -> dict[str, Any]:
         head += (
             f" · opened at step {event.step} ({role}), resolved at step {event.cleared_step}: {why}"
         )
-    elif kind in ACTIONS:
+    elif kind in PERSON_EVENTS:
         head += f" · opened at step {event.step} ({role}) · by *{_mrkdwn(action.get('by'))}*"
         if kind == "silenced":
             head += f" until {_when(action['until'])}"
     else:
         head += f" · step {event.step} ({role})"
     facts = [f"calibrated false-alarm rate: {_rate(event.false_alarm_rate)}"]
-    if kind in ACTIONS and action.get("note"):
+    if kind in PERSON_EVENTS and action.get("note"):
         facts = [f"note: {_mrkdwn(action['note'])}"]
     if event.divergence_step is not None and kind == "updated":
         facts.append(f"loss diverged at step {event.divergence_step}")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from foreshock.transport.warning import ACTIONS, WarningEvent
+from foreshock.transport.warning import PERSON_EVENTS, WarningEvent
 
 from .courier import Job
 from .delivery import Target, encode
@@ -97,7 +97,7 @@ class AlertmanagerReceiver:
         kind = event.event
         if kind == "updated" and not open_:
             return []  # resolved in Alertmanager already; a re-post would fire it again
-        if kind in ACTIONS:
+        if kind in PERSON_EVENTS:
             until = (event.evidence or {}).get("until")
             return [self._silence(event, until or at + self.ack_horizon, at)]
         ends = at if kind == "cleared" else None

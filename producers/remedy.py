@@ -51,10 +51,11 @@ capacity-limited GPT-MoE seeds (33–35), where rolling back first brought all t
 (``python -m benchmarks.remediation``). A two-sided series acts only in the direction that
 names its fault (:data:`FAULT_DIRECTION`: router ε falling, not rising).
 
+>>> from foreshock.producers.remedy_decision import opened
 >>> class Trainer:
 ...     def precise_attention(self, module): print("precise", module)
 >>> remediator = Remediator(RemedyPolicy(), Trainer())
->>> [a.kind for a in remediator.act(450, [_opened("attention-numerics", "h.1.attn")])]
+>>> [a.kind for a in remediator.act(450, [opened("attention-numerics", "h.1.attn")])]
 precise None
 ['precise-attention']
 """
@@ -68,23 +69,30 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from foreshock.transport.records import RUN_SCHEMA
-from foreshock.transport.warning import EventKind, Role, RunWarning
+from foreshock.transport.warning import RunWarning
 
+from .remedy_decision import (
+    Decision,
+    cause_of,
+    decision_for,
+    requested_warning,
+)
 from .remedy_policy import (
-    ACTIONS,
     CAUSES,
     DEFAULT_ACTIONS,
     RATE_RISE,
+    REMEDIES,
     RemedyPolicy,
     policy_summary,
 )
 from .request_gate import refusal
 
 __all__ = [
-    "ACTIONS",
     "CAUSES",
     "DEFAULT_ACTIONS",
+    "REMEDIES",
     "Action",
+    "Decision",
     "Remediator",
     "RemedyPolicy",
     "action_record",
@@ -95,7 +103,7 @@ __all__ = [
 log = logging.getLogger("foreshock.remedy")
 
 # What the trainer is asked for each action: its method, and the decision's fields it is given
-# in order. Checked against ACTIONS at import: an action without a call would otherwise
+# in order. Checked against REMEDIES at import: an action without a call would otherwise
 # fall through to another remedy — it once fell through to ``stop``.
 REMEDY_CALLS: dict[str, tuple[str, ...]] = {
     "precise-attention": ("precise_attention", "target"),
@@ -103,8 +111,8 @@ REMEDY_CALLS: dict[str, tuple[str, ...]] = {
     "scale-router-lr": ("scale_router_lr", "scale"),
     "stop": ("stop",),
 }
-if set(REMEDY_CALLS) != set(ACTIONS):
-    raise RuntimeError(f"remedy calls {sorted(REMEDY_CALLS)} != actions {sorted(ACTIONS)}")
+if set(REMEDY_CALLS) != set(REMEDIES):
+    raise RuntimeError(f"remedy calls {sorted(REMEDY_CALLS)} != actions {sorted(REMEDIES)}")
 
 # The direction in which a two-sided series names its family's fault. Router ε = max_e
 # ‖w_e − w̄‖ / ‖w̄‖ (dimensionless) falls as the router's rows align — the collapse the router
@@ -137,9 +145,6 @@ class Action:
         return asdict(self)
 
 
-Decision = dict[str, Any]  # what a Remediator decided, in plain values (``Remediator.decide``)
-
-
 def action_record(run_id: str, rank: int, action: Action) -> dict[str, Any]:
     """The wire record a trainer writes for an action it took (or failed to take): kind
     ``action``, its step, ``action`` (what), the warning it answers, and how it went. The
@@ -166,7 +171,8 @@ class Remediator:
 
     Deciding and applying are apart (``decide``/``decide_request``, then ``apply``): under
     torch.distributed one rank decides and every rank applies the same decisions
-    (:mod:`.remedy_ranks`), so a decision is a small dict of plain values that travels.
+    (:mod:`.remedy_ranks`), so a decision is a small frozen value that travels
+    (:class:`~.remedy_decision.Decision`).
     ``act`` and ``approve`` are both at once, for a single process."""
 
     def __init__(self, policy: RemedyPolicy, remedies: Any) -> None:
@@ -194,7 +200,7 @@ class Remediator:
         for warning in warnings:
             kind = self._kind_for(warning)
             if kind is not None and self._allowed(step, [*pending, *decided]):
-                decided.append(self._decision(kind, warning, step, self.policy))
+                decided.append(decision_for(kind, warning, step, self.policy))
         return decided
 
     def decide_request(
@@ -205,61 +211,62 @@ class Remediator:
         request_id = str(request.get("request_id") or "")
         family = str(request.get("family") or "")
         kind = request.get("action") or self.policy.actions.get(family)
-        warning = _requested(request, family, step)
+        warning = requested_warning(request, family, step)
         taken = [(a.request_id, a.warning_id, a.applied) for a in self.actions]
-        taken += [(d["request_id"], d["warning_id"], d["error"] is None) for d in pending]
+        taken += [(d.request_id, d.warning_id, d.error is None) for d in pending]
         allowed = self._allowed(step, list(pending))
         why = refusal(request, taken, allowed, self.policy.lr_scale)
         if why is not None:
-            decision = self._decision(str(kind or "none"), warning, step, self.policy)
-            decision["error"], decision["refused"] = f"refused: {why}", why
-        elif kind not in ACTIONS:
-            decision = self._decision(str(kind), warning, step, self.policy)
-            decision["error"] = f"no action for {family!r}: give one of {list(ACTIONS)}"
+            decision = decision_for(str(kind or "none"), warning, step, self.policy)
+            decision = replace(decision, error=f"refused: {why}", refused=why)
+        elif kind not in REMEDIES:
+            decision = decision_for(str(kind), warning, step, self.policy)
+            error = f"no action for {family!r}: give one of {list(REMEDIES)}"
+            decision = replace(decision, error=error)
         else:
             overrides = {
                 k: request[k] for k in ("rollback", "lr_scale") if request.get(k) is not None
             }
-            decision = self._decision(str(kind), warning, step, replace(self.policy, **overrides))
-        decision["source"], decision["request_id"] = "approved", request_id or None
-        decision["approver"] = request.get("approver")  # the allowlist's key id and name
-        return decision
+            decision = decision_for(str(kind), warning, step, replace(self.policy, **overrides))
+        return replace(
+            decision, source="approved", request_id=request_id or None,
+            approver=request.get("approver"),  # the allowlist's key id and name
+        )  # fmt: skip
 
     def apply(self, decision: Decision) -> Action:
         """Do what ``decision`` says (kept in ``actions``); never raises: a remedy that fails
         is the action's error, and training goes on."""
         d = decision
         action = Action(
-            d["kind"], d["warning_id"], d["family"], d["module"], d["step"], False,
-            source=d["source"], request_id=d["request_id"], approver=d.get("approver"),
+            d.kind, d.warning_id, d.family, d.module, d.step, False,
+            source=d.source, request_id=d.request_id,
+            approver=dict(d.approver) if d.approver else None,
         )  # fmt: skip
         self.actions.append(action)
-        if d.get("refused"):
-            action.detail["refused"] = d["refused"]
-        if d.get("since") is not None:  # the step whose learning rate a hold scales
-            action.detail["since"] = d["since"]
-        if d["error"] is not None:
-            action.error = d["error"]
+        if d.refused:
+            action.detail["refused"] = d.refused
+        if d.since is not None:  # the step whose learning rate a hold scales
+            action.detail["since"] = d.since
+        if d.error is not None:
+            action.error = d.error
             return action
-        if d["dry_run"]:
+        if d.dry_run:
             action.dry_run = True
-            log.warning("foreshock remedy (dry run): would %s for %s", d["kind"], d["warning_id"])
+            log.warning("foreshock remedy (dry run): would %s for %s", d.kind, d.warning_id)
             return action
-        if d["rollback_before"] is not None:
-            self._roll_back(action, d["rollback_before"])
+        if d.rollback_before is not None:
+            self._roll_back(action, d.rollback_before)
         try:
             result = self._do(d)
             if result is not None:  # what the trainer did (the held lr, the layers switched)
                 action.detail["result"] = result
             action.applied = True
-            log.warning(
-                "foreshock remedy: %s at step %d for %s", d["kind"], d["step"], d["warning_id"]
-            )
+            log.warning("foreshock remedy: %s at step %d for %s", d.kind, d.step, d.warning_id)
         except Exception as exc:  # a remedy that fails never stops training
             action.error = repr(exc)[:500]
-            log.warning("foreshock remedy: %s failed: %r", d["kind"], exc)
-        if action.applied and d.get("hold_rising") is not None:
-            self._hold_if_risen(action, d["hold_rising"])
+            log.warning("foreshock remedy: %s failed: %r", d.kind, exc)
+        if action.applied and d.hold_rising is not None:
+            self._hold_if_risen(action, d.hold_rising)
         return action
 
     def _hold_if_risen(self, action: Action, since: int) -> None:
@@ -311,66 +318,26 @@ class Remediator:
     def _allowed(self, step: int, pending: list[Decision]) -> bool:
         """Within ``max_actions`` and ``backoff_steps`` (refusals count for neither)."""
         taken = [a for a in self.actions if "refused" not in a.detail]
-        pending = [d for d in pending if not d.get("refused")]
+        pending = [d for d in pending if not d.refused]
         if len(taken) + len(pending) >= self.policy.max_actions:
             return False
-        last = pending[-1]["step"] if pending else taken[-1].step if taken else None
+        last = pending[-1].step if pending else taken[-1].step if taken else None
         return last is None or step - last >= self.policy.backoff_steps
-
-    @staticmethod
-    def _decision(kind: str, warning: RunWarning, step: int, policy: RemedyPolicy) -> Decision:
-        """A decision in plain values (it may travel between ranks): the action, the warning
-        it answers, and what the remedy is given (``target``: the layer to switch, None for
-        every one; ``scale``; ``rollback_before``: the step a snapshot must be older than)."""
-        scale = {"hold-lr": policy.lr_scale, "scale-router-lr": policy.router_lr_scale}
-        target = warning.module if policy.attention_scope == "module" else None
-        since = _first_evidence(warning) if policy.hold_from == "evidence" else None
-        return {
-            "kind": kind,
-            "warning_id": warning.id,
-            "family": warning.family,
-            "module": warning.module,
-            "step": int(step),
-            "target": target,
-            "scale": float(scale.get(kind, 1.0)),
-            "since": since if kind == "hold-lr" else None,
-            "hold_rising": (
-                _first_evidence(warning)
-                if policy.hold_rising_lr and kind in ("precise-attention", "scale-router-lr")
-                else None
-            ),
-            "rollback_before": (
-                _first_evidence(warning) if policy.rolls_back(_cause_or_family(warning)) else None
-            ),
-            "dry_run": bool(policy.dry_run),
-            "source": "policy",
-            "request_id": None,
-            "error": None,
-        }
 
     def _remedy(self, kind: str, warning: RunWarning) -> Any:
         """The remedy for ``kind`` under the policy, asked of the trainer now (no rollback,
         no action kept): the lab's loss trigger applies its fix this way."""
-        return self._do(self._decision(kind, warning, 0, self.policy))
+        return self._do(decision_for(kind, warning, 0, self.policy))
 
     def _do(self, decision: Decision) -> Any:
-        method, *arguments = REMEDY_CALLS[decision["kind"]]
-        return self._call(method, *(decision.get(a) for a in arguments))
+        method, *arguments = REMEDY_CALLS[decision.kind]
+        return self._call(method, *(getattr(decision, a) for a in arguments))
 
     def _call(self, method: str, *args: Any) -> Any:
         remedy = getattr(self.remedies, method, None)
         if remedy is None:
             raise NotImplementedError(f"this trainer offers no {method}")
         return remedy(*args)
-
-
-def cause_of(warning: RunWarning) -> str | None:
-    """The cause an opened warning names (see the module docstring), else None."""
-    if warning.event != EventKind.OPENED:
-        return None
-    if warning.role == Role.OPTIMIZER or warning.family == "optimizer":
-        return "optimizer"
-    return warning.family if warning.role == Role.CAUSE else None
 
 
 def _in_fault_direction(warning: RunWarning) -> bool:
@@ -388,42 +355,3 @@ def _in_fault_direction(warning: RunWarning) -> bool:
         wanted,
     )
     return False
-
-
-def _cause_or_family(warning: RunWarning) -> str:
-    """The cause a decision answers: the warning's (``cause_of``), else its family (a person's
-    request names the family)."""
-    return cause_of(warning) or warning.family
-
-
-def _requested(request: Mapping[str, Any], family: str, step: int) -> RunWarning:
-    """The warning a request names, as far as the request says (id, family, module, step)."""
-    return RunWarning(
-        str(request.get("warning_id") or ""),
-        str(request.get("run_id") or ""),
-        family,
-        request.get("module"),
-        "",
-        "up",
-        int(request.get("step") or step),
-        Role.CAUSE,
-        0.0,
-        0.0,
-        None,
-        "",
-        dict(request.get("evidence") or {}),
-    )
-
-
-def _first_evidence(warning: RunWarning) -> int:
-    """The step of the warning's first record of evidence (its recent window), else its own."""
-    recent = (warning.evidence or {}).get("recent") or []
-    steps = [int(r[0]) for r in recent if isinstance(r, list | tuple) and r]
-    return min(steps, default=warning.step)
-
-
-def _opened(family: str, module: str | None) -> RunWarning:
-    """A warning as the detectors open it (for the examples)."""
-    return RunWarning(
-        f"w-{family}", "r", family, module, "s", "up", 450, Role.CAUSE, 1.0, 1.0, None, "v", {}
-    )

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACTIONS", "CAUSES", "DEFAULT_ACTIONS", "RATE_RISE", "RemedyPolicy", "policy_summary"]
+from foreshock.transport.control import REMEDIES
 
-ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+__all__ = ["CAUSES", "DEFAULT_ACTIONS", "RATE_RISE", "REMEDIES", "RemedyPolicy", "policy_summary"]
+
 CAUSES = ("attention-numerics", "optimizer", "router")
 DEFAULT_ACTIONS = {
     "attention-numerics": "precise-attention",
@@ -61,9 +62,9 @@ class RemedyPolicy:
     max_false_alarm_rate: float | None = None
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.actions.values()) - set(ACTIONS))
+        unknown = sorted(set(self.actions.values()) - set(REMEDIES))
         if unknown:
-            raise ValueError(f"unknown remedy action(s) {unknown}; known: {list(ACTIONS)}")
+            raise ValueError(f"unknown remedy action(s) {unknown}; known: {list(REMEDIES)}")
         if not 0 < self.lr_scale <= 1 or not 0 < self.router_lr_scale <= 1:
             raise ValueError("lr_scale and router_lr_scale must be in (0, 1]")
         if self.hold_from not in ("evidence", "warning"):

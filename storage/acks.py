@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from foreshock.transport.warning import ACTIONS, WarningEvent
+from foreshock.transport.warning import PERSON_EVENTS, WarningEvent
 
 from .reader import History
 
@@ -55,7 +55,7 @@ def event_key(event: WarningEvent | Mapping[str, Any]) -> tuple:
         key = tuple(event.get(k) for k in ("id", "event", "divergence_step", "cleared_step"))
         evidence = event.get("evidence")
     action = None
-    if key[1] in ACTIONS:
+    if key[1] in PERSON_EVENTS:
         found = evidence.get("action_id") if isinstance(evidence, dict) else None
         action = found if isinstance(found, str) else None
     return (*key, action)

@@ -17,13 +17,13 @@ from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.detectors.streams import RunStreams
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.notify.payloads import summary
-from foreshock.producers.remedy import ACTIONS, Action, action_record
+from foreshock.producers.remedy import REMEDIES, Action, action_record
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.acks import warning_states
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
-from foreshock.transport.control import REMEDY_ACTIONS
+from foreshock.transport import control
 from foreshock.transport.run_files import load_run as load_run_file
 from foreshock.transport.warning import WarningEvent
 from foreshock.transport.wire import WireError, decode, encode
@@ -87,8 +87,12 @@ def test_a_bad_action_record_is_refused_naming_the_field(what, change):
         jsonschema.validate(message, SCHEMA)
 
 
-def test_the_command_offers_exactly_the_remedies_the_trainer_knows():
-    assert REMEDY_ACTIONS == ACTIONS
+def test_the_command_and_the_trainer_share_one_vocabulary_of_remedies():
+    """Defined once, in the transport room both import (it once was two lists kept equal by
+    a test), and every remedy has the trainer call it dispatches to."""
+    from foreshock.producers.remedy import REMEDY_CALLS
+
+    assert REMEDIES is control.REMEDIES and set(REMEDY_CALLS) == set(REMEDIES)
 
 
 # ---------------------------------------------------------------- the detectors

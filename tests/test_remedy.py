@@ -97,13 +97,13 @@ def test_a_failing_remedy_is_reported_not_raised_and_a_dry_run_does_nothing():
 
 
 def test_an_action_with_no_remedy_call_is_an_error_never_a_stop():
-    """A decision naming an action the dispatch does not know (one added to ``ACTIONS``
+    """A decision naming an action the dispatch does not know (one added to ``REMEDIES``
     alone) is reported as the action's error; it used to fall through to ``stop``."""
     trainer = Trainer()
     trainer.stop = lambda: trainer.calls.append(("stop",))  # type: ignore[attr-defined]
     remediator = Remediator(RemedyPolicy(), trainer)
     (decision,) = remediator.decide(450, [_warning("attention-numerics", Role.CAUSE)])
-    action = remediator.apply({**decision, "kind": "new-remedy"})
+    action = remediator.apply(replace(decision, kind="new-remedy"))
     assert not action.applied and "new-remedy" in action.error and trainer.calls == []
 
 
@@ -318,7 +318,7 @@ def test_a_hold_scales_the_rate_from_when_the_evidence_began():
     warning = _warning("optimizer", Role.OPTIMIZER, module=None, step=450)
     evidence = Remediator(RemedyPolicy(), Trainer()).decide(451, [warning])
     at_warning = Remediator(RemedyPolicy(hold_from="warning"), Trainer()).decide(451, [warning])
-    assert (evidence[0]["since"], at_warning[0]["since"]) == (400, None)
+    assert (evidence[0].since, at_warning[0].since) == (400, None)
     with pytest.raises(ValueError, match="hold_from"):
         RemedyPolicy(hold_from="peak")
 

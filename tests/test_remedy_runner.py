@@ -69,9 +69,7 @@ def test_rank_zero_decides_at_the_boundaries_after_monitoring_steps_only() -> No
     assert ranks.calls == [] and polls == []  # no collective, no poll off those boundaries
     [held] = runner.at_boundary(6, [warning(5, 1)])
     assert (
-        held.kind == "hold-lr"
-        and held.applied
-        and [d["kind"] for d in ranks.calls[0]] == ["hold-lr"]
+        held.kind == "hold-lr" and held.applied and [d.kind for d in ranks.calls[0]] == ["hold-lr"]
     )
     assert runner.at_boundary(7) == [] and len(ranks.calls) == 1
     [stopped] = runner.at_boundary(11)

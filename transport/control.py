@@ -47,7 +47,7 @@ from .wire import WireError, check_run_id
 
 __all__ = [
     "CONTROL_SCHEMA",
-    "REMEDY_ACTIONS",
+    "REMEDIES",
     "REQUEST_KIND",
     "ControlError",
     "check_request",
@@ -57,9 +57,9 @@ __all__ = [
 
 CONTROL_SCHEMA = "foreshock.control/1"
 REQUEST_KIND = "remedy-request"
-# what a trainer can be asked for (the remedy policy's ``ACTIONS``, which a test keeps equal:
-# the command that asks lives below the producers and cannot import them)
-REMEDY_ACTIONS = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+# the remedies: what a trainer can be asked for, by its policy or by a person's request —
+# defined here, the lowest room both the asking command and the trainer's policy import
+REMEDIES = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
 _MAX_BYTES = 100_000
 
 
@@ -182,8 +182,8 @@ def _check_evidence(evidence: Any) -> None:
 def _check_choice(message: dict[str, Any]) -> None:
     """What the person chose: a known action (or null), a rollback flag, a scale in (0, 1]."""
     action = message.get("action")
-    if action is not None and action not in REMEDY_ACTIONS:
-        raise ControlError(f"unknown action {action!r:.80}: one of {', '.join(REMEDY_ACTIONS)}")
+    if action is not None and action not in REMEDIES:
+        raise ControlError(f"unknown action {action!r:.80}: one of {', '.join(REMEDIES)}")
     if message.get("rollback") is not None and not isinstance(message["rollback"], bool):
         raise ControlError("rollback must be true, false or null")
     scale = message.get("lr_scale")

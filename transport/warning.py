@@ -33,11 +33,11 @@ from typing import Any
 from .wire import WireError
 
 __all__ = [
-    "ACTIONS",
     "DETECTOR_EVENTS",
     "EVENTS",
     "FACTS",
     "FIELDS",
+    "PERSON_EVENTS",
     "REQUIRED",
     "RESOLVED_BY",
     "SCHEMA",
@@ -84,8 +84,10 @@ class Direction(StrEnum):
 
 
 DETECTOR_EVENTS = (EventKind.OPENED, EventKind.UPDATED, EventKind.CLEARED)
-ACTIONS = (EventKind.ACKNOWLEDGED, EventKind.SILENCED)
-EVENTS = DETECTOR_EVENTS + ACTIONS
+# what a person does to a warning (``foreshock warnings ack`` / ``silence``); a person's
+# remedy is another word: :data:`foreshock.transport.control.REMEDIES`
+PERSON_EVENTS = (EventKind.ACKNOWLEDGED, EventKind.SILENCED)
+EVENTS = DETECTOR_EVENTS + PERSON_EVENTS
 # why a warning resolved (``cleared``'s ``evidence.resolved_by``): its statistic went back, its
 # run ended, a newer attempt took over, or the trainer acted on it (an ``action`` record)
 RESOLVED_BY = ("statistic", "run ended", "superseded", "action")
@@ -307,7 +309,7 @@ def check(event: Any, key_only: bool = False) -> str | None:
         value = event.get(name)
         if value is not None and not finite(value):
             return f"warning event whose {name!r} is not a finite number"
-    return _check_action(event) if event["event"] in ACTIONS else None
+    return _check_action(event) if event["event"] in PERSON_EVENTS else None
 
 
 def _check_key(event: dict[str, Any]) -> str | None:
