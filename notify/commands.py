@@ -13,14 +13,16 @@ def _notify(args: argparse.Namespace) -> int:
     from foreshock.transport.service import config_from_args, serve
 
     from .notifier import Notifier, NotifyConfig
+    from .receivers import RECEIVERS
     from .targets import notify_targets
 
-    targets = notify_targets(args.webhook + args.slack + args.alertmanager, args.config)
+    given = [t for kind in RECEIVERS for t in getattr(args, kind)]
+    targets = notify_targets(given, args.config)
     if not targets:
+        flags = ", ".join(f"--{kind}" for kind in RECEIVERS)
         print(
-            "foreshock notify: no target; give at least one --webhook, --slack or "
-            "--alertmanager URL (each may be repeated), or [[notify.receivers]] in the "
-            "settings file",
+            f"foreshock notify: no target; give at least one {flags} URL (each may be "
+            "repeated), or [[notify.receivers]] in the settings file",
             file=sys.stderr,
         )
         return 2
@@ -39,6 +41,7 @@ def add_notify_commands(sub: argparse._SubParsersAction) -> None:
     """``foreshock notify``: the service that delivers warnings to people's receivers."""
     from .delivery import Target
     from .notifier import DEFAULT_DASHBOARD
+    from .receivers import RECEIVERS
 
     def target(kind: str):
         def parse(url: str) -> Target:
@@ -50,11 +53,8 @@ def add_notify_commands(sub: argparse._SubParsersAction) -> None:
         return parse
 
     notify = sub.add_parser("notify", help="deliver warnings to webhooks, Slack, Alertmanager")
-    for kind, what in (
-        ("webhook", "POST each warning event as JSON to URL"),
-        ("slack", "a Slack(-compatible) incoming-webhook URL"),
-        ("alertmanager", "an Alertmanager base URL (v2 API)"),
-    ):
+    for kind, registered in RECEIVERS.items():
+        what = registered.help
         notify.add_argument(
             f"--{kind}",
             action="append",

@@ -4,8 +4,9 @@ Why: the notifier (:mod:`foreshock.notify.notifier`) owns the consumer, the ledg
 couriers; what a receiver *gets* is the receiver's own business. A webhook and Slack get one
 POST per event (their payloads: :mod:`foreshock.notify.delivery`); Alertmanager gets alerts
 that must be re-posted while open, and silences that it keeps ids for, renews and expires. So
-a new kind is one new class here, registered in :data:`RECEIVERS` (its name in
-:data:`~foreshock.notify.targets.KINDS`), and nothing else changes.
+a new kind is one new class here, registered in :data:`RECEIVERS` with what its flag says, and
+nothing else changes: ``foreshock notify --<kind> URL``, the settings file's ``kind`` and the
+target check read the registry (docs/extending.md lists the kinds; a test checks).
 
 Every receiver answers two questions with courier jobs (:class:`~foreshock.notify.courier.Job`):
 ``jobs`` — what to send for one new event — and ``refresh`` — what to re-send now for the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
 from foreshock.transport.warning import PERSON_EVENTS, WarningEvent
@@ -27,7 +28,14 @@ from .delivery import Target, encode
 from .known_silences import read_silences
 from .payloads import alertmanager_alert, alertmanager_silence, slack_payload, webhook_payload
 
-__all__ = ["RECEIVERS", "AlertmanagerReceiver", "PostReceiver", "Receiver", "receiver_for"]
+__all__ = [
+    "RECEIVERS",
+    "AlertmanagerReceiver",
+    "PostReceiver",
+    "Receiver",
+    "ReceiverKind",
+    "receiver_for",
+]
 
 Event = WarningEvent
 
@@ -186,11 +194,19 @@ def _slack(target: Target, dashboard: str, ack_horizon: float, submit: Any) -> R
     return PostReceiver(target, slack_payload, dashboard)
 
 
-# kind -> how to build its receiver (target, dashboard URL, acknowledgement horizon, submit)
-RECEIVERS: dict[str, Callable[[Target, str, float, Callable[[Job], Any]], Receiver]] = {
-    "webhook": _webhook,
-    "slack": _slack,
-    "alertmanager": AlertmanagerReceiver,
+class ReceiverKind(NamedTuple):
+    """A kind of target: how its receiver is built (target, dashboard URL, acknowledgement
+    horizon, submit), and what its ``--<kind> URL`` flag says."""
+
+    build: Callable[[Target, str, float, Callable[[Job], Any]], Receiver]
+    help: str
+
+
+# every kind of target, by name: the one place a receiver is registered
+RECEIVERS: dict[str, ReceiverKind] = {
+    "webhook": ReceiverKind(_webhook, "POST each warning event as JSON to URL"),
+    "slack": ReceiverKind(_slack, "a Slack(-compatible) incoming-webhook URL"),
+    "alertmanager": ReceiverKind(AlertmanagerReceiver, "an Alertmanager base URL (v2 API)"),
 }
 
 
@@ -198,4 +214,4 @@ def receiver_for(
     target: Target, dashboard: str, ack_horizon: float, submit: Callable[[Job], Any]
 ) -> Receiver:
     """The receiver of ``target``'s kind."""
-    return RECEIVERS[target.kind](target, dashboard, ack_horizon, submit)
+    return RECEIVERS[target.kind].build(target, dashboard, ack_horizon, submit)

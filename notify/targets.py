@@ -44,9 +44,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from foreshock.transport.settings import SettingsError, config_section
 
-__all__ = ["KINDS", "RECEIVER_SETTINGS", "SETTINGS", "Target", "notify_targets"]
-
-KINDS = ("webhook", "slack", "alertmanager")
+__all__ = ["RECEIVER_SETTINGS", "SETTINGS", "Target", "kinds", "notify_targets"]
 # the [notify] section's keys, and each [[notify.receivers]] entry's (docs/operating.md)
 SETTINGS = ("secret", "receivers")
 RECEIVER_SETTINGS = ("kind", "url", "headers", "secret")
@@ -55,9 +53,16 @@ _AM_PATH = "/api/v2/alerts"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 
 
+def kinds() -> tuple[str, ...]:
+    """The kinds of target: the receivers registered (:data:`~.receivers.RECEIVERS`)."""
+    from .receivers import RECEIVERS  # the registry imports Target: read it when asked
+
+    return tuple(RECEIVERS)
+
+
 @dataclass(frozen=True)
 class Target:
-    """A receiver: ``kind`` (one of :data:`KINDS`), its URL, ``headers`` and signing ``secret``.
+    """A receiver: ``kind`` (one of :func:`kinds`), its URL, ``headers`` and signing ``secret``.
 
     >>> Target("alertmanager", "http://am:9093/").endpoint
     'http://am:9093/api/v2/alerts'
@@ -80,8 +85,8 @@ class Target:
     secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown target kind {self.kind!r} (one of {', '.join(KINDS)})")
+        if self.kind not in kinds():
+            raise ValueError(f"unknown target kind {self.kind!r} (one of {', '.join(kinds())})")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{self.kind} target must be an http(s) URL, got {_safe(self.url)!r}")

@@ -34,6 +34,7 @@ alias property) is reported once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,7 @@ from .module_attrs import submodule, tensor_attr
 from .names import named_modules
 from .router_discovery import router_spec
 
-__all__ = ["Discovery", "discover"]
+__all__ = ["ATTENTION_LAYOUTS", "Discovery", "discover"]
 
 _FUSED = ("c_attn", "qkv_proj", "qkv")
 _SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_k"))
@@ -274,22 +275,54 @@ def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
     return weight if isinstance(weight, torch.Tensor) else None
 
 
-def _attention_spec(name: str, module: nn.Module) -> AttentionSpec | str | None:
+def _mla_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
     if isinstance(getattr(module, "kv_b_proj", None), nn.Module) and isinstance(
         getattr(module, "kv_a_proj_with_mqa", None), nn.Module
     ):
         return _mla_spec(name, module)
+    return None
+
+
+def _fused_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
     for fused in _FUSED:
         proj = getattr(module, fused, None)
         if isinstance(proj, nn.Module):
             return _fused_spec(name, module, proj)
+    return None
+
+
+def _query_key_value_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
     proj = getattr(module, "query_key_value", None)
     if isinstance(proj, nn.Module):
         return _query_key_value_spec(name, module, proj)
+    return None
+
+
+def _separate_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
     for q_name, k_name in _SEPARATE:
         q, k = getattr(module, q_name, None), getattr(module, k_name, None)
         if isinstance(q, nn.Module) and isinstance(k, nn.Module):
             return _separate_spec(name, module, q, k)
+    return None
+
+
+# The attention layouts discovery reads, tried in this order (the first that recognises a
+# module decides: MLA also has a q projection, so it goes first): each returns the layer's
+# spec, why it cannot be read (a string, listed as skipped), or None (not this layout). A new
+# layout is one function here and its entry (docs/extending.md lists them; a test checks).
+ATTENTION_LAYOUTS: dict[str, Callable[[str, nn.Module], AttentionSpec | str | None]] = {
+    "latent (MLA)": _mla_layout,
+    "fused qkv": _fused_layout,
+    "interleaved query_key_value": _query_key_value_layout,
+    "separate q/k": _separate_layout,
+}
+
+
+def _attention_spec(name: str, module: nn.Module) -> AttentionSpec | str | None:
+    for layout in ATTENTION_LAYOUTS.values():
+        found = layout(name, module)
+        if found is not None:
+            return found
     return None
 
 
