@@ -62,9 +62,10 @@ single / ranks + the transfer (``benchmarks._sharded_overhead``):
     python -m benchmarks.overhead --sharded                     # 12 timed steps each (~3 min)
     python -m benchmarks.overhead --sharded --quick             # 4 timed steps each (~2 min)
 
-``--offload-spectra`` measures the lab (or ``--model``) with the eigen-solves moved onto a worker
-thread for the length of the run — a change not made in ``producers``, measured only
-(``benchmarks._offload``); ``--save`` then stores ``<name>_offload_spectra.json``.
+``--spectra-worker`` runs the Monitor with its attention spectra solved on a worker thread
+(``MonitorConfig(spectra_worker=True)``): ``direct`` is then the training thread's share and
+``worker`` the worker's (its solve time per step, same base); ``--save`` then stores
+``<name>_spectra_worker.json``.
 
 ``--save`` also stores the closing JSON line as ``benchmarks/results/overhead.json`` (lab),
 ``overhead_<model>.json`` or ``overhead_sharded.json``, in ``benchmarks.readme``'s record format.
@@ -265,6 +266,7 @@ class Bench:
         blocks: tuple[int, int, int],
         workdir: Path,
         weight_spectra: bool = True,
+        spectra_worker: bool = True,
     ) -> None:
         self.trainee = build(model, workload.block_size)
         self.model = self.trainee.model
@@ -282,7 +284,9 @@ class Bench:
                 self.model,
                 JsonlSink(workdir / f"every{every}.jsonl"),
                 run_id=f"overhead-every{every}",
-                config=MonitorConfig(every=every, weight_spectra=weight_spectra),
+                config=MonitorConfig(
+                    every=every, weight_spectra=weight_spectra, spectra_worker=spectra_worker
+                ),
             )
             self.arms.append(Arm(f"every{every}", n_blocks, every, monitor))
         for router in routers:  # ... and this one after them
@@ -392,8 +396,22 @@ def summarize(arms: list[Arm]) -> dict[str, Any]:
             f"idle_call_s_{key}": median(arm.idle_calls),
             f"records_{key}": arm.monitor.records_written if arm.monitor else 0,
             f"errors_{key}": arm.monitor.errors if arm.monitor else 0,
+            **_worker_share(arm, key, median(base)),
         }
     return out
+
+
+def _worker_share(arm: Arm, key: str, base: float) -> dict[str, Any]:
+    """The spectra worker's time per step of this arm, and its share of a step (None: off)."""
+    spectra = arm.monitor.spectra if arm.monitor else None
+    if spectra is None:
+        return {f"worker_{key}": None, f"worker_solve_s_{key}": None, f"spectra_skipped_{key}": 0}
+    per_step = sum(spectra.solve_s) / max(arm.steps, 1)
+    return {
+        f"worker_{key}": per_step / base,
+        f"worker_solve_s_{key}": median(spectra.solve_s) if spectra.solve_s else None,
+        f"spectra_skipped_{key}": spectra.skipped,
+    }
 
 
 def table(arms: list[Arm], f: dict[str, Any]) -> str:
@@ -406,11 +424,12 @@ def table(arms: list[Arm], f: dict[str, Any]) -> str:
         "direct",
         "[q25, q75]",
         "fwd hooks",
+        "worker",
         "monitor s/step",
         "s/measuring call",
         "s/idle call",
     ]
-    rows: list[list[object]] = [["no monitor", arms[0].steps, f["step_s_none"], *["-"] * 8]]
+    rows: list[list[object]] = [["no monitor", arms[0].steps, f["step_s_none"], *["-"] * 9]]
     for arm in arms[1:]:
         k = arm.name
         rows.append(
@@ -423,6 +442,7 @@ def table(arms: list[Arm], f: dict[str, Any]) -> str:
                 f"{f[f'direct_{k}']:.2%}",
                 f"[{f[f'direct_{k}_q25']:.2%}, {f[f'direct_{k}_q75']:.2%}]",
                 f"{f[f'direct_{k}_forward_hooks']:.3%}",
+                "-" if f[f"worker_{k}"] is None else f"{f[f'worker_{k}']:.2%}",
                 f"{f[f'monitor_s_per_step_{k}']:.2e}",
                 f"{f[f'measure_call_s_{k}']:.2e}",
                 f"{f[f'idle_call_s_{k}']:.1e}",
@@ -498,9 +518,9 @@ def main(argv: list[str] | None = None) -> None:
         "--sharded", action="store_true", help="per-rank cost under FSDP2 (see docstring)"
     )
     parser.add_argument(
-        "--offload-spectra",
+        "--spectra-worker",
         action="store_true",
-        help="eigen-solves on a worker thread, as a measurement (benchmarks._offload)",
+        help="MonitorConfig(spectra_worker=True): the eigen-solves on a worker thread",
     )
     parser.add_argument("--ranks", default="2,4", help="with --sharded: world sizes")
     parser.add_argument("--parallel", default="fsdp2", help="with --sharded: fsdp2 and/or tp")
@@ -515,15 +535,10 @@ def main(argv: list[str] | None = None) -> None:
     weight_spectra = not args.no_weight_spectra
     single_thread()
 
-    offload = None
-    if args.offload_spectra:
-        from ._offload import OffloadedSpectra
-
-        offload = OffloadedSpectra()
-        offload.install()
+    spectra_worker = args.spectra_worker
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="foreshock-overhead-") as tmp:
-        bench = Bench(args.model, workload, blocks, Path(tmp), weight_spectra=weight_spectra)
+        bench = Bench(args.model, workload, blocks, Path(tmp), weight_spectra, spectra_worker)
         n_params = sum(p.numel() for p in bench.model.parameters())
         described = ", ".join(f"{k} {v}" for k, v in bench.trainee.describe.items())
         print(
@@ -542,19 +557,13 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - start
 
     figures = summarize(bench.arms)
-    if offload is not None:
-        figures |= offload.close()
-        print(
-            f"spectra offloaded: copies {figures['offload_copy_s_median'] * 1e3:.1f} ms and "
-            f"waits {figures['offload_wait_s_total']:.2f} s in all on the training thread; "
-            f"solves {figures['offload_solve_s_median'] * 1e3:.1f} ms each on the worker"
-        )
     print()
     print(table(bench.arms, figures))
     print()
     print("end-to-end: median over rounds of (mean step with monitor / without, same round) − 1;")
     print("direct: time inside Monitor.step() + its forward hooks/observers per step, same base;")
-    print("fwd hooks: the part of direct spent in router hooks and max-logit observers.")
+    print("fwd hooks: the part of direct spent in router hooks and max-logit observers;")
+    print("worker: the spectra worker thread's solve time per step, same base (off the step).")
     print("End-to-end differences inside the round-to-round spread [q25, q75] are noise.")
     target: dict[str, Any] = {}
     if workload.target is not None:
@@ -584,13 +593,13 @@ def main(argv: list[str] | None = None) -> None:
         "block_steps": BLOCK,
         "threads": torch.get_num_threads(),
         "weight_spectra": weight_spectra,
-        "offload_spectra": offload is not None,
+        "spectra_worker": spectra_worker,
         **figures,
         **target,
         "wall_s": wall,
     }
     if args.save:
-        name = result_name(args.model) + ("_offload_spectra" if offload is not None else "")
+        name = result_name(args.model) + ("_spectra_worker" if spectra_worker else "")
         saved = store(name, result, argv if argv is not None else sys.argv[1:])
         print(f"stored {saved}")
     emit_json(result)

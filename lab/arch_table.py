@@ -8,7 +8,7 @@ top-2). The builders, one function per architecture, are in :mod:`foreshock.lab.
 lab's own model) and :mod:`foreshock.lab.hf_archs` (transformers models).
 
 >>> [a for a in ARCHS if not ARCHS[a].moe]
-['llama']
+['llama', 'qwen2']
 >>> ARCHS["deepseek-v3"].defaults
 {'aux_loss_weight': 0.0}
 """

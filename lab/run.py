@@ -279,7 +279,7 @@ def run_lab(
         model,
         sink,
         run_id=config.run_id,
-        config=MonitorConfig(every=config.every),
+        config=MonitorConfig(every=config.every, spectra_worker=False),  # one thread a run
         optimizer=optimizer,
     )
     _attach(lab, monitor)

@@ -23,7 +23,9 @@ from .spectra import SpectrumStats, compute_dtype, gram_eigvals, spectrum_stats
 __all__ = [
     "ATTENTION_LAYER_METRICS",
     "attention_chunks",
+    "attention_inputs",
     "router_geometry_chunk",
+    "solve_attention",
 ]
 
 Chunk = tuple[list[str], torch.Tensor]
@@ -126,10 +128,21 @@ def attention_chunks(
     null with a ``nonfinite@layer`` flag) instead of an error; its inputs are zeroed first so
     the eigen-solvers never see NaN.
     """
+    return solve_attention(attention_inputs(specs, snapshots, config), config)
+
+
+def attention_inputs(
+    specs: list[AttentionSpec],
+    snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    config: Any,
+) -> list[tuple[Any, ...]]:
+    """What the spectra read, copied now: per batch of same-shape layers with a snapshot,
+    (specs, W_q now, W_q before, W_k now, W_k before) as stacked heads; the snapshots move
+    on to now. Nothing after this reads the live weights (:mod:`.spectra_worker`)."""
     groups: dict[tuple[Any, ...], list[AttentionSpec]] = defaultdict(list)
     for spec in specs:
         groups[_group_key(spec)].append(spec)
-    chunks = []
+    jobs = []
     for group in groups.values():
         q_now = torch.stack([s.heads("q") for s in group])  # (L, H, d', d_h), a copy
         k_now = torch.stack([s.heads("k") for s in group])  # (L, H_kv, d', d_h)
@@ -145,12 +158,13 @@ def attention_chunks(
         step = max(1, config.batch_elements // per_layer)  # bounds the transient working set
         for i in range(0, len(group), step):
             part = slice(i, i + step)
-            chunks.append(
-                _group_chunk(
-                    group[part], q_now[part], q_before[part], k_now[part], k_before[part], config
-                )
-            )
-    return chunks
+            jobs.append((group[part], q_now[part], q_before[part], k_now[part], k_before[part]))
+    return jobs
+
+
+def solve_attention(jobs: list[tuple[Any, ...]], config: Any) -> list[Chunk]:
+    """The spectra of ``attention_inputs``' jobs (any thread: they read only the copies)."""
+    return [_group_chunk(*job, config) for job in jobs]
 
 
 def _group_chunk(

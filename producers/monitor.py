@@ -10,7 +10,8 @@ Usage, once per optimizer step (after ``optimizer.step()``, before ``zero_grad()
     monitor.close()
 
 Every ``every`` (δ) steps it snapshots W_q and W_k of each attention layer and, from the
-previous snapshot, computes the ΔW and Δ2/Δ3 spectra; forward hooks on the routers gather
+previous snapshot, computes the ΔW and Δ2/Δ3 spectra (alone, on a worker thread from copies
+taken at the step: :mod:`.spectra_worker`); forward hooks on the routers gather
 routing entropies during the forward pass of that step only. Between monitoring steps it does
 nothing but bookkeeping. Monitoring never raises into the training loop: an error is logged,
 counted in ``errors`` and written as an error record at the step it happened (a failure in a
@@ -30,7 +31,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,18 +47,19 @@ from .layouts import AttentionSpec, RouterSpec
 from .learning_rates import LearningRates
 from .live import LiveModel
 from .max_logit import SdpaLogitWatch
-from .measure import attention_chunks, router_geometry_chunk
-from .module_attrs import tensor_attr
+from .measure import attention_chunks, attention_inputs, router_geometry_chunk
 from .monitor_config import MonitorConfig
 from .names import named_modules
 from .observations import StepObservations
 from .partials import RankPart, combine
 from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
 from .record_out import error_record, finite_record, say_nonfinite
+from .registration import Registration
 from .run_bounds import RunBounds
 from .sharding import is_dtensor
 from .signature import signature_or_none
 from .sinks import Sink
+from .spectra_worker import SpectraWorker
 from .world import rank_and_world
 
 __all__ = ["Monitor", "MonitorConfig"]
@@ -65,7 +67,7 @@ __all__ = ["Monitor", "MonitorConfig"]
 log = logging.getLogger("foreshock.monitor")
 
 
-class Monitor:
+class Monitor(Registration):
     """Mechanism monitors on a model, emitting one record per monitoring step to ``sink``."""
 
     def __init__(
@@ -95,6 +97,9 @@ class Monitor:
         self.nonfinite_records = 0  # records with a non-finite value (emitted as null, flagged)
         self._last_step = -1  # the last step passed to step(): error records are stamped with it
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        alone = self.config.spectra_worker and self.peers is None  # (module docstring)
+        self.spectra = SpectraWorker(self.config.spectra_queue) if alone else None
+        self._jobs: list[Any] = []  # this monitoring step's spectra inputs, for the worker
         self._observed = StepObservations(self._fail_hook)  # this step's forward reports
         self._closers: list[Callable[[], None]] = []  # attached observers' removal
         self._refuse_alone()
@@ -119,48 +124,6 @@ class Monitor:
     def _current_specs(self) -> tuple[list[AttentionSpec], list[RouterSpec]]:
         """The discovered specs, read from the model's live parameters (see ``live``)."""
         return self.live.specs(self.discovery.attention, self.discovery.routers)
-
-    # ---- registration -------------------------------------------------------------------
-    def register_attention(
-        self,
-        name: str,
-        q_weight: torch.Tensor,
-        k_weight: torch.Tensor,
-        n_heads: int,
-        head_dim: int,
-        n_kv_heads: int | None = None,
-        **layout: Any,
-    ) -> AttentionSpec:
-        """Declare an attention layer discovery can't read (e.g. W_q, W_k with 8 heads of 64);
-        ``layout``: AttentionSpec's optional fields (q_rows, k_rows, transposed, q/k_bias/scale)."""
-        spec = AttentionSpec(
-            name, n_heads, n_kv_heads or n_heads, head_dim, q_weight, k_weight, **layout
-        )
-        self.discovery.attention = [a for a in self.discovery.attention if a.name != name]
-        self.discovery.attention.append(spec)
-        self._snapshots.pop(name, None)
-        return spec
-
-    def register_router(
-        self,
-        name: str,
-        module: nn.Module,
-        n_experts: int,
-        top_k: int | None = None,
-        *,
-        weight: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-        scoring: Literal["softmax", "sigmoid"] = "softmax",
-    ) -> RouterSpec:
-        """Declare a router: ``module`` outputs its logits (..., n_experts), alone or first in a
-        tuple; ``weight`` defaults to ``module.weight``; ``scoring``: see ``RouterSpec``."""
-        weight = tensor_attr(module, "weight") if weight is None else weight
-        spec = RouterSpec(name, module, weight, n_experts, top_k, bias, scoring)
-        self.discovery.routers = [r for r in self.discovery.routers if r.name != name]
-        self.discovery.routers.append(spec)
-        if self.participating:
-            self._observed.hook_router(spec)
-        return spec
 
     def observe_max_logit(self, name: str, value: torch.Tensor) -> None:
         """A layer's max pre-softmax attention logit, from the model's forward (kept on device
@@ -203,20 +166,20 @@ class Monitor:
 
     # ---- the training-loop call ---------------------------------------------------------
     def step(self, step: int, loss: torch.Tensor | float | None = None) -> dict[str, Any] | None:
-        """Call once per optimizer step, on every rank. Returns the record on monitoring steps
-        (on the ranks that write), else None."""
+        """Call once per optimizer step, on every rank. Returns the record this call wrote (on
+        the ranks that write), else None: the monitoring step's own, or with the spectra
+        worker (``MonitorConfig.spectra_worker``) an earlier one whose spectra are solved."""
         if not self.participating:
             return None
         try:
             self._last_step = int(step)
+            written = self._write_ready()
             if step % self.config.every != 0:
-                return None
+                return written
             record = self._measure(step, loss)
-            if record is None:  # a rank that measured its share and writes nothing
-                return None
-            self._bounds.before_first(self.sink, self.describe)  # a start where none went
-            self.sink.write(record)
-            self.records_written += 1
+            if record is None:  # measured its share and writes nothing, or waits for spectra
+                return written
+            self._write(record)
             return record
         except Exception as exc:
             self._fail(step, exc)
@@ -225,6 +188,28 @@ class Monitor:
             if self._observed.armed:  # only an armed step gathered anything
                 self._observed.clear()
             self._observed.armed = (step + 1) % self.config.every == 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._bounds.before_first(self.sink, self.describe)  # a start where none went
+        self.sink.write(record)
+        self.records_written += 1
+
+    def _write_ready(self, wait: bool = False) -> dict[str, Any] | None:
+        """Write the records whose spectra the worker solved (all of them with ``wait``), in
+        step order; the last one written, else None."""
+        last = None
+        for step, values, flags in self.spectra.ready(wait) if self.spectra else ():
+            last = self._record(step, values, flags)
+            self._write(last)
+        return last
+
+    def flush(self) -> None:
+        """Write every record still waiting for its spectra: before the run's ``end`` record
+        (the integrations call it), and at ``close``. Never raises."""
+        try:
+            self._write_ready(wait=True)
+        except Exception as exc:
+            self._fail(self._last_step, exc)
 
     def _measure(self, step: int, loss: torch.Tensor | float | None) -> dict[str, Any] | None:
         """This rank's share, exchanged with its peers (``collective``); the record to write.
@@ -242,6 +227,11 @@ class Monitor:
         own = [p for p in parts if p.rank == self.rank]
         data = own if self.config.emit_ranks == "all" else parts
         values, flags = combine(parts, data, self._observed.accumulators)
+        values = {**values, **self.learning_rates.values()}  # the rates of this step
+        jobs, self._jobs = self._jobs, []
+        if self.spectra is not None and (jobs or self.spectra.waiting):
+            self.spectra.submit(step, values, set(flags), jobs, self.config)
+            return None
         return self._record(step, values, set(flags))
 
     def _local_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
@@ -270,10 +260,14 @@ class Monitor:
 
         owned = gather("sharded", self._owned_specs)
         attention, routers = owned if owned is not None else ([], [])
-        made = gather(
-            "attention", lambda: attention_chunks(attention, self._snapshots, self.config)
-        )
-        chunks += made or []
+        if self.spectra is not None:  # copied now, solved on the worker
+            inputs = lambda: attention_inputs(attention, self._snapshots, self.config)  # noqa: E731
+            self._jobs = gather("attention", inputs) or []
+        else:
+            made = gather(
+                "attention", lambda: attention_chunks(attention, self._snapshots, self.config)
+            )
+            chunks += made or []
         for router in routers:
             made = gather(router.name, functools.partial(router_geometry_chunk, router))
             chunks += [made] if made is not None else []
@@ -321,7 +315,7 @@ class Monitor:
     def _record(self, step: int, values: dict[str, float], flags: set[str]) -> dict[str, Any]:
         """The metrics record: non-finite values become null with a ``nonfinite`` flag
         (``record_out``), logged the first time."""
-        c, values = self.config, {**values, **self.learning_rates.values()}
+        c = self.config
         message, nonfinite = finite_record(
             self.run_id, step, values, flags, self.rank, self.world_size, c.emit_ranks
         )
@@ -386,6 +380,9 @@ class Monitor:
         for close in self._closers:
             close()
         self._closers.clear()
+        self.flush()
+        if self.spectra is not None:
+            self.spectra.close()
         try:
             self._bounds.at_close(self.sink, self._last_step)  # the end of a start it wrote
             self.sink.close()

@@ -25,6 +25,13 @@ class MonitorConfig:
                   rank) — to catch one bad GPU
     join_timeout_s: how long a Monitor waits, once, for every rank to build its own; a rank
                   left alone measures only what it can read alone (never a collective)
+    spectra_worker: solve the attention spectra on a worker thread from copies taken at the
+                  step (:mod:`.spectra_worker`; a Monitor measuring alone only): the record is
+                  written at a later ``step()`` call, the training thread never waits. Off
+                  (the default, and the lab's: one thread per training process), they are
+                  solved in the step and its record is written by it
+    spectra_queue: monitoring steps that may wait for the worker; one more skips its spectra
+                  (flagged ``spectra_skipped``), never the training step
     batch_elements: layers of one shape are batched into one QR/eigen call while their
                   [ΔW_q, W_q] factors hold at most this many elements (at least one layer per
                   call): many small layers share a call, a wide layer gets its own. The
@@ -39,10 +46,14 @@ class MonitorConfig:
     emit_ranks: Literal["zero", "all"] = "zero"
     batch_elements: int = 2**24
     join_timeout_s: float = 60.0
+    spectra_worker: bool = False
+    spectra_queue: int = 2
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"every must be >= 1, got {self.every}")
+        if self.spectra_queue < 1:
+            raise ValueError(f"spectra_queue must be >= 1, got {self.spectra_queue}")
         if self.batch_elements < 1:
             raise ValueError(f"batch_elements must be >= 1, got {self.batch_elements}")
         if self.alpha <= 0:

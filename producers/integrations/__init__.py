@@ -260,6 +260,7 @@ class MonitoredRun:
         monitor = self.monitor
         assert monitor is not None
         self.state = "finished"
+        monitor.flush()  # the records still waiting for their spectra go before the end
         if monitor.active:
             self._write(
                 {
