@@ -1,14 +1,14 @@
 """Faults survived: kill and restart each part of the pipeline under a live fleet; count losses.
 
 For each fault (``--faults``; default ``none`` as the control, then ``worker``, ``sink``,
-``broker`` and ``dashboard``) :func:`foreshock.faults.run_fault` runs a fresh pipeline on
+``broker`` and ``dashboard``) :func:`benchmarks.pipeline_faults.run_fault` runs a fresh pipeline on
 127.0.0.1 (the embedded Tansu, one ``foreshock detect`` worker, one ``foreshock sink`` and
 ``foreshock dashboard``, each its own process), streams a fleet of recorded lab runs
 (``--runs``) through it, each run from its own producer writing one monitoring record every
 ``1 / --rate`` s, kills the part with SIGKILL and restarts it ``--down`` s later. The figures
 (records and warning events stored against produced and expected, duplicates, recovery and
-drain times, the end lag) are described in :mod:`foreshock.faults`; this prints them as the
-table of docs/reliability.md.
+drain times, the end lag) are described in :mod:`benchmarks.pipeline_faults`; this prints
+them as the table of docs/reliability.md.
 
 ``tests/test_reliability.py`` runs the same function on a smaller fleet and asserts on it.
 """
@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from foreshock.faults import DEFAULT_RUNS, FAULTS, Plan, run_fault
-
 from ._table import emit_json, format_table
+from .pipeline_faults import DEFAULT_RUNS, FAULTS, Plan, run_fault
 
 
 def figures(result: dict[str, Any]) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ through a real sink at some pace. Two ways:
 
 * :class:`Replay` + :class:`Replayer`: whole runs as recorded (start, every record, end), each at
   its own pace and start offset, interleaved in one thread — the demo's fleet, and one trainer
-  per thread in the fault runs (:mod:`foreshock.faults`);
+  per thread in the fault runs (:mod:`benchmarks.pipeline_faults`);
 * :func:`paced` + :func:`renumbered` + :func:`finished`: synthetic runs of any length cut from
   recorded records (cycled, steps renumbered, stamped now) — the load benchmarks, whose loops
   (processes, slots, lockstep) are their own.

@@ -2,7 +2,7 @@
 
 Rooms are the product folders, with ``foreshock/`` split in two: its ground floor (the
 catalogue, tables, logs, memory, telemetry: imported by everyone, importing no room) and its
-roof (the CLI, the demo, the harness, fault injection, the services list: importing every
+roof (the CLI, the demo, the replay harness, the services list: importing every
 room, imported by none). Every ``import`` of another room counts,
 lazy ones inside functions too.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("producers", "transport", "detectors", "notify", "storage", "dashboard", "lab")
-ROOF = {"cli", "demo", "harness", "faults", "services"}  # foreshock/<name>.py; the rest: ground
+ROOF = {"cli", "demo", "harness", "services"}  # foreshock/<name>.py; the rest: ground
 
 ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cycle)
     "ground": set(),

@@ -3,8 +3,9 @@
 Every case runs its own Tansu, detector worker, sink and dashboard on 127.0.0.1 (the broker is
 one of the things killed), streams recorded lab runs through real KafkaSinks, and compares the
 store with what the producers wrote and with an undisturbed offline replay of the detectors.
-The experiment is :func:`foreshock.faults.run_fault`, on the harness's pipeline and replayers;
-the figures for docs/reliability.md come from ``python -m benchmarks.reliability`` (same code).
+The experiment is :func:`benchmarks.pipeline_faults.run_fault`, on the harness's pipeline and
+replayers; the figures for docs/reliability.md come from ``python -m benchmarks.reliability``
+(same code).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from foreshock.faults import Plan, kept_unstored, run_fault
+from benchmarks.pipeline_faults import Plan, kept_unstored, run_fault
 from foreshock.producers.spool import Spool, SpooledMessage
 from foreshock.storage.reader import open_history
 from foreshock.storage.reconcile import check_streams, missing_ranges

@@ -20,7 +20,7 @@ SIGKILL (the broker loses every topic, message and offset it held) and restarted
   drained); for the dashboard, until it answers its health check again;
 * lag: the services' own consumer-lag gauges at the end.
 
-Here, in the harness, because two callers need the same experiment: ``python -m
+Here, beside the benchmarks, because two callers need the same experiment: ``python -m
 benchmarks.reliability`` (every fault, the table for docs/reliability.md) and
 ``tests/test_reliability.py`` (a smaller fleet, asserted on).
 """
