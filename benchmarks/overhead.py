@@ -487,14 +487,22 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
         return _sharded_overhead.figures(result)
     model = result["model"].get("name", "lab")
     every, share = result.get("target_every"), result.get("target_share")
+    worker = result.get("spectra_worker", False)
+    where = "on the training thread, spectra on a worker" if worker else "inside the monitor"
     rows = [
         (
-            f"{model}: monitor time per training step at δ = {d} (inside the monitor)",
+            f"{model}: monitor time per training step at δ = {d} ({where})",
             f"{result[f'direct_every{d}']:.2%}"
             + (f" (target ≤ {share:.0%})" if share is not None and d == every else ""),
         )
         for d in (10, 100)
     ]
+    if worker:
+        rows += [
+            (f"{model}: the spectra worker's time per training step at δ = {d}",
+             f"{result[f'worker_every{d}']:.2%} (off the training thread)")
+            for d in (10, 100)
+        ]  # fmt: skip
     rows.append(
         (
             f"{model}: end-to-end step-time difference at δ = 10 (noise of a few %)",

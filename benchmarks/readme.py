@@ -47,6 +47,11 @@ REMEDIATION_GPT_MOE = ["--seeds", "33-39", "--healthy", "33-39"]  # every policy
 BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "spectra": (["--quick"], "spectra", "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], "overhead", "Monitor overhead per training step"),
+    "overhead_spectra_worker": (
+        ["--spectra-worker"],
+        "overhead",
+        "Monitor overhead per training step, attention spectra on a worker thread",
+    ),
     "overhead_gpt2-124m": (
         ["--model", "gpt2-124m", "--quick"],
         "overhead",
