@@ -143,21 +143,19 @@ def publish(
     """Produce ``event`` to the warnings topic, or ``topic`` (key: its run id); raise if it is
     not acknowledged by the broker within ``timeout`` s: a person must know their click did
     not land."""
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaException
 
-    from foreshock.transport.settings import RDKAFKA_LOG
+    from foreshock.transport.clients import topic_producer
 
     topic = topic or settings.warnings_topic
     errors: list[Any] = []
-    producer = Producer(
-        settings.librdkafka(
-            {
-                "acks": "all",
-                "allow.auto.create.topics": False,
-                "message.timeout.ms": int(timeout * 1000),
-            },
-            logger=RDKAFKA_LOG,
-        )
+    producer = topic_producer(
+        settings,
+        {
+            "acks": "all",
+            "allow.auto.create.topics": False,
+            "message.timeout.ms": int(timeout * 1000),
+        },
     )
     try:
         producer.produce(

@@ -83,16 +83,10 @@ class AckListener:
     ``wait(request_id, seconds)`` returns the trainer's ``action`` record for it, or None."""
 
     def __init__(self, settings: Any, timeout: float = 10.0) -> None:
-        from confluent_kafka import Consumer
+        from foreshock.transport.clients import topic_consumer
 
-        from foreshock.transport.settings import RDKAFKA_LOG
-
-        self.consumer = Consumer(
-            settings.librdkafka(
-                {"group.id": f"foreshock-act-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False},
-                logger=RDKAFKA_LOG,
-            )
-        )
+        group = f"foreshock-act-{uuid.uuid4().hex[:12]}"
+        self.consumer = topic_consumer(settings, {"group.id": group, "enable.auto.commit": False})
         try:
             ends = self._ends(settings.metrics_topic, timeout)
         except Exception as exc:  # the broker away, the topic missing: say so, in one line

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from foreshock.transport.checkpoint import Checkpoint, ReplayCursor
+from foreshock.transport.clients import topic_producer
 from foreshock.transport.consumer import MetricsConsumer
 from foreshock.transport.envelope import Consumed
 from foreshock.transport.service import as_config
 from foreshock.transport.service_loop import ServiceStats, run_service
-from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
+from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics, wait_for_topics
 
 from .config import DetectorConfig
@@ -121,8 +122,6 @@ class DetectorWorker:
         config: WorkerConfig | DetectorConfig | ProfileConfigs,
         **options: Any,
     ) -> None:
-        from confluent_kafka import Producer
-
         self.settings = settings
         self.config = config = as_config(WorkerConfig, config, options)
         self.telemetry = None  # first: a port in use fails before anything else is opened
@@ -137,11 +136,8 @@ class DetectorWorker:
         self.consumer = MetricsConsumer(
             settings, config.group_id, on_assign=self._on_assign, on_rewind=self._on_rewind
         )
-        self.producer = Producer(
-            settings.librdkafka(
-                {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False},
-                logger=RDKAFKA_LOG,
-            )
+        self.producer = topic_producer(
+            settings, {"acks": "all", "linger.ms": 20, "allow.auto.create.topics": False}
         )
         self.runs: dict[str, RunStreams] = {}
         self._ended: OrderedDict[str, RunStreams] = OrderedDict()  # oldest first

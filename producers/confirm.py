@@ -13,7 +13,7 @@ import collections
 import time
 from typing import Any
 
-from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
+from foreshock.transport.settings import KafkaSettings
 
 from .spool import SpooledMessage
 
@@ -50,11 +50,9 @@ def unconfirmed(
     """The messages of ``sent`` that ``group`` has not committed past within ``timeout`` s;
     none when the group has committed nothing here and no broker restart was seen (there is no
     sink to wait for)."""
-    from confluent_kafka import Consumer
+    from foreshock.transport.clients import topic_consumer
 
-    consumer = Consumer(
-        settings.librdkafka({"group.id": group, "enable.auto.commit": False}, logger=RDKAFKA_LOG)
-    )
+    consumer = topic_consumer(settings, {"group.id": group, "enable.auto.commit": False})
     deadline = time.monotonic() + timeout
     try:
         while (left := _past_committed(consumer, sent, broker_restarted)) and (

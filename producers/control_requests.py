@@ -43,7 +43,7 @@ from typing import Any
 
 from foreshock.transport.approvals import Allowlist, ApprovalError
 from foreshock.transport.control import ControlError, decode_request
-from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
+from foreshock.transport.settings import KafkaSettings
 
 __all__ = ["ControlRequests"]
 
@@ -151,8 +151,9 @@ class ControlRequests:
     def _consumer(self) -> Any:
         """A consumer of every partition of the control topic from its beginning (the topic
         made first if missing: the probe logs nothing while the broker is away)."""
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+        from foreshock.transport.clients import topic_consumer
         from foreshock.transport.topics import ensure_topics
 
         name = self.settings.control_topic
@@ -165,7 +166,7 @@ class ControlRequests:
             "enable.partition.eof": False,
             "auto.offset.reset": "earliest",
         }
-        consumer = Consumer(self.settings.librdkafka(config, logger=RDKAFKA_LOG))
+        consumer = topic_consumer(self.settings, config)
         partitions = range(topics.partitions[name])
         consumer.assign([TopicPartition(name, p, OFFSET_BEGINNING) for p in partitions])
         return consumer

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from foreshock.transport.settings import RDKAFKA_LOG, KafkaSettings
+from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
 from foreshock.transport.wire import MAX_MESSAGE_BYTES
 
@@ -245,12 +245,10 @@ class Sender:
             self.broker_restarted = self.broker_restarted or bool(self.replay)
         self.lost_brokers = False
         if self.producer is None:
-            from confluent_kafka import Producer
+            from foreshock.transport.clients import topic_producer
 
-            self.producer = Producer(
-                self.settings.librdkafka(
-                    PRODUCER_DEFAULTS, error_cb=self._on_error, logger=RDKAFKA_LOG
-                )
+            self.producer = topic_producer(
+                self.settings, PRODUCER_DEFAULTS, error_cb=self._on_error
             )
         return True
 

@@ -124,3 +124,19 @@ def test_the_floor_plan_has_no_cycle():
 
     for room in ARROWS:
         assert room not in below(room)
+
+
+RAW_CLIENTS = {"Producer", "Consumer", "AdminClient"}
+
+
+def test_no_raw_kafka_client_outside_transport():
+    """Kafka clients are built in one place (``transport/clients.py``; the admin client in
+    ``transport/topics.py``): a room that imports ``confluent_kafka``'s clients fails here."""
+    raw = []
+    for room, path in _files():
+        if room == "transport":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("confluent_"):
+                raw += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names]
+    assert [r for r in raw if r.split(": ")[1] in RAW_CLIENTS] == []
