@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .bands import BandStandardizer
 from .config import KINDS, DetectorConfig, SeriesRule
@@ -32,7 +32,24 @@ from .cusum import OneSidedCUSUM
 from .level import SustainedLevel
 from .standardize import LogRatioStandardizer, TrendStandardizer, WarmupStandardizer
 
-__all__ = ["BUILDERS", "Kind"]
+__all__ = ["BUILDERS", "Detector", "Kind"]
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """What a kind's detector is to the engine — river's drift-detector contract
+    (``tests/test_detector_contract.py``): ``update(x)`` with one residual, then
+    ``drift_detected`` (it crossed h at this update); ``statistic`` and ``peak`` (its largest,
+    held ``confirm`` records) in the residual's units, ``h`` the threshold."""
+
+    statistic: float
+    peak: float
+    h: float
+
+    def update(self, x: float) -> Any: ...
+
+    @property
+    def drift_detected(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,7 @@ class Kind:
     ``needs_band``) and ``detector(config, rule, direction, h)``."""
 
     standardizer: Callable[[DetectorConfig, Any], Any]
-    detector: Callable[[DetectorConfig, SeriesRule, str, float], Any]
+    detector: Callable[[DetectorConfig, SeriesRule, str, float], Detector]
     needs_band: bool = False
 
 
@@ -51,11 +68,11 @@ def _rate(c: DetectorConfig, band: Any) -> Any:
     return WarmupStandardizer(c.warmup_start, c.warmup_records)
 
 
-def _cusum(c: DetectorConfig, rule: SeriesRule, direction: str, h: float) -> Any:
+def _cusum(c: DetectorConfig, rule: SeriesRule, direction: str, h: float) -> Detector:
     return OneSidedCUSUM(direction, c.k, h, c.confirm_of(rule))
 
 
-def _sustained(c: DetectorConfig, rule: SeriesRule, direction: str, h: float) -> Any:
+def _sustained(c: DetectorConfig, rule: SeriesRule, direction: str, h: float) -> Detector:
     return SustainedLevel(direction, h, c.confirm_of(rule))
 
 

@@ -27,6 +27,7 @@ import foreshock.detectors
 from foreshock.detectors.bands import BandStandardizer
 from foreshock.detectors.cusum import OneSidedCUSUM
 from foreshock.detectors.divergence import LossDivergence
+from foreshock.detectors.kinds import BUILDERS
 from foreshock.detectors.level import SustainedLevel
 from foreshock.detectors.standardize import (
     LogRatioStandardizer,
@@ -160,6 +161,7 @@ NOT_DETECTORS = {
     "RunDetector": "a whole run's engine over a config, tested in test_detectors",
     "RunStreams": "a run's RunDetectors, one per rank, tested in test_per_rank",
     "ScheduleClock": "where a run's learning-rate schedule stands, tested in test_recipes",
+    "Detector": "the protocol every kind's detector meets (kinds.py), checked per kind below",
 }
 
 # Not a river ``base.Base`` yet, so no clone() and the default repr(); strict, so the
@@ -292,3 +294,16 @@ def test_reset_is_a_fresh_instance(spec: Spec) -> None:
 
 def test_the_drift_detectors_have_a_reset() -> None:
     assert {OneSidedCUSUM, SustainedLevel} <= {s.cls for s in RESETTABLE}
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_every_rule_kind_builds_a_detector_the_engine_can_read(kind):
+    """The engine reads a kind's detector only through the ``Detector`` protocol."""
+    from foreshock.detectors.config import DetectorConfig, SeriesRule
+    from foreshock.detectors.kinds import Detector
+
+    rule = SeriesRule("router.epsilon", "router", "down", kind=kind)
+    detector = BUILDERS[kind].detector(DetectorConfig(), rule, "down", 1.0)
+    assert isinstance(detector, Detector)
+    detector.update(-5.0)
+    assert isinstance(detector.drift_detected, bool) and detector.statistic >= 0
