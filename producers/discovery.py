@@ -276,26 +276,18 @@ def _norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
 
 
 def _mla_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
-    if isinstance(getattr(module, "kv_b_proj", None), nn.Module) and isinstance(
-        getattr(module, "kv_a_proj_with_mqa", None), nn.Module
-    ):
-        return _mla_spec(name, module)
-    return None
+    latent = [getattr(module, n, None) for n in ("kv_b_proj", "kv_a_proj_with_mqa")]
+    return _mla_spec(name, module) if all(isinstance(m, nn.Module) for m in latent) else None
 
 
 def _fused_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
-    for fused in _FUSED:
-        proj = getattr(module, fused, None)
-        if isinstance(proj, nn.Module):
-            return _fused_spec(name, module, proj)
-    return None
+    found = [p for f in _FUSED if isinstance(p := getattr(module, f, None), nn.Module)]
+    return _fused_spec(name, module, found[0]) if found else None
 
 
 def _query_key_value_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
     proj = getattr(module, "query_key_value", None)
-    if isinstance(proj, nn.Module):
-        return _query_key_value_spec(name, module, proj)
-    return None
+    return _query_key_value_spec(name, module, proj) if isinstance(proj, nn.Module) else None
 
 
 def _separate_layout(name: str, module: nn.Module) -> AttentionSpec | str | None:
