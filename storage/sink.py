@@ -39,7 +39,6 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +53,12 @@ from foreshock.transport.topics import wait_for_topics
 from .acks import event_key
 from .attempts import AttemptTracker
 from .held import HeldBatches
-from .location import RETAIN_HOURS, StoreLocation
+from .location import StoreLocation
 from .periodic import periodically
 from .retention import prune
 from .rows import BatchBuilder, RecordError
 from .second_writer import SecondWriterError, WriterLease, refuse_a_second_writer
+from .sink_config import SinkConfig
 from .sink_decoders import decode_dead_letter, decode_warning, header_int
 from .sink_stats import SinkStats
 from .store import DeltaStore, first_line
@@ -69,31 +69,6 @@ __all__ = ["MAX_HELD", "SecondWriterError", "SinkConfig", "StorageSink"]
 MAX_HELD = 1_000  # batches held for a table that fails (warnings-only ones hold no values)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SinkConfig:
-    """How a sink runs (``foreshock sink`` builds it from its flags and the settings file).
-
-    ``root``: the store (a folder, a URI, a :class:`StoreLocation`; None: the settings'
-    ``[store]``). Steps 1 and 5 above: ``batch_values``, ``max_wait``, ``compact_every``,
-    ``retention_days``, ``retain_hours``. ``metrics_port``: serve the sink's health at
-    ``http://metrics_host:PORT/metrics`` (:class:`~foreshock.telemetry.ServiceTelemetry`; 0
-    picks a free port; None: off).
-    """
-
-    root: str | Path | StoreLocation | None
-    group_id: str = "foreshock-sink"
-    writer_window: float = 600.0  # s: another group's commit this recent refuses the start
-    take_over: bool = False  # start although another group wrote within the window
-    batch_values: int = 500_000
-    hold_values: int = 5_000_000  # values held for a table that fails, before reading stops
-    max_wait: float = 1.0
-    compact_every: float = 30.0
-    retention_days: float | None = None
-    retain_hours: float = RETAIN_HOURS
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
 
 
 class StorageSink:
