@@ -123,6 +123,7 @@ class TrainerRemedies:
         self.ring = snapshots
         self.switched: dict[str, str] = {}  # attention layer -> its implementation now
         self.held: list[float] | None = None  # each group's held learning rate
+        self._schedule_ref: list[float] | None = None  # the scheduler's rates at the hold
         self._unheld: list[float] = []  # each group's rate the first hold scaled
         self._rates: deque[tuple[int, list[float]]] = deque(maxlen=RATE_HISTORY)
         self.router_scale = 1.0
@@ -163,10 +164,11 @@ class TrainerRemedies:
         return {n: self.switched[n] for n in names}
 
     def hold_lr(self, scale: float, since: int | None = None) -> list[float]:
-        base = self._rates_at(since)
-        self._unheld = self._unheld or base  # the rates the first hold scaled
+        base = self._rates_at(self._rise_start(since))
+        self._unheld = self._unheld or self._rates_at(since)  # the rates the first hold scaled
         floor = [HOLD_FLOOR * lr for lr in self._unheld]
         self.held = [max(scale * lr, low) for lr, low in zip(base, floor, strict=False)]
+        self._schedule_ref = self._schedule_rates()  # its own decay from here is followed
         self._apply_held()
         if not any(h[0] == "lr" for h in self._hooks):
             hook = self.optimizer.register_step_pre_hook(lambda *_: self._apply_held())
@@ -174,8 +176,8 @@ class TrainerRemedies:
         return self.held
 
     def hold_if_risen(self, since: int, rise: float) -> list[float] | None:
-        """Hold every group's rate at its value at step ``since`` if some group's rate at this
-        step (before any rollback restored older ones) exceeds ``rise`` × it; else None."""
+        """``hold_lr(1.0, since)`` if some group's rate at this step (before any rollback
+        restored older ones) exceeds ``rise`` × its rate at step ``since``; else None."""
         then = self._rates_at(since)
         now = self._rates[-1][1] if self._rates else self._group_rates()
         if not any(lr > rise * old for lr, old in zip(now, then, strict=False)):
@@ -232,12 +234,45 @@ class TrainerRemedies:
     def _apply_held(self) -> None:
         if self.held is None:
             return
-        for group, lr in zip(self.optimizer.param_groups, self.held, strict=False):
-            lr = min(lr, float(group["lr"]))  # a schedule decaying below the hold is followed
+        decay = self._schedule_decay()
+        for group, lr, d in zip(self.optimizer.param_groups, self.held, decay, strict=False):
+            lr = min(lr * d, float(group["lr"]))  # a schedule decaying below the hold: followed
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
+
+    def _rise_start(self, since: int | None) -> int | None:
+        """The step at which the rate rising into ``since`` began (``since`` itself where it
+        was not rising): a ramp is warned of after it began, and the rate before it is the
+        one to hold. Any group's rate strictly higher than the step before counts."""
+        if since is None:
+            return None
+        kept = [(step, rates) for step, rates in self._rates if step <= since]
+        start = since
+        for (_, rates), (previous, before) in zip(kept[::-1], kept[-2::-1], strict=False):
+            if not any(r > b for r, b in zip(rates, before, strict=False)):
+                break
+            start = previous
+        return start
+
+    def _schedule_rates(self) -> list[float] | None:
+        """The scheduler's own rate per group (``get_last_lr``), else None."""
+        scheduler = self.state.scheduler
+        try:
+            rates = scheduler.get_last_lr() if scheduler is not None else None
+            return [float(r) for r in rates] if rates else None
+        except Exception:  # a scheduler without it, or not stepped yet
+            return None
+
+    def _schedule_decay(self) -> list[float]:
+        """Per group, min(1, the scheduler's rate now / at the hold): the hold decays with the
+        schedule (a WSD or cosine decay still runs under a hold; a schedule rising is not
+        followed). 1 without a scheduler."""
+        ref, now = self._schedule_ref, self._schedule_rates()
+        if not ref or not now:
+            return [1.0] * len(self.optimizer.param_groups)
+        return [min(1.0, n / r) if r > 0 else 1.0 for n, r in zip(now, ref, strict=False)]
 
     def _keep_routers(self) -> None:
         self._before = [p.detach().clone() for p in self._routers]

@@ -323,29 +323,49 @@ def test_a_hold_scales_the_rate_from_when_the_evidence_began():
         RemedyPolicy(hold_from="peak")
 
 
-def test_a_trainer_holds_the_rate_its_schedule_had_at_the_evidence():
-    """Through a real optimizer and scheduler (a ramp ×1.1 a step): the held rate is
-    0.5 × the rate at step 20, the floor is a share of that rate, and no scheduler step
-    undoes the hold."""
-    from foreshock.producers.trainer_remedies import HOLD_FLOOR, TrainerRemedies
+def _ramp_then_decay(step: int) -> float:
+    """Flat for 10 steps, ×1.1 a step to step 45 (a ramp), then decaying to 1 % by step 60."""
+    if step < 10:
+        return 1.0
+    top = 1.1 ** (min(step, 45) - 10)
+    return top if step <= 45 else top * max(0.01, 1 - (step - 45) / 15)
+
+
+def _trained(lam, steps: int = 40):
+    from foreshock.producers.trainer_remedies import TrainerRemedies
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.1**step)
-    remedies = TrainerRemedies(model, optimizer, ramp)
-    for step in range(40):
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
+    remedies = TrainerRemedies(model, optimizer, schedule)
+    for step in range(steps):
         remedies.before_step(step)
         optimizer.step()
-        ramp.step()
-    at_20 = 0.01 * 1.1**20
-    assert remedies.hold_lr(0.5, since=20) == pytest.approx([0.5 * at_20], rel=1e-9)
-    remedies.before_step(40)
+        schedule.step()
+    remedies.before_step(steps)
+    return remedies, optimizer, schedule
+
+
+def test_a_trainer_holds_the_rate_from_before_the_ramp_that_the_evidence_caught():
+    """Through a real optimizer and scheduler: evidence at step 20 of a ramp that began at
+    step 10 holds 0.5 × the rate before the ramp (a ramp is caught after it began: holding
+    the ramped rate left HF runs 0.2 nats above the healthy band); no scheduler step raises
+    it; a flat schedule holds its own rate; the floor is a share of the rate at the evidence."""
+    from foreshock.producers.trainer_remedies import HOLD_FLOOR
+
+    remedies, optimizer, schedule = _trained(_ramp_then_decay)
+    assert remedies.hold_lr(0.5, since=20) == pytest.approx([0.5 * 0.01], rel=1e-9)
     optimizer.step()
-    ramp.step()
+    schedule.step()
     remedies.before_step(41)
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * at_20, rel=1e-9)
-    assert remedies.hold_lr(1e-9, since=41) == pytest.approx([HOLD_FLOOR * at_20], rel=1e-9)
-    remedies.close()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.01, rel=1e-9)
+    at_41 = 0.01 * 1.1**31
+    assert remedies.hold_lr(1e-9, since=41) == pytest.approx([HOLD_FLOOR * 0.01 * 1.1**10])
+    assert at_41 > 0.01
+    flat, _, _ = _trained(lambda step: 1.0)
+    assert flat.hold_lr(0.5, since=20) == pytest.approx([0.005], rel=1e-9)
+    for r in (remedies, flat):
+        r.close()
 
 
 def test_the_lab_holds_the_faulted_factor_it_had_when_the_evidence_began():
@@ -401,35 +421,20 @@ def test_a_mechanisms_remedy_also_holds_a_rate_that_rose_since_the_evidence(rise
     assert hold.calls == [("hold", 0.5)]
 
 
-def test_a_trainer_holds_a_risen_rate_where_the_evidence_began_and_follows_a_decay():
-    """Through a real optimizer: a rate ×1.1 a step has risen past 1.25× its value 10 steps
-    back, so it is held there; a flat rate has not, and nothing is held. Once held, a schedule
-    decaying below the held rate is followed (a WSD decay still decays)."""
-    from foreshock.producers.trainer_remedies import TrainerRemedies
-
-    def trained(lam, steps=40):
-        model = torch.nn.Linear(2, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
-        remedies = TrainerRemedies(model, optimizer, schedule)
-        for step in range(steps):
-            remedies.before_step(step)
-            optimizer.step()
-            schedule.step()
-        remedies.before_step(steps)
-        return remedies, optimizer, schedule
-
-    flat, _, _ = trained(lambda step: 1.0)
+def test_a_trainer_holds_a_risen_rate_from_before_the_rise_and_follows_the_schedules_decay():
+    """A rate 1.1× a step since step 10 has risen past 1.25× its value at step 30: it is held
+    at the rate before the rise; a flat rate has not risen and nothing is held. Once held, the
+    schedule's own decay (WSD's, cosine's) is followed: the held rate × (the scheduler's rate
+    now / at the hold)."""
+    flat, _, _ = _trained(lambda step: 1.0)
     assert flat.hold_if_risen(30, 1.25) is None and flat.held is None
-    rising, _, _ = trained(lambda step: 1.1**step)
-    assert rising.hold_if_risen(30, 1.25) == pytest.approx([0.01 * 1.1**30], rel=1e-9)
-    up_then_down = lambda step: 1.1**step if step < 45 else 1e-4  # noqa: E731
-    decaying, optimizer, schedule = trained(up_then_down)
-    decaying.hold_if_risen(30, 1.25)
-    for step in range(40, 50):
+    rising, optimizer, schedule = _trained(_ramp_then_decay)
+    assert rising.hold_if_risen(30, 1.25) == pytest.approx([0.01], rel=1e-9)
+    for step in range(40, 55):
         optimizer.step()
         schedule.step()
-        decaying.before_step(step + 1)
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 1e-4, rel=1e-9)
-    for remedies in (flat, rising, decaying):
+        rising.before_step(step + 1)
+    decayed = _ramp_then_decay(55) / _ramp_then_decay(40)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * decayed, rel=1e-6)
+    for remedies in (flat, rising):
         remedies.close()

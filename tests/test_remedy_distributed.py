@@ -197,11 +197,12 @@ def test_every_rank_applies_rank_zeros_actions_at_the_same_step(tmp_path: Path) 
         assert rank["digests"][str(ACTED)] != rank["digests"][str(ACTED - 1)]
     assert zero["digests"][str(back)] != one["digests"][str(back)]  # shards of their own
 
-    # the learning rate held on both ranks: half the schedule's at the warning's first evidence
+    # the learning rate held on both ranks: half the rate before the ramp the evidence caught
+    # began (this schedule ramps from step 0), not below the floor (0.1 × the rate at since)
     scheduled = [1e-3 * (1.0 + s / 10) for s in range(ACTED)]
     since = zero["actions"][0]["detail"]["since"]
     assert back <= since < ACTED
-    held = 0.5 * 1e-3 * (1.0 + since / 10)
+    held = max(0.5 * 1e-3, 0.1 * 1e-3 * (1.0 + since / 10))
     for rank in (zero, one):
         assert rank["lrs"][:ACTED] == pytest.approx(scheduled, rel=1e-12)
         assert rank["lrs"][ACTED:] == pytest.approx([held] * (STOPPED - ACTED), rel=1e-12)
