@@ -23,11 +23,17 @@ healthy runs (``foreshock`` only) the runs with an automatic action.
 
     python -m benchmarks.hf_remediation --quick   # 1 seed, 2 healthy per arch
     python -m benchmarks.hf_remediation           # 3 fault seeds, 10 healthy per arch
+
+``--policies foreshock --merge OLD.json`` trains only foreshock's runs and takes every other
+run from an earlier result's last line (the runs of the other policies never construct a
+remedy, so a change to the remedies leaves them as they were; foreshock's healthy runs with no
+action likewise, and they are retrained all the same).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import statistics
@@ -141,12 +147,24 @@ def _held_out_loss(model: Any, block: int) -> float | None:
     return round(value, 4) if math.isfinite(value) else None
 
 
-def jobs(seeds: int, healthy: int, archs: tuple[str, ...]) -> list[tuple[str, str, int, str]]:
+def jobs(
+    seeds: int, healthy: int, archs: tuple[str, ...], policies: tuple[str, ...] = POLICIES
+) -> list[tuple[str, str, int, str]]:
     out = [(a, "healthy", s, "foreshock") for a in archs for s in range(100, 100 + healthy)]
+    out = out if "foreshock" in policies else []
     for arch in archs:
         for scenario in FAULTS:
-            out += [(arch, scenario, s, p) for s in range(seeds) for p in POLICIES]
+            out += [(arch, scenario, s, p) for s in range(seeds) for p in policies]
     return out
+
+
+def merged(runs: list[dict[str, Any]], earlier: Path) -> list[dict[str, Any]]:
+    """``runs`` over an earlier result's runs (its last line), by (arch, scenario, seed,
+    policy)."""
+    old = json.loads(earlier.read_text().strip().splitlines()[-1])
+    key = lambda r: (r["arch"], r["scenario"], r["seed"], r["policy"])  # noqa: E731
+    fresh = {key(r) for r in runs}
+    return [r for r in old.get("result", old)["runs"] if key(r) not in fresh] + runs
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -202,14 +220,19 @@ def main() -> None:
     parser.add_argument("--healthy", type=int, default=10)
     parser.add_argument("--archs", default=",".join(ARCHS))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--policies", default=",".join(POLICIES), help="the policies to train")
+    parser.add_argument("--merge", type=Path, help="take the other runs from this result")
     args = parser.parse_args()
     seeds, healthy = (1, 2) if args.quick else (args.seeds, args.healthy)
-    todo = jobs(seeds, healthy, tuple(args.archs.split(",")))
+    policies = tuple(args.policies.split(","))
+    todo = jobs(seeds, healthy, tuple(args.archs.split(",")), policies)
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         runs = []
         for run in pool.map(train, todo):
             runs.append(run)
             print(f"[{len(runs)}/{len(todo)}] {run}", file=sys.stderr, flush=True)
+    if args.merge is not None:
+        runs = merged(runs, args.merge)
     rows = summarise(runs)
     print(format_table(list(rows[0]), [list(r.values()) for r in rows]))
     emit_json({"benchmark": "hf_remediation", "steps": STEPS, "rows": rows, "runs": runs})
