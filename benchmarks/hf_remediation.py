@@ -17,9 +17,10 @@ lab's, injected into the training computation by a callback before foreshock's:
   the schedule the Trainer's scheduler sets.
 
 Per architecture, scenario and policy: runs, diverged (the project's rule, the callback's end
-record), saved (of the runs that diverged with no action, those that did not diverge with the
-policy and ended with a held-out loss within the healthy runs' range), actions, and for the
-healthy runs (``foreshock`` only) the runs with an automatic action.
+record); of the seeds that diverged with no action, those kept from diverging, those saved
+(kept from diverging and ending with a held-out loss within the healthy runs' range: at most
+their highest), and the median held-out loss above (or below) that highest [nats/token];
+actions, and for the healthy runs (``foreshock`` only) the runs with an automatic action.
 
     python -m benchmarks.hf_remediation --quick   # 1 seed, 2 healthy per arch
     python -m benchmarks.hf_remediation           # 3 fault seeds, 10 healthy per arch
@@ -173,7 +174,10 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         healthy = [r for r in runs if r["arch"] == arch and r["scenario"] == "healthy"]
         losses = [r["held_out_loss"] for r in healthy if r["held_out_loss"] is not None]
         ceiling = max(losses, default=math.inf)
-        rows.append(_row(arch, "healthy", "foreshock", healthy, None))
+        rows.append(
+            {**_row(arch, "healthy", "foreshock", healthy, None), "not diverged": "-",
+             "held-out above healthy max": None}
+        )  # fmt: skip
         for scenario in FAULTS:
             of = [r for r in runs if r["arch"] == arch and r["scenario"] == scenario]
             needing = {r["seed"] for r in of if r["policy"] == "none" and r["divergence_step"]}
@@ -185,7 +189,14 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     for r in judged
                     if r["divergence_step"] is None and (r["held_out_loss"] or math.inf) <= ceiling
                 ]
-                rows.append(_row(arch, scenario, policy, mine, f"{len(saved)}/{len(judged)}"))
+                row = _row(arch, scenario, policy, mine, f"{len(saved)}/{len(judged)}")
+                row["not diverged"] = f"{sum(r['divergence_step'] is None for r in judged)}/"
+                row["not diverged"] += str(len(judged))
+                gaps = [(r["held_out_loss"] or math.inf) - ceiling for r in judged]
+                row["held-out above healthy max"] = (
+                    round(statistics.median(gaps), 4) if gaps else None
+                )
+                rows.append(row)
     return rows
 
 
@@ -206,11 +217,22 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             f"{r['arch']}, {r['scenario']}, {r['policy']}",
-            f"{r['diverged']}/{r['runs']} diverged; saved {r['saved']}; "
-            f"{r['runs with an action']} runs with an action (profile {r['profile']})",
+            f"{r['diverged']}/{r['runs']} diverged; of those that diverged with no action: "
+            f"{r['not diverged']} kept from diverging, saved {r['saved']} (median held-out loss "
+            f"{_gap(r['held-out above healthy max'])} the healthy runs' highest); "
+            f"{r['runs with an action']} runs with an action (profile {r['profile']})"
+            if r["scenario"] != "healthy"
+            else f"{r['diverged']}/{r['runs']} diverged; {r['runs with an action']} runs with an "
+            f"action (profile {r['profile']})",
         )
         for r in result["rows"]
     ]
+
+
+def _gap(gap: float | None) -> str:
+    if gap is None or not math.isfinite(gap):
+        return "n/a vs"
+    return f"{abs(gap):.4f} nats {'above' if gap > 0 else 'below'}"
 
 
 def main() -> None:
