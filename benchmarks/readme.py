@@ -47,6 +47,11 @@ REMEDIATION_GPT_MOE = ["--seeds", "33-39", "--healthy", "33-39"]  # every policy
 BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
     "spectra": (["--quick"], "spectra", "Compressed-core speedup (Δ2 spectra)"),
     "overhead": ([], "overhead", "Monitor overhead per training step"),
+    "randomized_spectra": (
+        [],
+        "randomized_spectra",
+        "Randomized spectra (torch.svd_lowrank) against the exact Gram route at d = 768-4096",
+    ),
     "overhead_spectra_worker": (
         ["--spectra-worker"],
         "overhead",
