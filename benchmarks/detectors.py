@@ -58,8 +58,8 @@ def _publish(settings: KafkaSettings, messages: list[tuple[bytes, bytes]]) -> No
 def _work(args: tuple[KafkaSettings, str, float]) -> dict[str, Any]:
     import threading
 
-    from foreshock.detectors.commands import default_config
     from foreshock.detectors.worker import DetectorWorker
+    from foreshock.operate.detect_commands import default_config
 
     settings, group, idle = args
     worker = DetectorWorker(settings, default_config(), group_id=group)

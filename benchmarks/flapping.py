@@ -24,10 +24,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.profiles import choose_profile
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import RECORDED_DIR, RecordedRun, load_run, shipped_runs
+from foreshock.operate.detect_commands import default_config
 
 from ._table import emit_json, format_table
 

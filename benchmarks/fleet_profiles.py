@@ -66,10 +66,10 @@ class Fleet:
     """Broker, worker and sink, each in a thread of its own, on one store."""
 
     def __init__(self, store: Path) -> None:
-        from foreshock.detectors import profile_builder as pb
         from foreshock.detectors.profiles import merged, shipped_profiles
         from foreshock.detectors.registry import profiles_folder
         from foreshock.detectors.worker import DetectorWorker
+        from foreshock.operate import profile_builder as pb
         from foreshock.storage.sink import StorageSink
         from foreshock.transport.broker import EmbeddedBroker
         from foreshock.transport.topics import ensure_topics
@@ -126,7 +126,7 @@ class Fleet:
 
     def wait_stored(self, run_id: str, timeout: float = 120.0) -> None:
         """Until the store holds the run as ended and its warnings came to rest."""
-        from foreshock.detectors.profile_groups import fleet_runs
+        from foreshock.operate.profile_groups import fleet_runs
 
         deadline = time.monotonic() + timeout
         while not any(r.run_id == run_id and r.ended for r in fleet_runs(self.store)):
@@ -137,7 +137,7 @@ class Fleet:
 
     def wait_profile(self, timeout: float = 60.0) -> str | None:
         """The newest profile published, once the worker judges new runs by it."""
-        from foreshock.detectors import profile_builder as pb
+        from foreshock.operate import profile_builder as pb
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -213,7 +213,7 @@ def run_group(fleet: Fleet, group: str) -> dict[str, Any]:
 
 
 def summary(result: dict[str, Any], store: Path) -> dict[str, Any]:
-    from foreshock.detectors import profile_builder as pb
+    from foreshock.operate import profile_builder as pb
 
     after = result["rows"][result["published_after"] or len(result["rows"]) :]
     faults = [r for r in after if r["scenario"] != "healthy"]

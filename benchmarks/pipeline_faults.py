@@ -116,8 +116,8 @@ def stored_counts(store: Path) -> dict[str, Any]:
 
 def expected_events(names: tuple[str, ...]) -> set[tuple]:
     """The warning events an undisturbed pipeline gives: the offline replay, same config."""
-    from foreshock.detectors.commands import default_config
     from foreshock.detectors.replay import replay_run
+    from foreshock.operate.detect_commands import default_config
 
     config, out = default_config(), set()
     for name in names:

@@ -195,8 +195,8 @@ def rule_reach(run_id: str) -> tuple[str | None, dict[str, str]]:
 
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=64)
 def _rule_reach(store: str, versions: tuple, run_id: str) -> tuple[str | None, dict[str, str]]:
-    from foreshock.detectors.commands import default_config
     from foreshock.detectors.streams import RunStreams
+    from foreshock.operate.detect_commands import default_config
 
     with _pinned(store, versions) as history:
         start, records, _ = queries.run_records(history, run_id)
@@ -246,8 +246,8 @@ def profiles() -> dict[str, Any]:
 
 @st.cache_data(ttl=KEEP, show_spinner=False, max_entries=8)
 def _profiles(store: str, versions: tuple) -> dict[str, Any]:
-    from foreshock.detectors import profile_builder as pb
-    from foreshock.detectors.profile_groups import by_signature, fleet_runs
+    from foreshock.operate import profile_builder as pb
+    from foreshock.operate.profile_groups import by_signature, fleet_runs
 
     in_force, lineage = pb.in_force(store), pb.lineage(store)
     models = []

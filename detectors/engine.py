@@ -46,9 +46,9 @@ from .attribution import cause_of, role
 from .bands import INFLATION_METRIC
 from .collisions import Collisions
 from .config import MECHANISMS, OPTIMIZER_TEST, DetectorConfig
-from .cusum import OneSidedCUSUM
 from .divergence import LossDivergence
 from .inflation import WeightInflation
+from .kinds import Detector
 from .profiles import ProfileConfigs, choose_profile
 from .rewind import Rewind, restore
 from .schedule_clock import ScheduleClock, departure, settle_floor
@@ -302,9 +302,7 @@ class RunDetector:
                 settle_floor(series.standardizer)
         return series
 
-    def _open_alert(
-        self, series: Series, direction: str, cusum: OneSidedCUSUM, step: int
-    ) -> RunWarning:
+    def _open_alert(self, series: Series, direction: str, cusum: Detector, step: int) -> RunWarning:
         """Open a warning; the run's first mechanism warning names its cause
         (:mod:`~foreshock.detectors.attribution`: the whole record is read by now)."""
         family = series.family

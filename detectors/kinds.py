@@ -39,10 +39,12 @@ __all__ = ["BUILDERS", "Detector", "Kind"]
 class Detector(Protocol):
     """What a kind's detector is to the engine — river's drift-detector contract
     (``tests/test_detector_contract.py``): ``update(x)`` with one residual, then
-    ``drift_detected`` (it crossed h at this update); ``statistic`` and ``peak`` (its largest,
-    held ``confirm`` records) in the residual's units, ``h`` the threshold."""
+    ``drift_detected`` (it crossed h at this update) and ``in_alarm`` (above h now);
+    ``statistic``, ``sustained`` (its least over the last ``confirm`` records) and ``peak`` (the
+    largest sustained) in the residual's units, ``h`` the threshold."""
 
     statistic: float
+    sustained: float
     peak: float
     h: float
 
@@ -50,6 +52,9 @@ class Detector(Protocol):
 
     @property
     def drift_detected(self) -> bool: ...
+
+    @property
+    def in_alarm(self) -> bool: ...
 
 
 @dataclass(frozen=True)

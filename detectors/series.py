@@ -34,8 +34,7 @@ from foreshock.transport.records import parse_series_key
 
 from .bands import BandStandardizer, band_key
 from .config import DetectorConfig
-from .cusum import OneSidedCUSUM
-from .kinds import BUILDERS
+from .kinds import BUILDERS, Detector
 from .standardize import (
     LogTrendStandardizer,
     TrailingLogTrendStandardizer,
@@ -70,12 +69,12 @@ class Series:
     module: str | None
     kind: str
     standardizer: Standardizer
-    cusums: dict[str, OneSidedCUSUM]
+    cusums: dict[str, Detector]
     recent: deque[tuple[int, Any, float]] = field(default_factory=lambda: deque(maxlen=6))
 
 
 # A detector that fired on a record: (its series, its direction, the detector).
-Fired = tuple[Series, str, OneSidedCUSUM]
+Fired = tuple[Series, str, Detector]
 
 
 def build_series(key: str, config: DetectorConfig, unruled: dict[str, str]) -> Series | None:

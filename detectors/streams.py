@@ -55,7 +55,8 @@ class RunStreams:
         self._live: set[int] = set()  # ranks that wrote and have not ended
         # up to ``keep`` messages kept while the fallback judges the run, for a switch to a
         # profile published later (:mod:`.profile_switch`)
-        self._keep, self.kept = keep, []  # type: list[dict[str, Any]]
+        self._keep = keep
+        self.kept: list[dict[str, Any]] = []
 
     def update(self, message: dict[str, Any]) -> list[RunWarning]:
         events = self._update(message)

@@ -71,7 +71,7 @@ class WorkerConfig:
     runs' detectors are kept (newest), so that a run preempted gracefully and resumed
     carries on warm instead of starting cold. ``build_profiles``: called in a thread of its
     own ``build_after`` seconds after runs ended (``foreshock detect --store``: the store's
-    profile builder, :mod:`~foreshock.detectors.profile_builder`); it returns the ids of the
+    profile builder, :mod:`~foreshock.operate.profile_builder`); it returns the ids of the
     runs the store holds as ended, and a run it does not yet (the sink lags) is tried again
     ``build_after`` later. A profile it publishes is loaded at once, for the runs that start
     after it.

@@ -18,11 +18,11 @@ from typing import Any
 
 from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
-from foreshock.detectors.approver_commands import add_approver_commands
-from foreshock.detectors.commands import add_detector_commands
-from foreshock.detectors.profiles_commands import add_profiles_commands
-from foreshock.detectors.warnings_commands import add_warnings_commands
 from foreshock.notify.commands import add_notify_commands
+from foreshock.operate.approver_commands import add_approver_commands
+from foreshock.operate.detect_commands import add_detector_commands
+from foreshock.operate.profiles_commands import add_profiles_commands
+from foreshock.operate.warnings_commands import add_warnings_commands
 from foreshock.producers.commands import add_producer_commands
 from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
@@ -295,7 +295,7 @@ def _add_smoke(sub: argparse._SubParsersAction) -> None:
 
 def _import_runs(args: argparse.Namespace) -> int:
     """``store import`` (storage's command, the detectors' replay: wired here, above both)."""
-    from foreshock.detectors.store_runs import import_runs
+    from foreshock.operate.store_runs import import_runs
 
     return import_runs(args)
 

@@ -164,7 +164,8 @@ def attention_inputs(
 
 def solve_attention(jobs: list[tuple[Any, ...]], config: Any) -> list[Chunk]:
     """The spectra of ``attention_inputs``' jobs (any thread: they read only the copies)."""
-    return [_group_chunk(*job, config) for job in jobs]
+    return [_group_chunk(g, q_now, q_before, k_now, k_before, config)
+            for g, q_now, q_before, k_now, k_before in jobs]  # fmt: skip
 
 
 def _group_chunk(

@@ -14,7 +14,7 @@ dozen string keys, where a misspelt key was a silent None.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,7 @@ def requested_warning(request: Mapping[str, Any], family: str, step: int) -> Run
     )  # fmt: skip
 
 
-def opened(family: str, module: str | None, recent: list[int] = ()) -> RunWarning:
+def opened(family: str, module: str | None, recent: Sequence[int] = ()) -> RunWarning:
     """A warning as the detectors open it, its evidence at ``recent`` steps (for examples)."""
     evidence = {"recent": [[s, 1.0, 1.0] for s in recent]} if recent else {}
     step = max(recent, default=450)

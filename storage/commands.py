@@ -301,7 +301,7 @@ def add_storage_commands(
 ) -> None:
     """``foreshock sink``, ``store …`` and ``report``. ``store import`` replays the runs' warnings
     through the detectors, a room above this one: the CLI hands its handler in
-    (:func:`foreshock.detectors.store_runs.import_runs`)."""
+    (:func:`foreshock.operate.store_runs.import_runs`)."""
     sink = sub.add_parser("sink", help="store the metrics, warnings and dead letters (Kafka)")
     sink.add_argument(
         "--store",

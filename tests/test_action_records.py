@@ -10,13 +10,13 @@ import jsonschema
 import pytest
 from test_wire import SCHEMA
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.detectors.streams import RunStreams
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.notify.payloads import summary
+from foreshock.operate.detect_commands import default_config
+from foreshock.operate.store_runs import store_recorded_runs
 from foreshock.producers.remedy import REMEDIES, Action, action_record
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.acks import warning_states

@@ -19,7 +19,7 @@ import pytest
 from conftest import require_tool
 from test_compose import COMPOSE, COMPOSE_ENV, ROOT, depends_of, env_of, listeners
 
-import foreshock.detectors.remedy_requests as remedy_requests
+import foreshock.operate.remedy_requests as remedy_requests
 import foreshock.producers.control_requests as control_requests
 from foreshock.cli import build_parser
 from foreshock.producers.kafka_sink import KafkaSinkConfig

@@ -14,9 +14,9 @@ from streamlit.testing.v1 import AppTest
 
 from foreshock.cli import main
 from foreshock.dashboard.text import WORD_JOINER
-from foreshock.detectors.commands import default_config
-from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import shipped_runs
+from foreshock.operate.detect_commands import default_config
+from foreshock.operate.store_runs import store_recorded_runs
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore

@@ -14,10 +14,10 @@ from streamlit.testing.v1 import AppTest
 from foreshock.dashboard import charts
 from foreshock.dashboard.text import WORD_JOINER, block, html_text, md_code, md_text, plot_text
 from foreshock.detectors import registry
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
-from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.detect_commands import default_config
+from foreshock.operate.store_runs import store_recorded_runs
 from foreshock.storage import queries
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore

@@ -26,9 +26,9 @@ import pytest
 from conftest import require_tool
 from test_dashboard import _path, seed_history
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.lab.recorded import load_run
+from foreshock.operate.detect_commands import default_config
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
 from foreshock.transport.broker import free_port

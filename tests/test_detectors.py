@@ -46,7 +46,7 @@ def calibrated() -> DetectorConfig:
 
 @pytest.mark.slow
 def test_shipped_config_is_this_calibration(calibrated):
-    from foreshock.detectors.commands import default_config
+    from foreshock.operate.detect_commands import default_config
 
     assert default_config().configs["gpt-moe"].version == calibrated.version
 

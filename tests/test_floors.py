@@ -19,7 +19,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("producers", "transport", "detectors", "notify", "storage", "dashboard", "lab")
+FOLDERS = (
+    "producers",
+    "transport",
+    "detectors",
+    "operate",
+    "notify",
+    "storage",
+    "dashboard",
+    "lab",
+)
 ROOF = {"cli", "demo", "harness", "services"}  # foreshock/<name>.py; the rest: ground
 
 ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cycle)
@@ -27,16 +36,17 @@ ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cy
     "transport": {"ground"},  # the wire, the record format, run files, the consumer
     "notify": {"transport"},
     "storage": {"ground", "transport"},
-    "detectors": {"ground", "transport", "storage"},  # tune reads the store
+    "detectors": {"ground", "transport", "storage"},  # profiles and the registry in the store
+    "operate": {"ground", "transport", "storage", "detectors"},  # commands, tuning, the builder
     "producers": {"ground", "transport", "detectors"},  # the integrations run the detectors
     "lab": {"ground", "transport", "producers", "detectors"},
-    "dashboard": {"ground", "storage", "detectors"},
+    "dashboard": {"ground", "storage", "detectors", "operate"},
     "roof": {
         "ground",
         "transport",
         "notify",
         "producers",
-        "detectors",
+        "operate",
         "storage",
         "lab",
         "dashboard",

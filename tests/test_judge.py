@@ -13,9 +13,9 @@ from benchmarks.detection_table import _judge as table_judge
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.judge import UNKNOWN, judge
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.tune import StoredRun
-from foreshock.detectors.tune_score import verdicts
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.tune import StoredRun
+from foreshock.operate.tune_score import verdicts
 
 CALIBRATED = Path(__file__).parents[1] / "detectors" / "calibrated" / "gpt-moe.json"
 

@@ -435,8 +435,8 @@ def test_tune_publishes_into_a_store_on_s3_and_detectors_load_it_from_there(loca
     from foreshock.detectors import registry
     from foreshock.detectors.config import DetectorConfig
     from foreshock.detectors.profiles import load_profiles, save_profile
-    from foreshock.detectors.store_runs import store_recorded_runs
     from foreshock.lab.recorded import shipped_runs
+    from foreshock.operate.store_runs import store_recorded_runs
 
     names = [f"healthy-s{s}" for s in range(6)] + ["fa-lowprec-s1", "lr-high-s1"]
     paths = [p for p in shipped_runs() if p.name.split(".")[0] in names]

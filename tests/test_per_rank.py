@@ -22,11 +22,11 @@ import pyarrow as pa
 import pytest
 from _kafka import read_warnings
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.replay import replay
-from foreshock.detectors.tune import replay_messages
 from foreshock.harness import recorded_run
+from foreshock.operate.detect_commands import default_config
+from foreshock.operate.tune import replay_messages
 from foreshock.storage import queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder

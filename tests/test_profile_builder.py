@@ -12,9 +12,9 @@ import time
 import pytest
 
 from foreshock.cli import main
-from foreshock.detectors import profile_builder as pb
-from foreshock.detectors.profile_groups import by_signature, fleet_runs
 from foreshock.lab.recorded import RECORDED_DIR
+from foreshock.operate import profile_builder as pb
+from foreshock.operate.profile_groups import by_signature, fleet_runs
 
 LLAMA = RECORDED_DIR / "llama"
 HEALTHY = [str(LLAMA / f"llama-healthy-s{seed}.jsonl.gz") for seed in range(12)]
@@ -136,8 +136,8 @@ def test_a_bad_policy_is_refused_and_off_builds_nothing(tmp_path):
 def test_the_worker_builds_after_runs_end_and_again_for_a_run_not_yet_stored(kafka_settings):
     """The hook: ``build_profiles`` runs in its own thread ``build_after`` s after a run
     ended; a run the store did not hold as ended yet is tried again."""
-    from foreshock.detectors.commands import default_config
     from foreshock.detectors.worker import DetectorWorker
+    from foreshock.operate.detect_commands import default_config
     from foreshock.transport.envelope import Consumed
 
     calls, stored = [], [set()]

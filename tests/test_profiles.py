@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from foreshock.detectors.calibrate import calibrate_profile
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.config import BAND_RULES, DetectorConfig
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.profiles import ZERO_SHOT, ProfileConfigs
@@ -18,6 +17,7 @@ from foreshock.lab.recorded import (
     seed_spans,
     shipped_runs,
 )
+from foreshock.operate.detect_commands import default_config
 
 FOLDERS = {
     "gpt-moe": RECORDED_DIR,

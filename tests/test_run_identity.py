@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from _kafka import service_env
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.engine import RunDetector
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.detect_commands import default_config
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.attempts import AttemptTracker
 from foreshock.storage.reader import open_history

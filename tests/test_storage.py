@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from _delta import commit_lands_then_fails_once, records_batch
 
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.store_runs import store_recorded_runs
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.detect_commands import default_config
+from foreshock.operate.store_runs import store_recorded_runs
 from foreshock.storage import migrations, queries, stream_queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.retention import export_query, export_run, prune

@@ -20,9 +20,9 @@ from foreshock.detectors.registry import (
     rollback,
 )
 from foreshock.detectors.replay import replay_run
-from foreshock.detectors.store_runs import store_recorded_runs
-from foreshock.detectors.tune import TuneError, load_runs, replay_messages, tune
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.store_runs import store_recorded_runs
+from foreshock.operate.tune import TuneError, load_runs, replay_messages, tune
 from foreshock.storage.store import DeltaStore
 
 RUNS = (

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from foreshock.cli import main
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.make_profile import MIN_HEALTHY_RUNS, ProfileError, make_profile
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.signatures import lab_signature
 from foreshock.lab.recorded import RECORDED_DIR, load_run
+from foreshock.operate.detect_commands import default_config
 
 MIXTRAL = RECORDED_DIR / "mixtral"
 FAULTS = ("fa-lowprec", "lr-high")

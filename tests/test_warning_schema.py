@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 
 from foreshock.detectors.alerts import action_event
-from foreshock.detectors.commands import default_config
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
+from foreshock.operate.detect_commands import default_config
 from foreshock.storage.schema import TABLES
 from foreshock.transport import warning
 from foreshock.transport.warning import (

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foreshock.catalogue import MECHANISMS
-
-from .signatures import describe, same_model, signature_of
+from foreshock.detectors.signatures import describe, same_model, signature_of
 
 __all__ = ["FleetRun", "SignatureGroup", "by_signature", "fleet_runs", "load_replayable"]
 

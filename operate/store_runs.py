@@ -12,13 +12,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.profiles import ProfileConfigs
+from foreshock.detectors.replay import replay_run
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
 from foreshock.transport.run_files import load_run
-
-from .config import DetectorConfig
-from .profiles import ProfileConfigs
-from .replay import replay_run
 
 if TYPE_CHECKING:
     from foreshock.storage.location import StoreLocation
@@ -65,7 +64,7 @@ def import_runs(args: argparse.Namespace) -> int:
     a blend)."""
     from foreshock.storage.commands import location_of
 
-    from .commands import default_config
+    from .detect_commands import default_config
 
     try:
         ids = [load_run(path).run_id for path in args.runs]

@@ -1,6 +1,6 @@
 """How ``foreshock tune`` scores one grid point, and the rule that chooses among the points.
 
-Why apart from the search (:mod:`foreshock.detectors.tune`): the search calibrates and replays;
+Why apart from the search (:mod:`foreshock.operate.tune`): the search calibrates and replays;
 what it then measures is a contract with whoever reads a tune report — the per-family figures
 are the report's ``points[].families`` (the dashboard's Tuning page plots them) and
 :data:`RULE` is the sentence the report quotes — so both live here, with the sort key that
@@ -31,8 +31,8 @@ from typing import Any
 
 import polars as pl
 
-from .judge import judge
-from .replay import RunReport
+from foreshock.detectors.judge import judge
+from foreshock.detectors.replay import RunReport
 
 __all__ = ["RULE", "families", "family_table", "score", "verdicts"]
 

@@ -47,7 +47,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _same(signature: dict[str, Any], signatures: list[dict[str, Any]]) -> bool:
-    from .signatures import same_model
+    from foreshock.detectors.signatures import same_model
 
     return any(same_model(signature, s) for s in signatures)
 

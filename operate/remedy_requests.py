@@ -85,8 +85,10 @@ class AckListener:
     def __init__(self, settings: Any, timeout: float = 10.0) -> None:
         from foreshock.transport.clients import topic_consumer
 
-        group = f"foreshock-act-{uuid.uuid4().hex[:12]}"
-        self.consumer = topic_consumer(settings, {"group.id": group, "enable.auto.commit": False})
+        self.consumer = topic_consumer(
+            settings,
+            {"group.id": f"foreshock-act-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False},
+        )
         try:
             ends = self._ends(settings.metrics_topic, timeout)
         except Exception as exc:  # the broker away, the topic missing: say so, in one line
@@ -133,9 +135,8 @@ def act(args: argparse.Namespace, warning: dict[str, Any], settings: Any) -> int
     """Publish the request for ``warning`` (a stored warning's state), signed with the
     approver's key (``--key`` or ``FORESHOCK_APPROVER_KEY``); with ``args.wait``, wait for the
     trainer's answer. Returns the exit code (see the module docstring)."""
+    from foreshock.detectors.alerts import publish
     from foreshock.transport.approvals import sign
-
-    from .alerts import publish
 
     if warning.get("event") == "cleared":
         print(f"foreshock warnings: warning {warning['id']} is resolved already", file=sys.stderr)

@@ -8,13 +8,19 @@ import json
 import sys
 from pathlib import Path
 
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.make_profile import MIN_HEALTHY_RUNS
+from foreshock.detectors.profiles import (
+    ProfileConfigs,
+    load_profiles,
+    merged,
+    shipped_profiles,
+    with_live,
+)
+from foreshock.detectors.registry import profiles_folder
+from foreshock.detectors.signatures import describe
 from foreshock.table import format_table
 
-from .config import DetectorConfig
-from .make_profile import MIN_HEALTHY_RUNS
-from .profiles import ProfileConfigs, load_profiles, merged, shipped_profiles, with_live
-from .registry import profiles_folder
-from .signatures import describe
 from .tune_commands import add_tune_command, profiles_folder_of, selection
 
 __all__ = ["add_detector_commands", "default_config"]
@@ -37,7 +43,7 @@ def _detect_config(
     with ``--store``, the profiles published there beside either."""
     if args.store is None:
         return _load_config(args.detector_config)
-    from .registry import live_config
+    from foreshock.detectors.registry import live_config
 
     config = live_config(args.store)
     published = load_profiles(profiles_folder(args.store))
@@ -53,7 +59,7 @@ def _detect_config(
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .replay import replay
+    from foreshock.detectors.replay import replay
 
     config = _detect_config(args)
     try:
@@ -121,9 +127,8 @@ def _profile_note(report) -> str:
 
 
 def _live(args: argparse.Namespace) -> int:
+    from foreshock.detectors.worker import DetectorWorker, WorkerConfig
     from foreshock.transport.service import config_from_args, serve
-
-    from .worker import DetectorWorker, WorkerConfig
 
     reload = build = switched = None
     if args.store is not None:  # the store's profiles as they are now, and its builder
@@ -154,9 +159,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     """A profile from healthy runs (files, or a store's runs selected by label): bands,
     thresholds and the optimizer test (``make_profile``), published by ``--name`` beside
     the shipped profiles, or written to ``--out``."""
-    from .make_profile import ProfileError, make_profile, recipes_of
-    from .profiles import save_profile
-    from .replay import replay_run
+    from foreshock.detectors.make_profile import ProfileError, make_profile, recipes_of
+    from foreshock.detectors.profiles import save_profile
+    from foreshock.detectors.replay import replay_run
 
     try:
         runs = _healthy_runs(args)

@@ -6,7 +6,7 @@ and send a person's event (:func:`foreshock.detectors.alerts.action_event`) to t
 topic, where the sink stores it with who and when and the notifier tells the receivers. Who is
 ``--by``, or the login name. The command returns once the broker has the event: the store and
 the receivers follow within seconds. ``act`` finds the warning the same way and asks the
-running trainer to act on it (:mod:`foreshock.detectors.remedy_requests`).
+running trainer to act on it (:mod:`foreshock.operate.remedy_requests`).
 """
 
 from __future__ import annotations
@@ -156,12 +156,11 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _person_event(args: argparse.Namespace) -> int:
+    from foreshock.detectors.alerts import action_event, publish
     from foreshock.storage.acks import find_warning
     from foreshock.storage.reader import open_history
     from foreshock.storage.store import store_exists
     from foreshock.transport.settings import load_settings
-
-    from .alerts import action_event, publish
 
     kind = "acknowledged" if args.warnings_command == "ack" else "silenced"
     location = _location(args)

@@ -11,7 +11,7 @@ For each point of a small grid of detector parameters (k, confirm, trend_beta by
 thresholds are calibrated on the calibration runs with leave-one-out margins
 (:mod:`foreshock.detectors.calibrate`) and every judged run is replayed once. Each point gets
 per-family figures (detection, false warnings, lead, attribution) and the point the rule
-ranks first is chosen (:mod:`foreshock.detectors.tune_score`: the figures, the rule).
+ranks first is chosen (:mod:`foreshock.operate.tune_score`: the figures, the rule).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from foreshock.catalogue import SCENARIOS
+from foreshock.detectors.calibrate import calibrate, leave_one_out_margin, uncalibrated
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.replay import RunReport
+from foreshock.detectors.streams import RunStreams
 
-from .calibrate import calibrate, leave_one_out_margin, uncalibrated
-from .config import DetectorConfig
-from .replay import RunReport
-from .streams import RunStreams
 from .tune_score import RULE, families, score, verdicts
 
 __all__ = [
@@ -156,7 +156,7 @@ def _selected(run: StoredRun, select: Mapping[str, str]) -> bool:
 
 
 def _shared_signature(runs: Sequence[StoredRun]) -> dict[str, Any] | None:
-    from .make_profile import ProfileError, one_model
+    from foreshock.detectors.make_profile import ProfileError, one_model
 
     try:
         return one_model(runs)
@@ -272,7 +272,7 @@ def tune(
     select: Mapping[str, str] | None = None,
 ) -> TuneResult:
     """Choose detector parameters on a store's runs (the rule:
-    :data:`~foreshock.detectors.tune_score.RULE`).
+    :data:`~foreshock.operate.tune_score.RULE`).
 
     ``held_out``: the healthy seeds kept out of calibration (default: seed % 3 == 0);
     ``base``: the rules and other parameters the grid varies (default: the built-in ones);

@@ -50,14 +50,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foreshock.catalogue import MECHANISMS
+from foreshock.detectors.judge import judge
+from foreshock.detectors.make_profile import MIN_HEALTHY_RUNS, make_profile, recipes_of
+from foreshock.detectors.profiles import (
+    ProfileConfigs,
+    load_profiles,
+    merged,
+    save_profile,
+    shipped_profiles,
+)
+from foreshock.detectors.registry import REGISTRY, profiles_folder
+from foreshock.detectors.replay import replay_run
+from foreshock.detectors.signatures import same_model
 
-from .judge import judge
-from .make_profile import MIN_HEALTHY_RUNS, make_profile, recipes_of
 from .profile_groups import SignatureGroup, by_signature, fleet_runs, load_replayable
-from .profiles import ProfileConfigs, load_profiles, merged, save_profile, shipped_profiles
-from .registry import REGISTRY, profiles_folder
-from .replay import replay_run
-from .signatures import same_model
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -117,7 +123,7 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
-        from .config import DetectorConfig
+        from foreshock.detectors.config import DetectorConfig
 
         config = {k: v for k, v in data["config"].items() if k != "version"}
         return cls(**{**data, "config": DetectorConfig.from_dict(config)})

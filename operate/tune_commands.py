@@ -1,6 +1,6 @@
 """``foreshock tune``: choose a detector config on a store's runs, publish it (and a named
 profile) to the store's registry. Its table and its flags; the search itself is
-:mod:`foreshock.detectors.tune` (no torch)."""
+:mod:`foreshock.operate.tune` (no torch)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import json
 import sys
 from pathlib import Path
 
+from foreshock.detectors.config import DetectorConfig
+from foreshock.detectors.registry import profiles_folder
 from foreshock.storage.store_files import StoreFiles
 from foreshock.table import format_table
-
-from .config import DetectorConfig
-from .registry import profiles_folder
 
 __all__ = ["add_tune_command", "profiles_folder_of", "selection"]
 
@@ -96,7 +95,8 @@ def _tune_table(report: dict) -> str:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .registry import RegistryError, history, publish, rollback
+    from foreshock.detectors.registry import RegistryError, history, publish, rollback
+
     from .tune import DEFAULT_GRID, TuneError, tune
 
     try:
@@ -152,7 +152,7 @@ def selection(items: list[str]) -> dict[str, str]:
 def _publish_profile(args: argparse.Namespace, config: DetectorConfig, report: dict) -> str:
     """``tune --name``: the tuned config as a named profile of the one model it was tuned
     on, beside the shipped ones (``--select`` picks that model's runs from a mixed store)."""
-    from .profiles import save_profile
+    from foreshock.detectors.profiles import save_profile
 
     signature = report["signature"]
     if signature is None:
