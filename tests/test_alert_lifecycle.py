@@ -18,7 +18,7 @@ from _kafka import publish_recorded, service_env
 from confluent_kafka import Consumer, TopicPartition
 from test_notify import DASH, Receiver, _closed_port, _event, _produce
 
-from foreshock.detectors import alerts, warnings_commands
+from foreshock.detectors import alerts
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.worker import DetectorWorker
@@ -26,6 +26,7 @@ from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.notify.notifier import Notifier, NotifyConfig
 from foreshock.notify.signing import verify
 from foreshock.notify.targets import Target, notify_targets
+from foreshock.operate import warnings_commands
 from foreshock.operate.detect_commands import default_config
 from foreshock.storage import acks
 from foreshock.storage.acks import warning_states

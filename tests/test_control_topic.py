@@ -17,7 +17,8 @@ import pytest
 from _kafka import service_env
 from test_notify import _closed_port, _event
 
-from foreshock.detectors import alerts, warnings_commands
+from foreshock.detectors import alerts
+from foreshock.operate import warnings_commands
 from foreshock.producers.control_requests import ControlRequests
 from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.producers.remedy import Remediator, RemedyPolicy, action_record
