@@ -48,7 +48,10 @@ from ._table import emit_json, format_table
 
 STEPS, ONSET, BATCH, PEAK, EVERY = 1200, 240, 16, 1e-3, 25
 ARCHS = ("qwen2-moe", "qwen2")
-POLICIES = ("none", "foreshock", "zclip", "clip-1.0", "spam")
+POLICIES = ("none", "foreshock", "foreshock-rollback", "zclip", "clip-1.0", "spam")
+# foreshock's variants: the default policy; the same, every action restoring the newest
+# snapshot before the warning's first evidence first (``rollback = true``)
+FORESHOCK = {"foreshock": {}, "foreshock-rollback": {"rollback": True}}
 FAULTS = ("fa-lowprec", "lr-high")
 
 
@@ -81,7 +84,7 @@ def _callbacks(scenario: str, policy: str, lab: Any, path: Path) -> tuple[list[A
                 params = [p for p in kw["model"].parameters() if p.requires_grad]
                 guard.before_step(params, kw["optimizer"])
 
-    remedy = RemedyPolicy() if policy == "foreshock" else None
+    remedy = RemedyPolicy(**FORESHOCK[policy]) if policy in FORESHOCK else None
     foreshock = ForeshockCallback(path, run_id=f"{scenario}-{policy}", every=EVERY, remedy=remedy)
     return [Inject(), foreshock], foreshock
 
@@ -121,7 +124,8 @@ def train(job: tuple[str, str, int, str]) -> dict[str, Any]:
         trainer.train()
         run = load_run(path)
     end = run.end or {}
-    actions = [a["kind"] for a in (end.get("remedy") or {}).get("actions", []) if a["applied"]]
+    remedy = end.get("remedy") or {}
+    applied = [a for a in remedy.get("actions", []) if a["applied"]]
     return {
         "arch": arch,
         "scenario": scenario,
@@ -129,7 +133,9 @@ def train(job: tuple[str, str, int, str]) -> dict[str, Any]:
         "policy": policy,
         "profile": foreshock.feed.detector.profile.name if foreshock.feed.detector else None,
         "divergence_step": end.get("divergence_step"),
-        "actions": actions,
+        "actions": [a["kind"] for a in applied],
+        "acted_at": [[a["step"], a.get("rolled_back_to")] for a in applied],
+        "steps_redone": remedy.get("steps_redone", 0),
         "held_out_loss": _held_out_loss(lab.model, config.block_size),
     }
 
@@ -162,7 +168,11 @@ def jobs(
 def merged(runs: list[dict[str, Any]], earlier: Path) -> list[dict[str, Any]]:
     """``runs`` over an earlier result's runs (its last line), by (arch, scenario, seed,
     policy)."""
-    old = json.loads(earlier.read_text().strip().splitlines()[-1])
+    text = earlier.read_text().strip()
+    try:  # a stored result (benchmarks/results/), else a run's output (its last line)
+        old = json.loads(text)
+    except json.JSONDecodeError:
+        old = json.loads(text.splitlines()[-1])
     key = lambda r: (r["arch"], r["scenario"], r["seed"], r["policy"])  # noqa: E731
     fresh = {key(r) for r in runs}
     return [r for r in old.get("result", old)["runs"] if key(r) not in fresh] + runs
