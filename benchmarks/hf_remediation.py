@@ -47,6 +47,7 @@ from typing import Any
 from ._table import emit_json, format_table
 
 STEPS, ONSET, BATCH, PEAK, EVERY = 1200, 240, 16, 1e-3, 25
+DATA = STEPS * 3 // 2  # batches in the dataset
 ARCHS = ("qwen2-moe", "qwen2")
 POLICIES = ("none", "foreshock", "foreshock-rollback", "zclip", "clip-1.0", "spam")
 # foreshock's variants: the default policy; the same, every action restoring the newest
@@ -106,7 +107,9 @@ def train(job: tuple[str, str, int, str]) -> dict[str, Any]:
     config = default_model(arch)
     lab = build(arch, config)
     batches = ByteBatches(stdlib_bytes(), config.block_size, BATCH, seed=seed)
-    data = [{"input_ids": x, "labels": x} for _ in range(STEPS) for x in batches.next()[0]]
+    # more batches than the run's steps: a rollback's steps re-done lengthen it (the callback's
+    # ``extend_horizon``), as they would a user's run on a dataset longer than max_steps
+    data = [{"input_ids": x, "labels": x} for _ in range(DATA) for x in batches.next()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.jsonl"
         callbacks, foreshock = _callbacks(scenario, policy, lab, path)

@@ -363,6 +363,12 @@ class Monitor(Registration):
         d = self.discovery
         return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)
 
+    def forget_weights(self) -> None:
+        """Older weights were restored (a rollback): a ΔW from the last snapshot would span
+        the jump back, not training. The next monitoring step snapshots afresh and measures
+        no ΔW, as the first one does."""
+        self._snapshots.clear()
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the monitoring (``checkpoint_state``), saved with the
         model's; ``load_state_dict`` on resume (the HF and Lightning callbacks do both)."""

@@ -325,8 +325,12 @@ def _causes(monitor: Monitor) -> tuple[str, ...]:
 class RemedyHooks:
     """What a framework callback keeps of the remediation (``remedy=``): the runner, built
     at the first step boundary (when the trainer's optimizer exists), once; never raises.
-    Its settings (``precise``, ``snapshot_every``, ``snapshots``: 0 for none kept in memory)
-    may be changed until then: ``callback.remedy.precise = "eager"``; ``checkpoints``: the
+    Its settings (``precise``, ``snapshot_every``, ``snapshots``: 0 for none kept in memory;
+    ``extend_horizon``: a rollback lengthens the trainer's run by the steps it undid, so the run
+    still makes its ``max_steps`` updates and its schedule, rewound with the weights, still
+    ends where it was set to — without it a rollback at step s of N back r steps ends the run
+    with the schedule at N − r, its decay unfinished) may be changed until then:
+    ``callback.remedy.precise = "eager"``; ``checkpoints``: the
     trainer's own (:mod:`.trainer_checkpoints`), which the callback finds where it saves
     them. ``feed``: the callback's in-process detectors, where an applied action resolves its
     warning (:meth:`take_updates` for the trackers)."""
@@ -341,8 +345,10 @@ class RemedyHooks:
         self.feed = feed
         self.runner: Remediation | None = None
         self.precise, self.snapshot_every, self.snapshots = PRECISE, 100, 3
+        self.extend_horizon = True
         self.checkpoints: Any = None
         self._tried = False
+        self._redone = 0  # the steps re-done that a callback has extended its horizon by
 
     def before_step(self, monitor: Monitor | None, step: int, setup: Callable[[], Any]) -> None:
         """Before training step ``step``; ``setup()`` gives (optimizer, lr_scheduler, model)."""
@@ -380,6 +386,15 @@ class RemedyHooks:
             return False
         self.runner.at_boundary(step, update.events if update is not None else ())
         return self.runner.stopped
+
+    def take_extension(self) -> int:
+        """The steps the rollbacks undid since the last call, by which the callback extends
+        its trainer's horizon (0 with ``extend_horizon`` off)."""
+        if self.runner is None:
+            return 0
+        redone = self.runner.remedies.redone
+        more, self._redone = redone - self._redone, redone
+        return more if self.extend_horizon else 0
 
     def take_updates(self) -> list[TrackerUpdate]:
         """What the trackers get of the warnings the actions resolved since the last call

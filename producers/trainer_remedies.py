@@ -35,7 +35,9 @@ boundary is and turns ``stop`` into its own flag.
 * ``rollback(step)``: the newest state older than ``step`` restored — an in-memory snapshot
   (model, optimizer, scheduler; bit for bit) or the trainer's own checkpoint
   (:mod:`.trainer_checkpoints`), whichever is newer; the data go on as the trainer would (the
-  batches since are not seen again), the steps re-done are counted.
+  batches since are not seen again), the steps re-done are counted (``redone``: a callback
+  extends its trainer's horizon by them) and the Monitor forgets its ΔW snapshot (the next
+  ΔW would span the jump back).
 """
 
 from __future__ import annotations
@@ -210,6 +212,8 @@ class TrainerRemedies:
         restored = newest.restore_before(before, self.model, self.state)
         if restored is not None:
             self.redone += max(0, self.step - restored)
+            if self.monitor is not None:  # its ΔW would span the jump back
+                self.monitor.forget_weights()
         return restored
 
     def close(self) -> None:

@@ -74,9 +74,15 @@ def lab_mixtral() -> Any:
 
 
 def hf_train(
-    tmp_path: Path, model: Any, *callbacks: Any, steps: int = STEPS, **arguments: Any
+    tmp_path: Path,
+    model: Any,
+    *callbacks: Any,
+    steps: int = STEPS,
+    data: int = STEPS,
+    **arguments: Any,
 ) -> Any:
-    """Train ``model`` with the Trainer; ``arguments`` override its TrainingArguments."""
+    """Train ``model`` with the Trainer for ``steps`` updates, on ``data`` steps' batches;
+    ``arguments`` override its TrainingArguments."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
     args = transformers.TrainingArguments(
@@ -95,9 +101,9 @@ def hf_train(
             **arguments,
         }
     )
-    data = [{"input_ids": t, "labels": t} for t in Tokens(steps * BATCH, SEQ, 256)]
+    batches = [{"input_ids": t, "labels": t} for t in Tokens(max(steps, data) * BATCH, SEQ, 256)]
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=data, callbacks=list(callbacks)
+        model=model, args=args, train_dataset=batches, callbacks=list(callbacks)
     )
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     verbosity = transformers.logging.get_verbosity()
@@ -154,10 +160,16 @@ def captured(model: Any, optimizer: Any) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extend", [True, False])
+def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(
+    tmp_path: Path, extend: bool
+) -> None:
     """rollback = true: at the boundary after the warning, the model and the Trainer's
     optimizer are what they were at the newest snapshot before the warning's first evidence,
-    tensor for tensor; training then goes on to its last step, the steps re-done counted."""
+    tensor for tensor; training then goes on, the steps re-done counted. The horizon grows by
+    them (``extend_horizon``, the default), so the linear schedule, rewound with the weights,
+    still reaches its end; off, the run stops at ``max_steps`` with the schedule short of it.
+    The first monitoring record after the rollback measures no ΔW (it would span the jump)."""
     transformers = pytest.importorskip("transformers")
     from foreshock.producers.integrations.huggingface import ForeshockCallback
 
@@ -183,10 +195,13 @@ def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(tmp_path
     policy = RemedyPolicy(rollback=True, actions={"attention-numerics": "hold-lr"})
     callback = ForeshockCallback(path, every=EVERY, warnings=plumbing_config(), remedy=policy)
     callback.remedy.snapshot_every = EVERY
+    callback.remedy.extend_horizon = extend
     recorder = Recorder()
-    trainer = hf_train(tmp_path, transformers.LlamaForCausalLM(config), callback, recorder)
+    model = transformers.LlamaForCausalLM(config)
+    trainer = hf_train(
+        tmp_path, model, callback, recorder, data=2 * STEPS, lr_scheduler_type="linear"
+    )
 
-    assert trainer.state.global_step == STEPS
     [record] = actions_in(path)
     back = record["rolled_back_to"]
     assert record["applied"] and back is not None and back < WARNED
@@ -194,6 +209,12 @@ def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(tmp_path
     assert not same(recorder.after["model"], recorder.at[WARNED // EVERY * EVERY]["model"])
     assert same(recorder.after["optimizer"]["state"], recorder.at[back]["optimizer"]["state"])
     assert end_of(path)["remedy"]["steps_redone"] == ACTED - back
+    assert trainer.state.global_step == STEPS + (ACTED - back if extend else 0)
+    scheduled = trainer.lr_scheduler.get_last_lr()[0]  # linear to 0 at its STEPS-th step
+    assert (scheduled == pytest.approx(0.0, abs=1e-9)) == extend
+    records = [r["values"] for r in lines(path) if "values" in r and r["step"] >= ACTED]
+    assert not any(k.startswith("attn.dwq") for k in records[0])
+    assert any(k.startswith("attn.dwq") for k in records[1])
 
 
 # ---- Lightning: the learning rate held against the schedule; stop -----------------------

@@ -244,6 +244,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         self._report(args, state, control, kwargs)
         if self.remedy.at_boundary(state.global_step, update):  # acts before the next update
             control.should_training_stop = True
+        state.max_steps += self.remedy.take_extension()  # a rollback's steps, trained again
         for resolved in self.remedy.take_updates():  # the warnings its actions resolved
             self._pending = resolved
             self._report(args, state, control, kwargs)

@@ -209,6 +209,7 @@ class _ForeshockHooks(RunAccess):
             self._report(trainer, update)
         if self.remedy.at_boundary(step, update):  # the scheduler has stepped: a boundary
             trainer.should_stop = True
+        _extend(trainer, self.remedy.take_extension())  # a rollback's steps, trained again
         for resolved in self.remedy.take_updates():  # the warnings its actions resolved
             if self._trackers:
                 self._report(trainer, resolved)
@@ -357,3 +358,10 @@ def _logger_run_name(trainer: Any) -> str | None:
         return None
     version = version if isinstance(version, str) else f"version_{version}"
     return f"{getattr(logger, 'name', None) or 'lightning'}-{version}"
+
+
+def _extend(trainer: Any, steps: int) -> None:
+    """Lengthen a step-bounded fit by ``steps`` (an epoch-bounded one ends with its data)."""
+    loop = trainer.fit_loop.epoch_loop
+    if steps and loop.max_steps != -1:
+        loop.max_steps += steps
