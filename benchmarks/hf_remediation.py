@@ -161,7 +161,7 @@ def jobs(
     seeds: int, healthy: int, archs: tuple[str, ...], policies: tuple[str, ...] = POLICIES
 ) -> list[tuple[str, str, int, str]]:
     out = [(a, "healthy", s, "foreshock") for a in archs for s in range(100, 100 + healthy)]
-    out = out if "foreshock" in policies else []
+    out = out if set(FORESHOCK) & set(policies) else []
     for arch in archs:
         for scenario in FAULTS:
             out += [(arch, scenario, s, p) for s in range(seeds) for p in policies]
