@@ -365,8 +365,7 @@ class Monitor(Registration):
 
     def forget_weights(self) -> None:
         """Older weights were restored (a rollback): a ΔW from the last snapshot would span
-        the jump back, not training. The next monitoring step snapshots afresh and measures
-        no ΔW, as the first one does."""
+        the jump back. The next monitoring step measures none, as the first one does."""
         self._snapshots.clear()
 
     def state_dict(self) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from test_remedy_integrations import lightning_callback, lightning_fit, small_tr
 
 from foreshock.producers import remedy_ranks
 from foreshock.producers.monitor import MonitorConfig
-from foreshock.producers.remediation import Remediation, RemedyHooks
+from foreshock.producers.remediation import Remediation
 from foreshock.producers.remedy import Remediator, RemedyPolicy
+from foreshock.producers.remedy_hooks import RemedyHooks
 from foreshock.producers.remedy_ranks import RemedyRanks
 from foreshock.producers.snapshots import SnapshotRing
 from foreshock.producers.trainer_remedies import TrainerRemedies

@@ -156,7 +156,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         **config_options: Any,
     ) -> None:
         # here, not above: it imports torch, and a missing extra must fail on the framework
-        from foreshock.producers.remediation import RemedyHooks
+        from foreshock.producers.remedy_hooks import RemedyHooks
 
         self.feed = TrackerFeed(warnings)
         self.remedy = RemedyHooks(remedy, warnings, self.feed)

@@ -127,7 +127,7 @@ class _ForeshockHooks(RunAccess):
     ) -> None:
         super().__init__()
         # here, not above: it imports torch, and a missing extra must fail on the framework
-        from foreshock.producers.remediation import RemedyHooks
+        from foreshock.producers.remedy_hooks import RemedyHooks
 
         self.feed = TrackerFeed(warnings)
         self.remedy = RemedyHooks(remedy, warnings, self.feed)
