@@ -101,8 +101,8 @@ def train(job: tuple[str, int, int, int]) -> dict[str, Any]:
     import transformers
 
     from foreshock.detectors.config import DetectorConfig
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
-    from foreshock.producers.remedy import DEFAULT_ACTIONS, RemedyPolicy
+    from foreshock.integrations.huggingface import ForeshockCallback
+    from foreshock.remediation.remedy import DEFAULT_ACTIONS, RemedyPolicy
     from foreshock.transport.run_files import load_run
 
     variant, seed, steps, at = job

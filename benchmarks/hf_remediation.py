@@ -61,10 +61,10 @@ def _callbacks(scenario: str, policy: str, lab: Any, path: Path) -> tuple[list[A
     rates foreshock keeps are the faulted ones."""
     import transformers
 
+    from foreshock.integrations.huggingface import ForeshockCallback
     from foreshock.lab.anchors import ANCHORS, anchor
     from foreshock.lab.faults import Fault
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
-    from foreshock.producers.remedy import RemedyPolicy
+    from foreshock.remediation.remedy import RemedyPolicy
 
     fault = Fault.default(scenario, onset=ONSET, ramp=300) if scenario != "healthy" else None
     layers = list(lab.attention.values())

@@ -59,7 +59,7 @@ def timed_step(model: torch.nn.Module, ids: torch.Tensor) -> float:
 
 
 def measure(repeats: int) -> dict[str, float]:
-    from foreshock.producers.integrations.hf_attention import record_max_logit
+    from foreshock.producers.hf_attention import record_max_logit
 
     plain, wrapped = tiny_mixtral(), tiny_mixtral()
     monitor = Monitor(wrapped, ListSink(), run_id="bench", config=MonitorConfig(every=1000))

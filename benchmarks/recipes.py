@@ -12,7 +12,7 @@ detectors as the worker would (:func:`~foreshock.detectors.profiles.shipped_prof
 profile is chosen by signature and recipe), judged by :mod:`~foreshock.detectors.judge`:
 
 * healthy runs: mechanism false warnings per run and per 10,000 steps, and the actions the
-  default remediation policy would take on them (:class:`~foreshock.producers.remedy.Remediator`
+  default remediation policy would take on them (:class:`~foreshock.remediation.remedy.Remediator`
   deciding on every warning in order);
 * faults (fa-lowprec, lr-high, router-collapse where the model routes; onset at 20 %, 50 % and
   80 % of the horizon, most under cosine decay): warned before the divergence with a right
@@ -43,8 +43,8 @@ from foreshock.detectors.judge import judge
 from foreshock.detectors.profiles import shipped_profiles
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.schedule_clock import ScheduleClock
-from foreshock.producers.remedy import Remediator, RemedyPolicy
 from foreshock.recipe import Recipe
+from foreshock.remediation.remedy import Remediator, RemedyPolicy
 from foreshock.transport.run_files import load_run
 
 from ._table import emit_json, format_table, median

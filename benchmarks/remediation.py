@@ -5,7 +5,7 @@ run.run_lab`, the product's training loop with the Monitor:
 
 * ``none``: no action;
 * ``foreshock``: the default policy acting on the warnings of the detectors run in the training
-  process (:mod:`foreshock.lab.remedies`, :mod:`foreshock.producers.remedy`: the shipped
+  process (:mod:`foreshock.lab.remedies`, :mod:`foreshock.remediation.remedy`: the shipped
   profiles, as ``foreshock detect --replay`` would warn) — the cause's remedy; before a router
   action, the newest snapshot before the warning's first evidence restored;
 * ``foreshock-hold``: the same without that rollback (the routers' learning rate held from the
@@ -65,7 +65,7 @@ from foreshock.lab.faults import Fault, default_capacity
 from foreshock.lab.loss_trigger import LossTriggerPolicy
 from foreshock.lab.recorded import RECORDED_DIR, load_run, shipped_runs
 from foreshock.lab.run import RunConfig, run_lab
-from foreshock.producers.remedy import (
+from foreshock.remediation.remedy import (
     DEFAULT_ACTIONS,
     FAULT_DIRECTION,
     RemedyPolicy,

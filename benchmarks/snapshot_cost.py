@@ -1,7 +1,7 @@
 """What a rollback costs: the snapshot ring's host memory and the time to take and restore one.
 
 A remedy that rolls back (``rollback = true``, or the loss-triggered baseline) keeps a ring of
-in-memory snapshots (:class:`foreshock.producers.snapshots.SnapshotRing`): each one a copy of
+in-memory snapshots (:class:`foreshock.remediation.snapshots.SnapshotRing`): each one a copy of
 the model's and the optimizer's state. Per model: its parameters, the bytes one snapshot holds
 (AdamW: parameters + two moments ≈ 3× the parameters' bytes), the ring's bytes at capacity,
 and the median wall time of taking one and of restoring one (ms) — paid once every ``every``
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from foreshock.lab.arch import build, default_model
-from foreshock.producers.snapshots import SnapshotRing
+from foreshock.remediation.snapshots import SnapshotRing
 
 from ._table import emit_json, format_table, single_thread
 

@@ -26,7 +26,7 @@ from typing import Any
 from foreshock.catalogue import scenario as catalogue_scenario
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import shipped_runs
-from foreshock.producers.remedy import DEFAULT_ACTIONS, Remediator, RemedyPolicy
+from foreshock.remediation.remedy import DEFAULT_ACTIONS, Remediator, RemedyPolicy
 
 from ._table import emit_json, format_table
 from .zero_shot import GROUPS, calibration_runs, load_group, zero_shot_without

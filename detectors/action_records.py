@@ -2,7 +2,7 @@
 
 A trainer that acts on a warning — by its policy or at a person's request (``foreshock
 warnings act``) — writes an ``action`` record in its run's stream
-(:func:`foreshock.producers.remedy.action_record`). Once the cause is removed the statistic
+(:func:`foreshock.remediation.remedy.action_record`). Once the cause is removed the statistic
 that warned may take hundreds of steps to fall back under its threshold, or never (a learning
 rate held lower does not bring a drifted entropy back); left open, the warning would keep
 paging about something already handled. So an *applied* action resolves the warning it names

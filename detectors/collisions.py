@@ -5,7 +5,7 @@ Why a warning of its own: the records of a stray attempt
 live run — but a person must hear that a second job (an evaluation reusing the run id, a
 launch script run twice) writes under it, once, on the run page and the fleet page, and
 with what it is: family ``collision``, role ``collision``, not a mechanism, never acted on
-(:mod:`foreshock.producers.remedy` acts on causes only), and no part of any detection
+(:mod:`foreshock.remediation.remedy` acts on causes only), and no part of any detection
 figure. One opens per stray attempt, at the live run's step; it is resolved when the run
 ends, or when the stray turns out to be the replacement after all (the live attempt fell
 silent: it took over).

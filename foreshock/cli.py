@@ -73,7 +73,7 @@ def _policy(value: str | None) -> Any:
     """``--remedy``: none, ``default`` (the default policy) or a policy file."""
     if value is None:
         return None
-    from foreshock.producers.remedy import RemedyPolicy
+    from foreshock.remediation.remedy import RemedyPolicy
 
     return RemedyPolicy() if value == "default" else RemedyPolicy.from_file(value)
 

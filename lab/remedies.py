@@ -1,4 +1,4 @@
-"""The lab's trainer side of a remedy policy (:mod:`foreshock.producers.remedy`).
+"""The lab's trainer side of a remedy policy (:mod:`foreshock.remediation.remedy`).
 
 The lab trains with its faults switched on in the training computation; a remedy acts on that
 same computation, as a trainer would on its own:
@@ -13,7 +13,7 @@ same computation, as a trainer would on its own:
   warning (a router-only fault keeps the routers in their own group, the faulted one, so this
   is ``hold_lr`` on it; with one group for the whole model it is refused);
 * ``stop()``: training stops at the next step boundary (the run ends ``stopped``);
-* ``rollback(step)``: the newest snapshot (:class:`~foreshock.producers.snapshots.
+* ``rollback(step)``: the newest snapshot (:class:`~foreshock.remediation.snapshots.
   SnapshotRing`) before ``step`` is restored and the run goes on from that step (the loop
   truncates its loss history and rewinds the schedule, as a checkpoint restore does); the data
   go on from where they were (the batches since the snapshot are not replayed).
@@ -23,7 +23,7 @@ The same hooks carry the baseline a remedy is judged against: loss-triggered rol
 right fix.
 
 The policy's decisions come from the detectors run in the training process, on the records the
-Monitor writes (:class:`~foreshock.producers.integrations.trackers.InProcessDetector`, the
+Monitor writes (:class:`~foreshock.detectors.trackers.InProcessDetector`, the
 service's code), with the shipped profiles — so a lab run warns as ``foreshock detect
 --replay`` of it would, up to the first action.
 """
@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from foreshock.detectors.profiles import shipped_profiles
-from foreshock.producers.integrations.trackers import InProcessDetector
-from foreshock.producers.remedy import Action, Remediator, RemedyPolicy
-from foreshock.producers.snapshots import SnapshotRing
+from foreshock.detectors.trackers import InProcessDetector
+from foreshock.remediation.remedy import Action, Remediator, RemedyPolicy
+from foreshock.remediation.snapshots import SnapshotRing
 
 from .lab_model import LabModel, set_switch
 from .loss_trigger import LossTrigger, LossTriggerPolicy
@@ -171,6 +171,6 @@ class LabRemedies:
 
 def _fixed(lab: LabModel) -> Any:
     """The warning a loss trigger's fix answers: the whole model (every attention layer)."""
-    from foreshock.producers.remedy_decision import opened
+    from foreshock.remediation.decision import opened
 
     return opened("loss", None)

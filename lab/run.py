@@ -26,9 +26,9 @@ from foreshock import __version__
 from foreshock.detectors.divergence import DivergenceRule, divergence_step
 from foreshock.detectors.profiles import profile_of
 from foreshock.producers.monitor import Monitor, MonitorConfig
-from foreshock.producers.remedy import RemedyPolicy, policy_summary
 from foreshock.producers.sinks import JsonlSink, Sink
 from foreshock.recipe import Recipe
+from foreshock.remediation.remedy import RemedyPolicy, policy_summary
 from foreshock.transport.records import RUN_SCHEMA, finite_or_none
 
 from .anchors import anchor

@@ -11,7 +11,7 @@ Two ways in, for two kinds of code:
 * ``SdpaLogitWatch`` (plain PyTorch using ``F.scaled_dot_product_attention``, and models that
   call it directly, such as transformers' Falcon): ``monitor.watch_sdpa()`` — one line.
 * transformers models that dispatch through the library's attention registry:
-  ``foreshock.producers.integrations.hf_attention`` (the HF callback turns it on).
+  ``foreshock.producers.hf_attention`` (the HF callback turns it on).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def support_rows(
 ) -> list[dict[str, Any]]:
     """Per architecture: what discovery finds (counts, skipped) and how max_logit is taken."""
     from foreshock.producers.discovery import discover
-    from foreshock.producers.integrations.hf_attention import _uses_registry
+    from foreshock.producers.hf_attention import _uses_registry
     from foreshock.producers.names import named_modules
 
     rows = []

@@ -59,7 +59,7 @@ def world() -> int:
 def run_hf(mode: str, out_dir: Path) -> dict:
     from transformers import Trainer, TrainingArguments
 
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     sharded = mode == "hf_fsdp2"
     args = TrainingArguments(
@@ -134,7 +134,7 @@ def _monitor_status(monitor: object) -> dict:
 def run_lightning(mode: str, out_dir: Path) -> dict:
     import lightning.pytorch as pl
 
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:

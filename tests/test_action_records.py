@@ -17,7 +17,7 @@ from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.notify.payloads import summary
 from foreshock.operate.detect_commands import default_config
 from foreshock.operate.store_runs import store_recorded_runs
-from foreshock.producers.remedy import REMEDIES, Action, action_record
+from foreshock.remediation.remedy import REMEDIES, Action, action_record
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.acks import warning_states
 from foreshock.storage.reader import open_history
@@ -90,7 +90,7 @@ def test_a_bad_action_record_is_refused_naming_the_field(what, change):
 def test_the_command_and_the_trainer_share_one_vocabulary_of_remedies():
     """Defined once, in the transport room both import (it once was two lists kept equal by
     a test), and every remedy has the trainer call it dispatches to."""
-    from foreshock.producers.remedy import REMEDY_CALLS
+    from foreshock.remediation.remedy import REMEDY_CALLS
 
     assert REMEDIES is control.REMEDIES and set(REMEDY_CALLS) == set(REMEDIES)
 

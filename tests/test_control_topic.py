@@ -21,7 +21,7 @@ from foreshock.detectors import alerts
 from foreshock.operate import warnings_commands
 from foreshock.producers.control_requests import ControlRequests
 from foreshock.producers.kafka_sink import KafkaSink
-from foreshock.producers.remedy import Remediator, RemedyPolicy, action_record
+from foreshock.remediation.remedy import Remediator, RemedyPolicy, action_record
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
 from foreshock.transport.approvals import Allowlist, generate_key, sign
@@ -303,7 +303,7 @@ def test_act_reaches_a_training_loop_through_the_product_runner(
     kafka_settings, tmp_path, monkeypatch
 ):
     """End to end, nothing stood in: a plain training loop (the lab's tiny GPT-MoE, the
-    Monitor on a KafkaSink, :class:`~foreshock.producers.remediation.Remediation`) trains in a
+    Monitor on a KafkaSink, :class:`~foreshock.remediation.runner.Remediation`) trains in a
     thread; ``warnings act --action hold-lr --lr-scale 0.25 --wait`` reaches it through the
     broker, the runner applies it at a step boundary (every group's learning rate held at a
     quarter), writes the acknowledgement, and the loop trains on."""
@@ -312,7 +312,7 @@ def test_act_reaches_a_training_loop_through_the_product_runner(
     from foreshock.lab.arch import build
     from foreshock.lab.model import GPTConfig
     from foreshock.producers.monitor import Monitor, MonitorConfig
-    from foreshock.producers.remediation import Remediation
+    from foreshock.remediation.runner import Remediation
 
     for name, value in service_env(kafka_settings).items():
         monkeypatch.setenv(name, value)

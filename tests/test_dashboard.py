@@ -251,7 +251,7 @@ def test_run_page_shows_the_recipe_why_its_profile_and_who_acted(tmp_path, monke
     import json
 
     from foreshock.lab.recorded import RECORDED_DIR
-    from foreshock.producers.remedy import Action, action_record
+    from foreshock.remediation.remedy import Action, action_record
 
     source = RECORDED_DIR / "recipes-calibration" / "gpt-moe-fa-lowprec-cosine-at400-s110.jsonl.gz"
     lines = [json.loads(line) for line in gzip.decompress(source.read_bytes()).splitlines()]

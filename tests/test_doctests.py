@@ -1,7 +1,7 @@
 """Every docstring example in the package runs and pins its output (river style).
 
 Every module of every package, however deep: the packages pyproject.toml declares and all that
-lies below them (``foreshock.producers.integrations`` included). Not the dashboard's pages
+lies below them (``foreshock.integrations`` included). Not the dashboard's pages
 (``foreshock.dashboard.views.*``): Streamlit runs them as scripts, and importing one runs it.
 """
 

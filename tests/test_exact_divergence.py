@@ -95,7 +95,7 @@ def test_observing_a_device_loss_never_synchronises() -> None:
 
 def monitored(steps: list[tuple[int, Any, bool]]) -> dict:
     """A MonitoredRun on a tiny model fed ``(step, loss, own)``; its end record."""
-    from foreshock.producers.integrations import MonitoredRun
+    from foreshock.integrations import MonitoredRun
     from foreshock.producers.monitor import MonitorConfig
     from foreshock.producers.sinks import ListSink
 
@@ -126,7 +126,7 @@ def hf_run(tmp_path: Path, learning_rate: float, warmup: int) -> tuple[list[floa
     (``logging_steps=1``, NaN kept as NaN) and the run's end record."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -186,7 +186,7 @@ def lightning_run(tmp_path: Path, learning_rate: float) -> tuple[list[float], di
     """A bigram LM fitted with Adam, the learning rate ramped linearly to ``learning_rate``
     over the run; its per-step losses and the run's end record."""
     L = pytest.importorskip("lightning.pytorch")
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
 
     class Bigram(L.LightningModule):
         def __init__(self) -> None:

@@ -15,7 +15,7 @@ def _registered() -> dict[str, list[str]]:
     from foreshock.detectors.kinds import BUILDERS
     from foreshock.notify.receivers import RECEIVERS
     from foreshock.producers.discovery import ATTENTION_LAYOUTS
-    from foreshock.producers.remedy import REMEDY_CALLS
+    from foreshock.remediation.remedy import REMEDY_CALLS
 
     return {
         "Receivers": list(RECEIVERS),

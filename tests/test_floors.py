@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = (
     "producers",
+    "remediation",
+    "integrations",
     "transport",
     "detectors",
     "operate",
@@ -38,14 +40,19 @@ ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cy
     "storage": {"ground", "transport"},
     "detectors": {"ground", "transport", "storage"},  # profiles and the registry in the store
     "operate": {"ground", "transport", "storage", "detectors"},  # commands, tuning, the builder
-    "producers": {"ground", "transport", "detectors"},  # the integrations run the detectors
-    "lab": {"ground", "transport", "producers", "detectors"},
+    "producers": {"ground", "transport", "detectors"},  # monitors, sink; the divergence rule
+    # the remedies act on what the monitors found; a plain loop's feed runs the detectors
+    "remediation": {"transport", "producers", "detectors"},
+    # the framework callbacks: monitor, detectors in the process, remedies
+    "integrations": {"ground", "transport", "producers", "detectors", "remediation"},
+    "lab": {"ground", "transport", "producers", "detectors", "remediation"},
     "dashboard": {"ground", "storage", "detectors", "operate"},
     "roof": {
         "ground",
         "transport",
         "notify",
         "producers",
+        "remediation",
         "operate",
         "storage",
         "lab",

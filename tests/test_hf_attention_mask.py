@@ -26,7 +26,7 @@ def _llama(implementation: str) -> object:
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_a_watched_model_computes_what_it_did_and_stays_causal(implementation, tmp_path):
-    from foreshock.producers.integrations.hf_attention import record_max_logit, switch_layer
+    from foreshock.producers.hf_attention import record_max_logit, switch_layer
     from foreshock.producers.monitor import Monitor
     from foreshock.producers.sinks import JsonlSink
 

@@ -51,7 +51,7 @@ def check(path: Path, feed, caplog) -> None:
 @pytest.mark.slow
 def test_a_users_profile_judges_an_hf_run_in_process_with_no_label(tmp_path, caplog):
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     caplog.set_level(logging.INFO, logger="foreshock")
     path = tmp_path / "hf.jsonl"
@@ -65,8 +65,8 @@ def test_a_users_profile_judges_a_lightning_run_in_process_with_no_label(tmp_pat
     pytest.importorskip("lightning")
     from test_integrations import SEQ
 
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.lab.model import GPT, GPTConfig
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
 
     caplog.set_level(logging.INFO, logger="foreshock")
     model = GPT(GPTConfig(block_size=SEQ, n_layer=1, n_head=2, n_embd=32, n_experts=4))

@@ -171,7 +171,7 @@ def hf_train(
 @pytest.mark.slow
 def test_huggingface_callback(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
     from foreshock.producers.sinks import JsonlSink
 
     path = tmp_path / "hf.jsonl"
@@ -198,7 +198,7 @@ def test_huggingface_callback_on_mixtral_routers_and_max_logit(tmp_path: Path) -
     """A transformers MoE through the callback: router and max-logit series at every
     monitoring step, and training bit-identical with and without it."""
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     steps = 50
     path = tmp_path / "mixtral.jsonl"
@@ -226,7 +226,7 @@ def test_huggingface_callback_falls_back_to_step_end(tmp_path: Path) -> None:
     """Where on_optimizer_step never comes (transformers < 4.41), on_step_end measures the same
     update; it runs after zero_grad(), so those records have no grad_norm."""
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
     from foreshock.producers.sinks import ListSink
 
     class OldTransformers(ForeshockCallback):
@@ -245,7 +245,7 @@ def test_huggingface_callback_falls_back_to_step_end(tmp_path: Path) -> None:
 
 def test_huggingface_callback_survives_a_failing_sink(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     sink = FailingSink()
     hf_train(tmp_path, ForeshockCallback(sink, every=EVERY))
@@ -349,7 +349,7 @@ def test_huggingface_callback_writes_tensorboard_and_mlflow(
     pytest.importorskip("transformers")
     pytest.importorskip("tensorboard")
     pytest.importorskip("mlflow")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
     from foreshock.producers.sinks import ListSink
 
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -378,8 +378,8 @@ def test_huggingface_trackers_skip_a_failing_one(caplog: pytest.LogCaptureFixtur
 
     from transformers.integrations import TensorBoardCallback
 
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
-    from foreshock.producers.integrations.trackers import TrackerUpdate
+    from foreshock.detectors.trackers import TrackerUpdate
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     class Down(TensorBoardCallback):
         def on_log(self, *args: Any, **kwargs: Any) -> None:
@@ -458,7 +458,7 @@ def lightning_train(
 
 def test_lightning_callback(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.producers.sinks import JsonlSink
 
     path = tmp_path / "pl.jsonl"
@@ -488,7 +488,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
 def test_lightning_callback_with_gradient_accumulation(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.producers.sinks import ListSink
 
     sink = ListSink()
@@ -506,7 +506,7 @@ def test_lightning_callback_with_gradient_accumulation(tmp_path: Path) -> None:
 
 def test_lightning_callback_is_either_packages_callback() -> None:
     pytest.importorskip("lightning")
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
 
     callback = ForeshockLightningCallback("unused.jsonl", every=EVERY)
     import lightning.pytorch
@@ -530,7 +530,7 @@ def test_lightning_callback_writes_tensorboard_and_mlflow(
     pytest.importorskip("mlflow")
     from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.producers.sinks import ListSink
 
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -565,7 +565,7 @@ def test_lightning_callback_writes_tensorboard_and_mlflow(
 def test_missing_framework_says_which_extra(
     monkeypatch: pytest.MonkeyPatch, module: str, blocked: list[str], extra: str
 ) -> None:
-    name = f"foreshock.producers.integrations.{module}"
+    name = f"foreshock.integrations.{module}"
     monkeypatch.delitem(sys.modules, name, raising=False)
     for package in blocked:
         monkeypatch.setitem(sys.modules, package, None)  # import of it raises ImportError
@@ -578,7 +578,7 @@ def test_package_imports_without_torch_or_frameworks() -> None:
         "import sys\n"
         "for name in ('torch', 'transformers', 'lightning', 'pytorch_lightning'):\n"
         "    sys.modules[name] = None\n"
-        "import foreshock.producers.integrations as integrations\n"
+        "import foreshock.integrations as integrations\n"
         "assert integrations.MonitoredRun\n"
         "try:\n"
         "    integrations.ForeshockCallback\n"

@@ -60,7 +60,7 @@ def check_cosine_schedule(path: Path) -> None:
 def test_hf_cosine_schedule_is_recorded_and_a_healthy_moe_stays_quiet(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     torch.manual_seed(0)
     path = tmp_path / "hf.jsonl"
@@ -88,8 +88,8 @@ def test_lightning_cosine_schedule_is_recorded_and_a_healthy_moe_stays_quiet(
     tmp_path: Path,
 ) -> None:
     L = pytest.importorskip("lightning.pytorch")
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.lab.model import GPT, GPTConfig
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
 
     class LitGPT(L.LightningModule):
         def __init__(self) -> None:

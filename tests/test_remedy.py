@@ -11,8 +11,8 @@ import torch
 from foreshock.lab.faults import Fault
 from foreshock.lab.model import GPTConfig
 from foreshock.lab.run import RunConfig, run_lab
-from foreshock.producers.remedy import CAUSES, Remediator, RemedyPolicy, cause_of
-from foreshock.producers.snapshots import SnapshotRing
+from foreshock.remediation.remedy import CAUSES, Remediator, RemedyPolicy, cause_of
+from foreshock.remediation.snapshots import SnapshotRing
 from foreshock.transport.run_files import load_run
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
@@ -332,7 +332,7 @@ def _ramp_then_decay(step: int) -> float:
 
 
 def _trained(lam, steps: int = 40):
-    from foreshock.producers.trainer_remedies import TrainerRemedies
+    from foreshock.remediation.trainer import TrainerRemedies
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -351,7 +351,7 @@ def test_a_trainer_holds_the_rate_from_before_the_ramp_that_the_evidence_caught(
     step 10 holds 0.5 × the rate before the ramp (a ramp is caught after it began: holding
     the ramped rate left HF runs 0.2 nats above the healthy band); no scheduler step raises
     it; a flat schedule holds its own rate; the floor is a share of the rate at the evidence."""
-    from foreshock.producers.trainer_remedies import HOLD_FLOOR
+    from foreshock.remediation.trainer import HOLD_FLOOR
 
     remedies, optimizer, schedule = _trained(_ramp_then_decay)
     assert remedies.hold_lr(0.5, since=20) == pytest.approx([0.5 * 0.01], rel=1e-9)
@@ -405,7 +405,7 @@ def test_a_mechanisms_remedy_also_holds_a_rate_that_rose_since_the_evidence(rise
     ``hold_rising_lr`` the trainer is asked whether the rate rose since the evidence began, and
     the action records the held rate only where it did; ``hold-lr`` itself is not asked twice,
     and the setting off asks nothing."""
-    from foreshock.producers.remedy_policy import RATE_RISE
+    from foreshock.remediation.policy import RATE_RISE
 
     warning = _warning("router", Role.CAUSE, module="h.1.mlp.gate", step=450)
     trainer = RisingTrainer(risen)

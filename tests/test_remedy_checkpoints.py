@@ -26,10 +26,10 @@ from test_remedy_integrations import (
     train_one,
 )
 
-from foreshock.producers.remedy import RemedyPolicy
-from foreshock.producers.snapshots import SnapshotRing
-from foreshock.producers.trainer_checkpoints import HFCheckpoints, LightningCheckpoints
-from foreshock.producers.trainer_remedies import TrainerRemedies
+from foreshock.remediation.checkpoints import HFCheckpoints, LightningCheckpoints
+from foreshock.remediation.remedy import RemedyPolicy
+from foreshock.remediation.snapshots import SnapshotRing
+from foreshock.remediation.trainer import TrainerRemedies
 
 ROLLBACK = RemedyPolicy(rollback=True, actions={"attention-numerics": "hold-lr"})
 
@@ -124,7 +124,7 @@ def test_hf_trainer_rolls_back_to_its_own_checkpoint(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     after: dict[str, Any] = {}
 

@@ -1,5 +1,5 @@
 """Remediation under torch.distributed: rank 0 decides, every rank applies the same actions at
-the same step boundary (``foreshock.producers.remedy_ranks``), under ``torchrun`` with the gloo
+the same step boundary (``foreshock.remediation.ranks``), under ``torchrun`` with the gloo
 backend on CPU.
 
 Two ranks train the lab's tiny GPT sharded by FSDP2 (``fully_shard``), each on its own data,
@@ -83,8 +83,8 @@ def worker(out_dir: Path) -> None:
 
     from foreshock.lab.model import GPT, GPTConfig
     from foreshock.producers.monitor import Monitor, MonitorConfig
-    from foreshock.producers.remediation import Remediation
-    from foreshock.producers.remedy import RemedyPolicy
+    from foreshock.remediation.remedy import RemedyPolicy
+    from foreshock.remediation.runner import Remediation
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()

@@ -21,10 +21,10 @@ import pytest
 import torch
 from test_integrations import BATCH, SEQ, WARNED, Tokens, plumbing_config
 
-from foreshock.producers.remediation import Remediation
-from foreshock.producers.remedy import Action, RemedyPolicy
-from foreshock.producers.snapshots import SnapshotRing
-from foreshock.producers.trainer_remedies import TrainerRemedies
+from foreshock.remediation.remedy import Action, RemedyPolicy
+from foreshock.remediation.runner import Remediation
+from foreshock.remediation.snapshots import SnapshotRing
+from foreshock.remediation.trainer import TrainerRemedies
 from foreshock.transport.warning import Role, RunWarning
 
 torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def test_hf_trainer_switches_the_warned_layer_to_precise_attention(tmp_path: Pat
     sdpa (through foreshock's max_logit wrapper): the lab's faulty kernel is no longer called
     there, the other layer keeps it; the action record says which warning it answers."""
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     torch.manual_seed(0)
     lab, calls = lab_mixtral()
@@ -171,7 +171,7 @@ def test_hf_trainer_rolls_back_bit_for_bit_before_the_warnings_evidence(
     still reaches its end; off, the run stops at ``max_steps`` with the schedule short of it.
     The first monitoring record after the rollback measures no ΔW (it would span the jump)."""
     transformers = pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     class Recorder(transformers.TrainerCallback):  # runs after foreshock's, in list order
         def __init__(self) -> None:
@@ -270,7 +270,7 @@ def lightning_fit(callback: Any, checkpoints: Path | None = None) -> tuple[Any, 
 
 def lightning_callback(path: Path, policy: RemedyPolicy, sink: Any = None) -> Any:
     pytest.importorskip("lightning")
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
 
     return ForeshockLightningCallback(
         sink if sink is not None else path,
@@ -492,7 +492,7 @@ def test_unknown_or_unswitchable_attention_is_a_clear_error() -> None:
 
 def test_a_callback_refuses_a_remedy_without_warnings(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     with pytest.raises(ValueError, match="in-process warnings"):
         ForeshockCallback(tmp_path / "r.jsonl", warnings=False, remedy=RemedyPolicy())

@@ -19,14 +19,14 @@ import torch
 from test_integrations import BATCH, SEQ, WARNED, Tokens, plumbing_config
 from test_remedy_integrations import lightning_callback, lightning_fit, small_training, warning
 
-from foreshock.producers import remedy_ranks
+from foreshock.remediation import ranks as remedy_ranks
 from foreshock.producers.monitor import MonitorConfig
-from foreshock.producers.remediation import Remediation
-from foreshock.producers.remedy import Remediator, RemedyPolicy
-from foreshock.producers.remedy_hooks import RemedyHooks
-from foreshock.producers.remedy_ranks import RemedyRanks
-from foreshock.producers.snapshots import SnapshotRing
-from foreshock.producers.trainer_remedies import TrainerRemedies
+from foreshock.remediation.hooks import RemedyHooks
+from foreshock.remediation.ranks import RemedyRanks
+from foreshock.remediation.remedy import Remediator, RemedyPolicy
+from foreshock.remediation.runner import Remediation
+from foreshock.remediation.snapshots import SnapshotRing
+from foreshock.remediation.trainer import TrainerRemedies
 
 torch.set_num_threads(1)
 

@@ -37,7 +37,7 @@ class AttemptSink:
 def _hf_fit(tmp_path: Path, sink: AttemptSink, resume: str | None = None) -> Any:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     torch.manual_seed(0)
     args = transformers.TrainingArguments(
@@ -74,8 +74,8 @@ def test_a_hf_run_resumed_from_its_checkpoint_is_a_later_attempt_whatever_the_cl
 
 def test_a_lightning_run_resumed_from_its_checkpoint_is_a_later_attempt(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.lab.model import GPT, GPTConfig
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
 
     class LitGPT(L.LightningModule):
         def __init__(self) -> None:

@@ -3,7 +3,7 @@ over-bound and no-op requests sent by a bare Kafka producer (no foreshock code, 
 refused by a training loop, each with an ``action`` record saying why, while it trains on;
 a signed ``foreshock warnings act`` still reaches it, is applied once and acknowledged, with
 the approver (the allowlist's name and key id) in the record. Everything goes through the
-embedded broker and the product's runner (:class:`~foreshock.producers.remediation.
+embedded broker and the product's runner (:class:`~foreshock.remediation.runner.
 Remediation` on a :class:`~foreshock.producers.kafka_sink.KafkaSink`)."""
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class Loop:
         from foreshock.lab.model import GPTConfig
         from foreshock.producers.kafka_sink import KafkaSink
         from foreshock.producers.monitor import Monitor, MonitorConfig
-        from foreshock.producers.remediation import Remediation
-        from foreshock.producers.remedy import RemedyPolicy
+        from foreshock.remediation.remedy import RemedyPolicy
+        from foreshock.remediation.runner import Remediation
 
         torch.manual_seed(0)
         config = GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, n_experts=4)
@@ -194,7 +194,7 @@ def test_a_held_learning_rate_never_falls_below_its_floor():
     healthy): the hold is floored at HOLD_FLOOR of the rate before the first hold."""
     import torch
 
-    from foreshock.producers.trainer_remedies import HOLD_FLOOR, TrainerRemedies
+    from foreshock.remediation.trainer import HOLD_FLOOR, TrainerRemedies
 
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)

@@ -11,8 +11,8 @@ import doctest
 from typing import Any
 
 from foreshock.detectors.config import DetectorConfig, SeriesRule
-from foreshock.producers.integrations import trackers
-from foreshock.producers.integrations.trackers import AGGREGATES, TrackerFeed
+from foreshock.detectors.trackers import AGGREGATES, TrackerFeed
+from foreshock.detectors import trackers
 
 LAYER = "model.layers.0.self_attn"
 PLUMBING = DetectorConfig(

@@ -101,7 +101,7 @@ def test_a_users_moe_through_the_hf_trainer_with_no_labels_gets_zero_shot_warnin
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
 
     torch.manual_seed(0)
     config = transformers.Qwen3MoeConfig(

@@ -1,6 +1,6 @@
 """The control topic (``foreshock.control/1``): a person's requests to a running trainer.
 
-A warning names its cause; the policy (:mod:`foreshock.producers.remedy`) acts on it by itself
+A warning names its cause; the policy (:mod:`foreshock.remediation.remedy`) acts on it by itself
 only where the trainer opted in. Elsewhere a person decides: ``foreshock warnings act ID``
 publishes a *remedy request* on the control topic, keyed by the run id (a run's requests stay
 ordered in one partition), and the trainer's sink hands it to the trainer at its next step

@@ -20,7 +20,7 @@ ordered in one partition. The value is a UTF-8 JSON object: a monitoring record 
 ``start`` carries ``labels`` and the producer's version; ``end`` carries ``status`` and
 ``last_seq`` (its own seq: storage knows a run is complete when it holds 0..last_seq).
 
-``action`` is what the trainer did about a warning (:func:`foreshock.producers.remedy.
+``action`` is what the trainer did about a warning (:func:`foreshock.remediation.remedy.
 action_record`): ``step``, ``action`` (what), ``warning_id``, ``family``, ``applied``, and
 optionally ``module``, ``dry_run``, ``rolled_back_to``, ``error``, ``detail``, ``source``
 (``policy`` | ``approved``) and ``request_id`` (the ``foreshock warnings act`` request it

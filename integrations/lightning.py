@@ -2,7 +2,7 @@
 
 Usage::
 
-    from foreshock.producers.integrations.lightning import ForeshockLightningCallback
+    from foreshock.integrations.lightning import ForeshockLightningCallback
     from foreshock.producers.sinks import JsonlSink
 
     callback = ForeshockLightningCallback(JsonlSink("runs/r1.jsonl"), run_id="r1", every=10)
@@ -67,8 +67,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from . import MonitoredRun, RunAccess, make_config, missing_extra
-from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
+from foreshock.detectors.trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
+from foreshock.integrations import MonitoredRun, RunAccess, make_config, missing_extra
 
 _bases: list[type] = []
 _versions: dict[str, str] = {}
@@ -98,8 +98,8 @@ if TYPE_CHECKING:
     from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
-    from foreshock.producers.remedy import RemedyPolicy
     from foreshock.producers.sinks import Sink
+    from foreshock.remediation.remedy import RemedyPolicy
 
 __all__ = ["ForeshockLightningCallback"]
 
@@ -127,7 +127,7 @@ class _ForeshockHooks(RunAccess):
     ) -> None:
         super().__init__()
         # here, not above: it imports torch, and a missing extra must fail on the framework
-        from foreshock.producers.remedy_hooks import RemedyHooks
+        from foreshock.remediation.hooks import RemedyHooks
 
         self.feed = TrackerFeed(warnings)
         self.remedy = RemedyHooks(remedy, warnings, self.feed)
@@ -175,7 +175,7 @@ class _ForeshockHooks(RunAccess):
         def setup() -> tuple[Any, Any, Any]:  # the trainer's, once the remedy starts
             saved_in = getattr(getattr(trainer, "checkpoint_callback", None), "dirpath", None)
             if self.remedy.checkpoints is None and saved_in:
-                from foreshock.producers.trainer_checkpoints import LightningCheckpoints
+                from foreshock.remediation.checkpoints import LightningCheckpoints
 
                 self.remedy.checkpoints = LightningCheckpoints(saved_in)
             schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
@@ -342,7 +342,7 @@ class ForeshockLightningCallback(_ForeshockHooks, *_bases):  # type: ignore[misc
     remedy:   a ``RemedyPolicy`` (or a policy file's path) acting on the in-process warnings
               at the end of each update's batch (the scheduler has stepped): precise attention,
               the learning rate held, the routers' scaled, stop (``trainer.should_stop``), a
-              rollback (:mod:`foreshock.producers.remediation`); each action an ``action``
+              rollback (:mod:`foreshock.remediation.runner`); each action an ``action``
               record in the sink. Off by default
 
     One callback per fit: after ``on_fit_end`` its sink is closed.

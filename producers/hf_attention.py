@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from torch import nn
 
+from foreshock.extras import missing_extra
 from foreshock.producers.max_logit import masked_max_logit
-
-from . import missing_extra
 
 try:
     from transformers import AttentionInterface, PretrainedConfig

@@ -1,8 +1,8 @@
 """Trainer integrations: the ``Monitor`` as a callback of a training framework (optional extras).
 
-* :mod:`foreshock.producers.integrations.huggingface` — ``ForeshockCallback``, a
+* :mod:`foreshock.integrations.huggingface` — ``ForeshockCallback``, a
   ``transformers.TrainerCallback`` (``pip install 'foreshock[hf]'``);
-* :mod:`foreshock.producers.integrations.lightning` — ``ForeshockLightningCallback``, a
+* :mod:`foreshock.integrations.lightning` — ``ForeshockLightningCallback``, a
   ``lightning.pytorch.Callback`` / ``pytorch_lightning.Callback``
   (``pip install 'foreshock[lightning]'``).
 
@@ -10,7 +10,7 @@ This package imports without torch or any framework; each callback's module impo
 framework and raises an ``ImportError`` saying which extra to install when it is missing. The
 names are also importable from here (lazily)::
 
-    from foreshock.producers.integrations import ForeshockCallback
+    from foreshock.integrations import ForeshockCallback
 
 What both callbacks share lives here: :class:`MonitoredRun`, one run's ``Monitor`` with its
 ``start`` and ``end`` lifecycle records, which never raises into the training loop. Its
@@ -29,6 +29,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from foreshock import __version__
+from foreshock.extras import missing_extra
 from foreshock.transport.records import RUN_SCHEMA
 
 if TYPE_CHECKING:  # torch-free at run time
@@ -84,14 +85,6 @@ def trainer_run_id(*candidates: Any, env: Mapping[str, str] | None = None) -> st
         if text:
             return text
     return None
-
-
-def missing_extra(module: str, package: str, extra: str) -> ImportError:
-    """The ImportError a framework module raises when its framework is not installed."""
-    return ImportError(
-        f"{module} needs {package}, which is not installed. Install the extra: "
-        f"pip install 'foreshock[{extra}]' (keep torch==2.13.0: pin it in the same command)"
-    )
 
 
 class RunAccess:

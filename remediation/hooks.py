@@ -14,14 +14,14 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .remediation import Remediation, check_remedy
-from .remedy_policy import RemedyPolicy
-from .remedy_ranks import RemedyRanks
-from .trainer_remedies import PRECISE
+from foreshock.remediation.policy import RemedyPolicy
+from foreshock.remediation.ranks import RemedyRanks
+from foreshock.remediation.runner import Remediation, check_remedy
+from foreshock.remediation.trainer import PRECISE
 
 if TYPE_CHECKING:
-    from .integrations.trackers import TrackerFeed, TrackerUpdate
-    from .monitor import Monitor
+    from foreshock.detectors.trackers import TrackerFeed, TrackerUpdate
+    from foreshock.producers.monitor import Monitor
 
 __all__ = ["RemedyHooks"]
 

@@ -1,8 +1,8 @@
 """A remedy policy: which action answers which cause, and the bounds every action keeps.
 
-Why apart from the :class:`~foreshock.producers.remedy.Remediator` that applies it: a policy
+Why apart from the :class:`~foreshock.remediation.remedy.Remediator` that applies it: a policy
 is plain settings — read from a file, written into a run's labels, compared by the
-benchmarks' stamps — and needs none of the machinery that acts (``foreshock.producers.remedy``
+benchmarks' stamps — and needs none of the machinery that acts (``foreshock.remediation.remedy``
 has the table of what each action does).
 """
 

@@ -38,7 +38,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .remedy import (
+from foreshock.remediation.ranks import RemedyRanks
+from foreshock.remediation.remedy import (
     CAUSES,
     Action,
     Decision,
@@ -47,17 +48,15 @@ from .remedy import (
     action_record,
     policy_summary,
 )
-from .remedy_ranks import RemedyRanks
-from .snapshots import SnapshotRing
-from .trainer_remedies import PRECISE, TrainerRemedies
+from foreshock.remediation.snapshots import SnapshotRing
+from foreshock.remediation.trainer import PRECISE, TrainerRemedies
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from foreshock.detectors.trackers import TrackerFeed, TrackerUpdate
+    from foreshock.producers.monitor import Monitor
     from foreshock.transport.warning import RunWarning
-
-    from .integrations.trackers import TrackerFeed, TrackerUpdate
-    from .monitor import Monitor
 
 __all__ = ["Remediation", "as_policy", "check_remedy"]
 
@@ -305,7 +304,7 @@ def _feed(warnings: Any, monitor: Monitor, labels: Mapping[str, Any] | None) -> 
     worker's is) and the run's labels."""
     if warnings is None or warnings is False:
         return None
-    from .integrations.trackers import TrackerFeed
+    from foreshock.detectors.trackers import TrackerFeed
 
     feed = TrackerFeed(warnings)
     feed.start(monitor.run_id, dict(labels or {}), monitor.signature())

@@ -51,7 +51,7 @@ capacity-limited GPT-MoE seeds (33–35), where rolling back first brought all t
 (``python -m benchmarks.remediation``). A two-sided series acts only in the direction that
 names its fault (:data:`FAULT_DIRECTION`: router ε falling, not rising).
 
->>> from foreshock.producers.remedy_decision import opened
+>>> from foreshock.remediation.decision import opened
 >>> class Trainer:
 ...     def precise_attention(self, module): print("precise", module)
 >>> remediator = Remediator(RemedyPolicy(), Trainer())
@@ -68,16 +68,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from foreshock.transport.records import RUN_SCHEMA
-from foreshock.transport.warning import RunWarning
-
-from .remedy_decision import (
+from foreshock.remediation.decision import (
     Decision,
     cause_of,
     decision_for,
     requested_warning,
 )
-from .remedy_policy import (
+from foreshock.remediation.policy import (
     CAUSES,
     DEFAULT_ACTIONS,
     RATE_RISE,
@@ -85,7 +82,9 @@ from .remedy_policy import (
     RemedyPolicy,
     policy_summary,
 )
-from .request_gate import refusal
+from foreshock.remediation.request_gate import refusal
+from foreshock.transport.records import RUN_SCHEMA
+from foreshock.transport.warning import RunWarning
 
 __all__ = [
     "CAUSES",

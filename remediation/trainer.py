@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .snapshots import SnapshotRing
+from foreshock.remediation.snapshots import SnapshotRing
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
+    from foreshock.producers.monitor import Monitor
 
 __all__ = ["PRECISE", "TrainerRemedies"]
 
@@ -151,7 +151,7 @@ class TrainerRemedies:
 
     # ---- the remedies -------------------------------------------------------------------
     def precise_attention(self, module: str | None) -> dict[str, str]:
-        from .integrations.hf_attention import check_switchable, switch_layer
+        from foreshock.producers.hf_attention import check_switchable, switch_layer
 
         layers = self._attention_layers()
         names = list(layers) if module is None else [module]
@@ -302,7 +302,7 @@ class TrainerRemedies:
     def _discovery(self) -> Any:
         if self.monitor is not None:
             return self.monitor.discovery
-        from .discovery import discover
+        from foreshock.producers.discovery import discover
 
         return discover(self.model)
 
@@ -310,7 +310,7 @@ class TrainerRemedies:
         """{name: module} of the attention layers, named as the Monitor names them."""
         if self.monitor is not None:
             return self.monitor.attention_modules()
-        from .names import named_modules
+        from foreshock.producers.names import named_modules
 
         modules = dict(named_modules(self.model))
         return {a.name: modules[a.name] for a in self._discovery().attention if a.name in modules}

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from foreshock.producers.integrations.huggingface import ForeshockCallback
+    from foreshock.integrations.huggingface import ForeshockCallback
     from foreshock.producers.sinks import JsonlSink
 
     callback = ForeshockCallback(JsonlSink("runs/r1.jsonl"), run_id="r1", every=10)
@@ -70,9 +70,9 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import MonitoredRun, RunAccess, make_config, missing_extra
-from .recipes import trainer_recipe
-from .trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
+from foreshock.detectors.trackers import TEXT_KEY, TrackerFeed, TrackerUpdate
+from foreshock.integrations import MonitoredRun, RunAccess, make_config, missing_extra
+from foreshock.integrations.recipes import trainer_recipe
 
 try:
     import transformers
@@ -94,8 +94,8 @@ if TYPE_CHECKING:
     from foreshock.detectors.divergence import DivergenceRule
     from foreshock.detectors.profiles import ProfileConfigs
     from foreshock.producers.monitor import MonitorConfig
-    from foreshock.producers.remedy import RemedyPolicy
     from foreshock.producers.sinks import Sink
+    from foreshock.remediation.remedy import RemedyPolicy
 
 __all__ = ["ForeshockCallback"]
 
@@ -132,7 +132,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
     remedy:  a ``RemedyPolicy`` (or a policy file's path) acting on the in-process warnings
              at the step boundaries (``on_step_end``, before the next update): precise
              attention, the learning rate held, the routers' scaled, stop (the Trainer's
-             ``should_training_stop``), a rollback (:mod:`foreshock.producers.remediation`);
+             ``should_training_stop``), a rollback (:mod:`foreshock.remediation.runner`);
              each action an ``action`` record in the sink. Off by default
 
     One callback per training run: after ``on_train_end`` its sink is closed. Each checkpoint
@@ -156,7 +156,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         **config_options: Any,
     ) -> None:
         # here, not above: it imports torch, and a missing extra must fail on the framework
-        from foreshock.producers.remedy_hooks import RemedyHooks
+        from foreshock.remediation.hooks import RemedyHooks
 
         self.feed = TrackerFeed(warnings)
         self.remedy = RemedyHooks(remedy, warnings, self.feed)
@@ -205,7 +205,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         monitor = self.run.monitor if self.run.running else None
         if monitor is not None and self._max_logit:
             try:
-                from .hf_attention import record_max_logit
+                from foreshock.producers.hf_attention import record_max_logit
 
                 record_max_logit(model, monitor)
             except Exception:
@@ -220,7 +220,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         def setup() -> tuple[Any, Any, Any]:  # the Trainer's, once the remedy starts
             strategy = getattr(args.save_strategy, "value", args.save_strategy)
             if self.remedy.checkpoints is None and strategy == "steps" and args.output_dir:
-                from foreshock.producers.trainer_checkpoints import HFCheckpoints
+                from foreshock.remediation.checkpoints import HFCheckpoints
 
                 self.remedy.checkpoints = HFCheckpoints(args.output_dir)
             return kwargs["optimizer"], kwargs.get("lr_scheduler"), kwargs["model"]

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .collective import _settle
+from foreshock.producers.collective import _settle
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
-    from .remedy import Decision
+    from foreshock.producers.monitor import Monitor
+    from foreshock.remediation.remedy import Decision
 
 __all__ = ["DECIDER", "RemedyRanks"]
 

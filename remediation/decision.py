@@ -5,7 +5,7 @@ same decisions (:mod:`.remedy_ranks`), so a decision travels between processes a
 everything the appliers need, and nothing may change it on the way. It once was a dict of a
 dozen string keys, where a misspelt key was a silent None.
 
->>> from foreshock.producers.remedy_policy import RemedyPolicy
+>>> from foreshock.remediation.policy import RemedyPolicy
 >>> d = decision_for("hold-lr", opened("optimizer", None, recent=[400, 425, 450]), 451,
 ...                  RemedyPolicy())
 >>> (d.kind, d.step, d.scale, d.since, d.rollback_before)
@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from foreshock.remediation.policy import RemedyPolicy
 from foreshock.transport.warning import EventKind, Role, RunWarning
-
-from .remedy_policy import RemedyPolicy
 
 __all__ = ["Decision", "cause_of", "decision_for", "first_evidence", "requested_warning"]
 
