@@ -64,7 +64,7 @@ def _init_producer(counter: Any) -> None:
 
 def _produce(args: tuple[list[int], dict, float, int]) -> dict[str, float]:
     """One producer process: its runs, one record each per 1/rate s, then their end."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     ids, settings_dict, rate, records = args
     settings = KafkaSettings(**settings_dict)

@@ -5,7 +5,7 @@ covers, streamed through broker, detector worker and sink in fleet order.
 the recorded groups, ``lab/runs/<group>/``). Each group's runs are sent one after the other —
 five healthy runs, one fault, five healthy runs (the tenth healthy run completes what a profile
 needs), then the rest, faults and healthy interleaved — each through a
-:class:`~foreshock.producers.kafka_sink.KafkaSink` to the embedded Tansu, a
+:class:`~foreshock.delivery.kafka_sink.KafkaSink` to the embedded Tansu, a
 :class:`~foreshock.detectors.worker.DetectorWorker` whose config is the store's (reloaded, and
 its profile builder hooked in exactly as ``foreshock detect --store`` does) and a
 :class:`~foreshock.storage.sink.StorageSink`. The store's policy is ``auto``: nobody types a
@@ -113,8 +113,8 @@ class Fleet:
 
     def send(self, run: Any) -> str:
         """Send one recorded run; returns the profile the worker will judge it by."""
+        from foreshock.delivery.kafka_sink import KafkaSink
         from foreshock.harness import Replay
-        from foreshock.producers.kafka_sink import KafkaSink
 
         chosen = self.worker.detectors.choose(run.start).name
         sink = KafkaSink(self.settings)

@@ -5,7 +5,7 @@ and ``dashboard``) a fresh :class:`~foreshock.harness.Pipeline` runs on 127.0.0.
 the embedded Tansu, one ``foreshock detect`` worker, one ``foreshock sink`` and ``foreshock
 dashboard``, each its own process. A fleet of recorded lab runs (``Plan.runs``) streams
 through it, each run from its own producer (a
-:class:`~foreshock.producers.kafka_sink.KafkaSink`, as in a trainer) writing one monitoring
+:class:`~foreshock.delivery.kafka_sink.KafkaSink`, as in a trainer) writing one monitoring
 record every ``1 / Plan.rate`` s. At ``Plan.fault_at`` of the stream the part is killed with
 SIGKILL (the broker loses every topic, message and offset it held) and restarted
 ``Plan.down`` s later. Then, per run, after the producers closed and the pipeline drained:
@@ -87,7 +87,7 @@ def fault_pipeline(root: Path) -> Pipeline:
 def _producer(settings: KafkaSettings, name: str, rate: float) -> Replayer:
     """One run of the fleet as one trainer: its recorded messages through its own KafkaSink,
     one every ``1 / rate`` s; the sink confirms against the pipeline's sink group."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     sink = KafkaSink(settings, probe_interval=0.5, name=name, confirm_group="sink")
     replay = Replay(recorded_run(name), name, interval=1 / rate)
@@ -254,7 +254,7 @@ def _lag_end(pipeline: Pipeline, timeout: float = 15.0) -> dict[str, float]:
 def kept_unstored(spool_dir: Path, store: Path) -> int:
     """Messages the producers kept in their spools (unconfirmed when they closed) that the
     store does not hold: what a later ``foreshock spool flush`` would still have to deliver."""
-    from foreshock.producers.spool import orphaned_spools
+    from foreshock.delivery.spool import orphaned_spools
     from foreshock.storage.reader import open_history
 
     kept = set()

@@ -92,7 +92,7 @@ def _count(n: int) -> None:
 
 def _produce(args: tuple[list[int], int, dict, dict]) -> dict[str, Any]:
     """One producer process: keep its slots busy until the end of the load, then end them."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     slots, n_slots, settings_dict, opts = args
     settings = KafkaSettings(**settings_dict)

@@ -31,7 +31,7 @@ from ._table import emit_json, format_table, quantile
 def _replay(args: tuple[list[int], str, str, int, str, float]) -> tuple[int, int, float, dict]:
     """One worker process: its producers write their messages round-robin (``rate`` messages
     per second each, 0 = as fast as possible), then close."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     ids, bootstrap, topic, per_producer, spool_dir, rate = args
     settings = KafkaSettings(

@@ -50,8 +50,8 @@ TARGET = 0.05
 
 def train_once(mode: str, run_id: str, steps: int, settings: KafkaSettings) -> dict[str, Any]:
     """One lab run with the monitor writing through ``mode``'s sink."""
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.lab.run import RunConfig, run_lab
-    from foreshock.producers.kafka_sink import KafkaSink
     from foreshock.producers.sinks import ListSink
 
     sink: Any = ListSink() if mode == "memory" else KafkaSink(settings)
@@ -215,7 +215,7 @@ def main() -> None:
         args.steps, args.repeats = 100, 1
     single_thread()
     logging.getLogger("foreshock.rdkafka").setLevel(logging.CRITICAL)  # refused connections
-    logging.getLogger("foreshock.producers.kafka_sink").setLevel(logging.ERROR)  # "kept in …"
+    logging.getLogger("foreshock.delivery.kafka_sink").setLevel(logging.ERROR)  # "kept in …"
     root = Path(tempfile.mkdtemp(prefix="foreshock-unreachable-"))
     token = uuid.uuid4().hex[:6]
     closed_port = free_port()  # nothing listens here until the flush

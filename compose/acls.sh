@@ -43,7 +43,7 @@ SINK_GROUP=foreshock-sink
 NOTIFY_GROUP=foreshock-notify
 # Group ids that only ever assign partitions (no join, no commit), one random id per client:
 # librdkafka still looks up a coordinator for any group.id, which takes Describe on the group.
-CONTROL_GROUPS=foreshock-control- # a trainer's control-topic reader (producers/control_requests.py)
+CONTROL_GROUPS=foreshock-control- # a trainer's control-topic reader (delivery/control_requests.py)
 ACT_GROUPS=foreshock-act-         # `warnings act --wait`'s answer reader (detectors/remedy_requests.py)
 CONFIG=
 

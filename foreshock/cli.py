@@ -18,12 +18,12 @@ from typing import Any
 
 from foreshock import __version__, logs
 from foreshock.dashboard.commands import add_dashboard_commands
+from foreshock.delivery.commands import add_producer_commands
 from foreshock.notify.commands import add_notify_commands
 from foreshock.operate.approver_commands import add_approver_commands
 from foreshock.operate.detect_commands import add_detector_commands
 from foreshock.operate.profiles_commands import add_profiles_commands
 from foreshock.operate.warnings_commands import add_warnings_commands
-from foreshock.producers.commands import add_producer_commands
 from foreshock.storage.commands import add_storage_commands
 from foreshock.transport.commands import add_transport_commands
 from foreshock.transport.settings import SettingsError
@@ -130,7 +130,7 @@ def _lab_run(args: argparse.Namespace) -> int:
     )
     sink = None
     if args.kafka is not None:
-        from foreshock.producers.kafka_sink import KafkaSink
+        from foreshock.delivery.kafka_sink import KafkaSink
         from foreshock.transport.settings import load_settings
 
         settings = load_settings(args.config)

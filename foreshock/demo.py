@@ -122,7 +122,7 @@ def run_demo(config: DemoConfig) -> int:
     where the caller started it with SIGINT ignored (a background job of a script)."""
     import signal
 
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.transport.broker import EmbeddedBroker
     from foreshock.transport.settings import KafkaSettings
 

@@ -1,8 +1,8 @@
 """In-trainer producers: the mechanism monitors and the ``Monitor`` that attaches them.
 
-Torch-based names are imported lazily, so that torch-free services can import the torch-free
-parts (the Kafka sink, the spool, ``foreshock spool flush``) without torch installed. The
-record format they write is :mod:`foreshock.transport.records`.
+Torch-based names are imported lazily, so that torch-free code can import the torch-free
+parts (the file sinks) without torch installed; the Kafka sink and its spool are
+``foreshock.delivery``. The record format they write is :mod:`foreshock.transport.records`.
 """
 
 from __future__ import annotations

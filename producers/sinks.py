@@ -2,7 +2,7 @@
 
 The local default is JSON Lines: one record per line, appended and flushed per record, so a
 crash loses at most the line being written and ``tail -f`` / ``jq`` work on a live run.
-The Kafka sink (:class:`~foreshock.producers.kafka_sink.KafkaSink`) streams them to the broker.
+The Kafka sink (:class:`~foreshock.delivery.kafka_sink.KafkaSink`) streams them to the broker.
 """
 
 from __future__ import annotations

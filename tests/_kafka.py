@@ -95,8 +95,8 @@ def tiny_training(
 
 def publish_recorded(settings: KafkaSettings, names: list[str]) -> None:
     """Send shipped lab runs (start, records, end) under their names through a KafkaSink."""
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.harness import Replay, recorded_run
-    from foreshock.producers.kafka_sink import KafkaSink
 
     sink = KafkaSink(settings)
     for name in names:

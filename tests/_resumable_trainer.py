@@ -22,9 +22,9 @@ if os.environ.get("CLOCK_OFFSET"):  # a host whose clock is off, before anything
 
 import torch
 
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.lab.data import ByteBatches, stdlib_bytes
 from foreshock.lab.model import GPT, GPTConfig
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.producers.monitor import Monitor, MonitorConfig
 
 

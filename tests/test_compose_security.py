@@ -19,10 +19,10 @@ import pytest
 from conftest import require_tool
 from test_compose import COMPOSE, COMPOSE_ENV, ROOT, depends_of, env_of, listeners
 
+import foreshock.delivery.control_requests as control_requests
 import foreshock.operate.remedy_requests as remedy_requests
-import foreshock.producers.control_requests as control_requests
 from foreshock.cli import build_parser
-from foreshock.producers.kafka_sink import KafkaSinkConfig
+from foreshock.delivery.kafka_sink import KafkaSinkConfig
 from foreshock.transport.settings import load_settings
 
 SECURE = ROOT / "compose" / "docker-compose.secure.yml"

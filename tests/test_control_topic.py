@@ -17,10 +17,10 @@ import pytest
 from _kafka import service_env
 from test_notify import _closed_port, _event
 
+from foreshock.delivery.control_requests import ControlRequests
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.detectors import alerts
 from foreshock.operate import warnings_commands
-from foreshock.producers.control_requests import ControlRequests
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.remediation.remedy import Remediator, RemedyPolicy, action_record
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore

@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = (
+    "delivery",
     "producers",
     "remediation",
     "integrations",
@@ -37,6 +38,7 @@ ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cy
     "ground": set(),
     "transport": {"ground"},  # the wire, the record format, run files, the consumer
     "notify": {"transport"},
+    "delivery": {"ground", "transport"},  # the Kafka sink, its spool: torch-free
     "storage": {"ground", "transport"},
     "detectors": {"ground", "transport", "storage"},  # profiles and the registry in the store
     "operate": {"ground", "transport", "storage", "detectors"},  # commands, tuning, the builder
@@ -50,8 +52,8 @@ ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cy
     "roof": {
         "ground",
         "transport",
+        "delivery",
         "notify",
-        "producers",
         "remediation",
         "operate",
         "storage",

@@ -92,8 +92,8 @@ def test_a_faulty_rank_beside_a_healthy_one_is_warned_through_the_broker_and_wor
     """Each rank through its own KafkaSink (as ``emit_ranks="all"`` does), the real worker and
     the storage sink: rank 1 gets the warnings it gets alone, each naming rank 1; rank 0
     none; the store keeps both ranks' series apart and the warnings' rank."""
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.detectors.worker import DetectorWorker
-    from foreshock.producers.kafka_sink import KafkaSink
     from foreshock.storage.sink import StorageSink
 
     ensure_topics(kafka_settings)

@@ -21,9 +21,9 @@ import pytest
 from _kafka import Collector, has_end, spool_flush
 from confluent_kafka import KafkaException, Producer
 
-from foreshock.producers import spool as spool_module
-from foreshock.producers.kafka_sink import RECORD_OVERHEAD, KafkaSink
-from foreshock.producers.spool import Spool, SpooledMessage
+from foreshock.delivery import spool as spool_module
+from foreshock.delivery.kafka_sink import RECORD_OVERHEAD, KafkaSink
+from foreshock.delivery.spool import Spool, SpooledMessage
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.topics import ensure_topics
@@ -560,7 +560,7 @@ def test_rejects_files_expire_after_their_keep_time(kafka_settings, tmp_path):
     import os
     import time
 
-    from foreshock.producers.stranded import KEEP_DAYS as REJECTS_KEEP_DAYS
+    from foreshock.delivery.stranded import KEEP_DAYS as REJECTS_KEEP_DAYS
 
     spool = tmp_path / "spool"
     spool.mkdir()

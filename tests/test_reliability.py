@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from benchmarks.pipeline_faults import Plan, kept_unstored, run_fault
-from foreshock.producers.spool import Spool, SpooledMessage
+from foreshock.delivery.spool import Spool, SpooledMessage
 from foreshock.storage.reader import open_history
 from foreshock.storage.reconcile import check_streams, missing_ranges
 from foreshock.storage.rows import BatchBuilder

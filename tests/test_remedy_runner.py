@@ -19,8 +19,8 @@ import torch
 from test_integrations import BATCH, SEQ, WARNED, Tokens, plumbing_config
 from test_remedy_integrations import lightning_callback, lightning_fit, small_training, warning
 
-from foreshock.remediation import ranks as remedy_ranks
 from foreshock.producers.monitor import MonitorConfig
+from foreshock.remediation import ranks as remedy_ranks
 from foreshock.remediation.hooks import RemedyHooks
 from foreshock.remediation.ranks import RemedyRanks
 from foreshock.remediation.remedy import Remediator, RemedyPolicy

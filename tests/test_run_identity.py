@@ -256,7 +256,7 @@ def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, t
     """Two producers claim run id ``twin`` at once (two jobs, one name, neither resuming the
     other): the run's tables hold one job's records — the attempt the broker gave first —
     and every message of the other is stored apart, a dead letter with the reason."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     ensure_topics(kafka_settings)
     _, records = _records()
@@ -287,7 +287,7 @@ def test_two_jobs_under_one_run_id_are_kept_apart_and_reported(kafka_settings, t
 def test_two_producers_claiming_one_attempt_are_reported(kafka_settings, tmp_path):
     """Two jobs given the same explicit attempt: the second one's seqs look like duplicates;
     its ``start`` (another producer) is dead-lettered as a collision instead of vanishing."""
-    from foreshock.producers.kafka_sink import KafkaSink
+    from foreshock.delivery.kafka_sink import KafkaSink
 
     ensure_topics(kafka_settings)
     _, records = _records()
@@ -317,8 +317,8 @@ def test_warnings_continue_through_a_restart_on_the_live_worker(kafka_settings):
     resuming from its checkpoint 10 records back (a new attempt, restart count 1): the live
     worker's warnings are those of the uninterrupted run (same ids, families, modules and
     steps), no more and no fewer."""
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.detectors.worker import DetectorWorker
-    from foreshock.producers.kafka_sink import KafkaSink
 
     ensure_topics(kafka_settings)
     run, records = _records()
@@ -395,8 +395,8 @@ def test_a_stray_job_under_a_live_run_id_is_stored_apart_and_warned_of(kafka_set
     run is warned exactly as if alone, one ``collision`` warning says another job wrote, the
     fleet page shows the live run's status (diverged, not the stray's ``finished``) with the
     collision flagged, and the stray's messages are kept whole, apart, as dead letters."""
+    from foreshock.delivery.kafka_sink import KafkaSink
     from foreshock.detectors.worker import DetectorWorker
-    from foreshock.producers.kafka_sink import KafkaSink
 
     ensure_topics(kafka_settings)
     run, records = _records()

@@ -9,11 +9,11 @@ import threading
 import pytest
 from _kafka import read_warnings
 
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.worker import DetectorWorker
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.operate.detect_commands import default_config
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.transport.attempts import attempt_number
 from foreshock.transport.topics import ensure_topics
 

@@ -4,7 +4,7 @@ refused by a training loop, each with an ``action`` record saying why, while it 
 a signed ``foreshock warnings act`` still reaches it, is applied once and acknowledged, with
 the approver (the allowlist's name and key id) in the record. Everything goes through the
 embedded broker and the product's runner (:class:`~foreshock.remediation.runner.
-Remediation` on a :class:`~foreshock.producers.kafka_sink.KafkaSink`)."""
+Remediation` on a :class:`~foreshock.delivery.kafka_sink.KafkaSink`)."""
 
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ class Loop:
     def __init__(self, settings) -> None:
         import torch
 
+        from foreshock.delivery.kafka_sink import KafkaSink
         from foreshock.lab.arch import build
         from foreshock.lab.model import GPTConfig
-        from foreshock.producers.kafka_sink import KafkaSink
         from foreshock.producers.monitor import Monitor, MonitorConfig
         from foreshock.remediation.remedy import RemedyPolicy
         from foreshock.remediation.runner import Remediation
@@ -213,8 +213,8 @@ def test_a_resumed_attempt_refuses_the_requests_its_checkpoint_saw(tmp_path):
 
     from test_control_topic import _raw
 
+    from foreshock.delivery.control_requests import ControlRequests
     from foreshock.producers.checkpoint_state import load_monitoring_state, monitoring_state
-    from foreshock.producers.control_requests import ControlRequests
     from foreshock.transport.settings import KafkaSettings
 
     key, _, allowlist = _approver(tmp_path)

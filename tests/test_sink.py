@@ -17,10 +17,10 @@ import pytest
 from _kafka import publish_recorded, service_env
 from confluent_kafka import Producer
 
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.detectors.replay import replay_run
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.operate.detect_commands import default_config
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.storage import queries, stream_queries
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder

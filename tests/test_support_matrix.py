@@ -25,8 +25,12 @@ transformers = pytest.importorskip("transformers")
 
 from _reference import reference_stats  # noqa: E402
 
-from foreshock.producers import hf_attention  # noqa: E402
-from foreshock.producers import ListSink, Monitor, MonitorConfig  # noqa: E402
+from foreshock.producers import (  # noqa: E402
+    ListSink,
+    Monitor,
+    MonitorConfig,
+    hf_attention,
+)
 from foreshock.producers.support import ARCHITECTURES, build, render_table  # noqa: E402
 
 torch.set_num_threads(1)

@@ -15,11 +15,11 @@ from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from foreshock.cli import build_parser
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.worker import DetectorWorker
 from foreshock.lab.recorded import load_run, shipped_runs
 from foreshock.operate.detect_commands import default_config
-from foreshock.producers.kafka_sink import KafkaSink
 from foreshock.storage.sink import StorageSink
 from foreshock.telemetry import MetricsPortError, ServiceTelemetry
 from foreshock.transport.topics import ensure_topics

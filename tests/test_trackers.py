@@ -10,9 +10,9 @@ from __future__ import annotations
 import doctest
 from typing import Any
 
+from foreshock.detectors import trackers
 from foreshock.detectors.config import DetectorConfig, SeriesRule
 from foreshock.detectors.trackers import AGGREGATES, TrackerFeed
-from foreshock.detectors import trackers
 
 LAYER = "model.layers.0.self_attn"
 PLUMBING = DetectorConfig(

@@ -15,7 +15,7 @@ from _kafka import Collector, has_end
 from confluent_kafka import Producer
 from conftest import require_tool
 
-from foreshock.producers.kafka_sink import KafkaSink
+from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.transport.broker import BrokerNotFoundError, EmbeddedBroker, find_tansu
 from foreshock.transport.settings import load_settings
 from foreshock.transport.topics import ensure_topics

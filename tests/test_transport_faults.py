@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from _kafka import Collector, has_end, spool_flush, tiny_training
 
-from foreshock.producers.kafka_sink import KafkaSink
-from foreshock.producers.spool import orphaned_spools
+from foreshock.delivery.kafka_sink import KafkaSink
+from foreshock.delivery.spool import orphaned_spools
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 

@@ -4,7 +4,7 @@ A warning names its cause; the policy (:mod:`foreshock.remediation.remedy`) acts
 only where the trainer opted in. Elsewhere a person decides: ``foreshock warnings act ID``
 publishes a *remedy request* on the control topic, keyed by the run id (a run's requests stay
 ordered in one partition), and the trainer's sink hands it to the trainer at its next step
-boundary (``KafkaSink.poll_requests``, :mod:`foreshock.producers.control_requests`). The
+boundary (``KafkaSink.poll_requests``, :mod:`foreshock.delivery.control_requests`). The
 trainer answers with an ``action`` record on the metrics topic carrying the request's
 ``request_id`` (:mod:`foreshock.transport.wire`): the acknowledgement ``warnings act --wait``
 waits for, and the detectors' reason to resolve the warning.

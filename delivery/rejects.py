@@ -25,7 +25,7 @@ from .spool import SpooledMessage, write_all
 
 __all__ = ["REJECTS_MAX_BYTES", "Rejects", "dumps", "loads", "often", "size_text"]
 
-log = logging.getLogger("foreshock.producers.kafka_sink")
+log = logging.getLogger("foreshock.delivery.kafka_sink")
 
 REJECTS_MAX_BYTES = 256 << 20  # past this a rejects file keeps the reason, not the record
 

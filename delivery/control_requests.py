@@ -1,7 +1,7 @@
 """A person's requests for a running trainer, from the control topic, without ever blocking it.
 
 ``foreshock warnings act`` publishes a remedy request on the control topic
-(:mod:`foreshock.transport.control`); the trainer's :class:`~foreshock.producers.kafka_sink.
+(:mod:`foreshock.transport.control`); the trainer's :class:`~foreshock.delivery.kafka_sink.
 KafkaSink` hands it over at a step boundary (``poll_requests()``). What decides the design is
 the training loop: a step boundary must cost nothing and can never wait on a broker.
 

@@ -5,7 +5,7 @@ message, so each message the sink sends is numbered once, in order, and a messag
 format refuses gives its number back. A stream's first message is a ``start`` (synthesised,
 labels empty, if the caller sent none) carrying the producer's version, host and pid; its
 ``end`` carries ``last_seq`` and what this producer refused of it
-(:meth:`~foreshock.producers.rejects.Rejects.summary`). ``attempt`` is the producer's
+(:meth:`~foreshock.delivery.rejects.Rejects.summary`). ``attempt`` is the producer's
 incarnation (:mod:`foreshock.transport.attempts`), stamped on every message.
 """
 

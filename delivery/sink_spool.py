@@ -2,8 +2,8 @@
 
 Why: a message the broker has not acknowledged must outlive the broker's absence, and the
 process too where a disk allows. So the sink appends it to its spool file
-(:class:`~foreshock.producers.spool.Spool`); when that file can't be written (an unwritable
-folder, a full disk) to a bounded in-memory buffer (:class:`~foreshock.producers.spool.
+(:class:`~foreshock.delivery.spool.Spool`); when that file can't be written (an unwritable
+folder, a full disk) to a bounded in-memory buffer (:class:`~foreshock.delivery.spool.
 MemorySpool`), loudly; beyond that a message is dropped and counted, except a run's ``start``
 and ``end``. Spools left by earlier producers in the same folder (*orphans*) are adopted and
 re-sent first. The file holds older messages than memory, so it is drained first; once memory
@@ -22,7 +22,7 @@ from .spool import MemorySpool, Spool, SpooledMessage, is_lifecycle, orphaned_sp
 
 __all__ = ["SinkSpool"]
 
-log = logging.getLogger("foreshock.producers.kafka_sink")
+log = logging.getLogger("foreshock.delivery.kafka_sink")
 
 
 class SinkSpool:

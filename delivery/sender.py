@@ -39,7 +39,7 @@ from .stranded import strand
 
 __all__ = ["PRODUCER_DEFAULTS", "Sender", "client_max_bytes"]
 
-log = logging.getLogger("foreshock.producers.kafka_sink")
+log = logging.getLogger("foreshock.delivery.kafka_sink")
 
 _MAX_KEY_BYTES = 200  # the key is the run id: at most 200 ASCII characters
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -280,7 +280,7 @@ class Sender:
         self, spool: Spool | MemorySpool, batch: list[SpooledMessage]
     ) -> list[SpooledMessage]:
         """``batch`` less the messages for topics the broker does not have, which go to the
-        stranded file (:mod:`~foreshock.producers.stranded`): sent, they would time out as if
+        stranded file (:mod:`~foreshock.delivery.stranded`): sent, they would time out as if
         the broker were down, and hold up every spool behind them for good."""
         unknown = {m.topic for m in batch} - self.topics
         if not unknown:
@@ -362,7 +362,7 @@ class Sender:
 
     def _keep_unconfirmed(self) -> None:
         """Closing: spool what the storage sink's group has not confirmed stored
-        (:func:`~foreshock.producers.confirm.unconfirmed`): a broker that restarts without its
+        (:func:`~foreshock.delivery.confirm.unconfirmed`): a broker that restarts without its
         data after this producer is gone must not take those messages with it."""
         if not self.confirm_group or not self.recent.items:
             return

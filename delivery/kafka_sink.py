@@ -4,18 +4,18 @@
 bounded in-memory queue — or, if that queue is full, appends it to the local spool. The rest
 happens in small pieces, one idea each:
 
-* :mod:`~foreshock.producers.stream_numbers` — a gap-free ``seq`` per (run_id, rank) of this
+* :mod:`~foreshock.delivery.stream_numbers` — a gap-free ``seq`` per (run_id, rank) of this
   producer's ``attempt``, a synthesised ``start`` and ``end`` (``last_seq``);
-* :mod:`~foreshock.producers.sink_encoding` — the wire bytes, or a *stand-in* with the seq of a
+* :mod:`~foreshock.delivery.sink_encoding` — the wire bytes, or a *stand-in* with the seq of a
   valid record too large to carry;
-* :mod:`~foreshock.producers.rejects` — what could not be sent: the rejects file and counters;
-* :mod:`~foreshock.producers.sink_spool` — the spool file, memory when it can't be written,
+* :mod:`~foreshock.delivery.rejects` — what could not be sent: the rejects file and counters;
+* :mod:`~foreshock.delivery.sink_spool` — the spool file, memory when it can't be written,
   and earlier producers' orphaned spools;
-* :mod:`~foreshock.producers.sender` — the one thread that owns the confluent-kafka producer:
+* :mod:`~foreshock.delivery.sender` — the one thread that owns the confluent-kafka producer:
   sends, spools what the broker did not acknowledge, probes with back-off, re-sends the
   spools in order, replays what a restarted broker forgot, and at close waits for the storage
   sink's group to confirm (``foreshock spool flush`` re-sends by hand).
-* :mod:`~foreshock.producers.control_requests` — the other way: a person's requests for this
+* :mod:`~foreshock.delivery.control_requests` — the other way: a person's requests for this
   sink's runs from the control topic (``foreshock warnings act``), read by a thread of its
   own and handed to the trainer by ``poll_requests()`` at a step boundary.
 
@@ -103,7 +103,7 @@ class KafkaSink:
     field of :class:`KafkaSinkConfig` as a keyword.
 
     Counters: ``delivered``, ``spooled``, ``replayed``, ``stranded`` (spooled messages for a
-    topic the broker does not have, set aside: :mod:`~foreshock.producers.stranded`);
+    topic the broker does not have, set aside: :mod:`~foreshock.delivery.stranded`);
     ``rejected`` (records refused, see ``rejects_path``), ``dropped`` (valid messages no spool
     could hold), ``reasons`` (both, by reason), ``errors`` (unexpected exceptions caught);
     ``spool_error`` (why the spool file is not being written, or None); ``unconfirmed``
