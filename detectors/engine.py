@@ -1,33 +1,28 @@
 """One run's detectors: standardize each series, accumulate, warn, attribute, time the lead.
 
-The same code runs live (the Kafka worker) and offline (``foreshock detect --replay``): it
-sees a run's wire messages in seq order and returns events. A run written per rank has one of
-these per rank (:mod:`foreshock.detectors.streams`); "run" below is then that rank's stream.
+The same code runs live (the Kafka worker) and offline (``foreshock detect --replay``) on a
+run's wire messages in seq order, returning events; per rank where the run was written per
+rank (:mod:`foreshock.detectors.streams`).
 
-* Each configured series (module level, e.g. ``attn.d2.entropy_mean@h.0.attn``:
-  :mod:`~foreshock.detectors.series`) is measured against the run's own warm-up and fed, per
-  direction, to a one-sided CUSUM of its residual from its own trend (``cusum`` rules: a
-  change in rate) or to a sustained-level test of its log ratio to the warm-up level
-  (``level`` rules: a slide too far).
+* Each configured series (e.g. ``attn.d2.entropy_mean@h.0.attn``: :mod:`.series`) is read
+  against the run's own warm-up and fed, per direction, to a one-sided CUSUM of its residual
+  from its own trend (``cusum`` rules: a change in rate) or to a sustained-level test of its
+  log ratio to the warm-up level (``level`` rules: a slide too far).
 * A family fires for a module when one of its series' statistics has stayed above that
   metric's calibrated threshold h for ``confirm`` records in a row; one warning stays open
-  per (run, family, module) until every one of its statistics has stayed back below h for
-  ``release`` records in a row (hysteresis: a warning that flapped paged twice), or until the
-  run ends (every rank that wrote to it sent its ``end``), or until the trainer acted on it
-  (an applied ``action`` record naming it: :mod:`~foreshock.detectors.action_records`): then
-  a ``cleared`` event (resolved, in what people read) whose ``evidence.resolved_by`` says
-  which, ``"statistic"``, ``"run ended"`` or ``"action"``. A run that ended leaves no warning
-  open: nothing else would ever close it.
+  per (run, family, module) until its statistics stayed below h for ``release`` records in a
+  row (hysteresis), the run ended (every rank sent its ``end``: nothing else would close it)
+  or the trainer acted on it (an applied ``action`` record naming it:
+  :mod:`~foreshock.detectors.action_records`); then a ``cleared`` event whose
+  ``evidence.resolved_by`` says which: ``"statistic"``, ``"run ended"`` or ``"action"``.
 * Attribution is earned, not assumed (:mod:`~foreshock.detectors.attribution`): the first
-  mechanism family to fire is the ``cause`` when the other family is calm at that record
-  (each of its sustained statistics below ``calm_ratio`` × h), ``optimizer`` when every
-  weight grew first (:mod:`~foreshock.detectors.inflation`); warnings of the other family
-  that follow are ``secondary``. When both cross on the same record every mechanism warning
-  of the run is ``ambiguous``. A record is read whole before any warning opens, so the order
-  of its values never decides. Symptom warnings are ``symptom``.
-* The loss divergence (the lab's rule, :mod:`foreshock.detectors.divergence`, or the run's own
-  ``end.divergence_step`` when the producer knew it) gives each warning its lead time, sent as
-  an ``updated`` event once known.
+  mechanism family to fire is the ``cause`` when the other is calm at that record (each of
+  its sustained statistics below ``calm_ratio`` × h), ``optimizer`` when every weight grew
+  first (:mod:`~foreshock.detectors.inflation`); the other family's later warnings are
+  ``secondary``; both crossing on one record make every mechanism warning ``ambiguous`` (a
+  record is read whole first: the order of its values never decides). Symptoms: ``symptom``.
+* The loss divergence (:mod:`foreshock.detectors.divergence`, or the run's own
+  ``end.divergence_step``) gives each warning its lead time, an ``updated`` event once known.
 """
 
 from __future__ import annotations
@@ -69,21 +64,20 @@ class RunDetector:
     a stray, skipped, with one ``collision`` warning (:mod:`.collisions`). On a takeover
     (``_follow``) every warning the old attempt left open is resolved (``resolved_by:
     superseded``); if the record goes back to a step already seen, the state is rebuilt as it
-    was just before that step (:mod:`~foreshock.detectors.rewind`: the newest snapshot at or
-    before it, then the kept records after it), and the warnings still open there are opened
-    again under the new attempt's ids (``alert_id``'s ``attempt``): what an uninterrupted run
-    would hold, and every receiver hears of it. A message of an *older* attempt (a crashed
-    job's spool flushed late) is counted (``ignored``) and left to the store. The last
-    ``MAX_REPLAY`` records are kept, a snapshot every ``SNAPSHOT_EVERY``: a resume in that
-    window is rebuilt exactly; one further back starts from nothing, and says so in the log.
+    was just before that step (:mod:`~foreshock.detectors.rewind`, exact within the last
+    ``MAX_REPLAY`` records; further back it starts from nothing and logs it), and the warnings
+    still open there are opened again under the new attempt's ids: what an uninterrupted run
+    would hold. A message of an *older* attempt (a crashed job's spool flushed late) is
+    counted (``ignored``) and left to the store.
 
     **One detector follows one rank** (:mod:`~foreshock.detectors.streams`): built with
-    ``rank``, its warnings name the rank (``RunWarning.rank``, in their ids too) once its
-    records are per-rank records of a run of more than one process, or the rank is not 0.
+    ``rank``, its warnings name it (in their ids too) once its records are per-rank records
+    of a multi-process run, or the rank is not 0.
     """
 
     MAX_REPLAY = 5_000
     SNAPSHOT_EVERY = 250
+    _HISTORY = ("alerts", "_open", "_calm", "cause", "peaks", "divergence_step", "last_step")
 
     def __init__(
         self, run_id: str, config: DetectorConfig | ProfileConfigs, rank: int | None = None
@@ -182,15 +176,25 @@ class RunDetector:
         return events
 
     def _on_action(self, message: dict[str, Any]) -> list[RunWarning]:
-        """An action the trainer took: an applied one resolves the open warning it names. Kept
-        with the records, so that a rebuild after a resume resolves it again."""
+        """An applied action resolves the open warning it names (kept with the records: a
+        rebuild after a resume resolves it again). A rollback to step r rebuilds the series
+        as they were before r, keeping what happened: the next records go on from the
+        restored weights, not across the jump back (a weight trend fitted across it once
+        read the regrowth as inflation: a false optimizer warning)."""
         why = resolution(message)
+        if why is None:
+            return []
         wanted = message.get("warning_id")
         key = next((k for k, alert in self._open.items() if alert.id == wanted), None)
-        if why is None or key is None:
-            return []
-        self._rewind.note(message)
-        return self._resolve(*key, int(message["step"]), why)
+        events: list[RunWarning] = []
+        if key is not None:
+            self._rewind.note(message)
+            events = self._resolve(*key, int(message["step"]), why)
+        if message.get("rolled_back_to") is not None and not self._replaying:
+            kept = {name: getattr(self, name) for name in self._HISTORY}
+            self._resume(int(message["rolled_back_to"]))
+            vars(self).update(kept)
+        return events
 
     def _follow(self, attempt: int, step: int) -> list[RunWarning]:
         """A newer attempt takes over at ``step`` (see the class docstring): resolve what the

@@ -5,6 +5,7 @@ action nor a dry run."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import jsonschema
 import pytest
@@ -130,6 +131,34 @@ def test_an_applied_action_resolves_the_warning_it_names():
     said = summary(WarningEvent.from_message(cleared.to_message()))
     assert f"(the trainer acted: hold-lr at step {step}, approved by a person)" in said
     assert detector.update(_wire(record)) == []  # resolved once: a repeat names no open one
+
+
+def test_a_rollback_rebuilds_the_series_as_if_the_undone_steps_never_ran():
+    """An applied action that rolled the weights back to step r: the detectors' series (and
+    every other piece of state but what happened: the warnings, the peaks, the last step) are
+    those of the run fed only the records before r, so the records after the action — a
+    Trainer numbers them on — go on from the restored weights."""
+    run, rolled = _run(), RunDetector(RUN, default_config())
+    events, i = _until_warned(rolled, run)
+    (warning,) = [e for e in events if e.event == "opened"]
+    step, back = rolled.last_step, run.records[i - 5]["step"]
+    record = _action(warning.id, step, family=warning.family, rolled_back_to=back)
+    (cleared,) = rolled.update(_wire(record))
+    assert cleared.evidence["action"]["rolled_back_to"] == back
+
+    fresh = RunDetector(RUN, default_config())
+    fresh.update({**run.start, "kind": "start"})
+    for earlier in run.records:
+        if earlier["step"] < back:
+            fresh.update({**earlier, "kind": "metrics"})
+
+    def series_state(detector: RunDetector) -> bytes:
+        state = detector._snapshot()
+        return pickle.dumps({k: v for k, v in state.items() if k not in RunDetector._HISTORY})
+
+    assert series_state(rolled) == series_state(fresh)  # the same computation, replayed
+    assert rolled.last_step == step and warning.id in {a.id for a in rolled.alerts}
+    assert not rolled.open_alerts  # resolved by the action, not reopened by the rebuild
 
 
 @pytest.mark.parametrize(
