@@ -49,10 +49,11 @@ from ._table import emit_json, format_table
 STEPS, ONSET, BATCH, PEAK, EVERY = 1200, 240, 16, 1e-3, 25
 DATA = STEPS * 3 // 2  # batches in the dataset
 ARCHS = ("qwen2-moe", "qwen2")
-POLICIES = ("none", "foreshock", "foreshock-rollback", "zclip", "clip-1.0", "spam")
-# foreshock's variants: the default policy; the same, every action restoring the newest
-# snapshot before the warning's first evidence first (``rollback = true``)
-FORESHOCK = {"foreshock": {}, "foreshock-rollback": {"rollback": True}}
+POLICIES = ("none", "foreshock", "foreshock-no-rollback", "zclip", "clip-1.0", "spam")
+# foreshock's variants: the default policy (on the zero-shot profile, every action restores
+# the newest snapshot before the warning's first evidence first); the same without that
+# rollback (the router's alone, as on a calibrated profile)
+FORESHOCK = {"foreshock": {}, "foreshock-no-rollback": {"rollback_uncalibrated": False}}
 FAULTS = ("fa-lowprec", "lr-high")
 
 

@@ -42,7 +42,9 @@ plots update ``s`` at ``s + 1``; Lightning at ``s``).
 from __future__ import annotations
 
 import logging
+import pickle
 import re
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -154,9 +156,33 @@ class TrackerUpdate:
 class InProcessDetector(RunDetector):
     """The service's detector, keeping no records: in one training process every record is of
     one attempt, so there is no resume to replay (a restarted process starts a new feed); the
-    service keeps the last 5,000 of them, which for a model of many layers is gigabytes."""
+    service keeps the last 5,000 of them, which for a model of many layers is gigabytes.
+
+    What it keeps instead, where the remedies may roll back (``keep_states``): its state
+    before each of the last ``n`` monitoring records (a pickle of tens of kB each), so that a
+    rollback to step r restores the state before the first record at or after r — what the
+    service rebuilds from its records — rather than starting from nothing."""
 
     MAX_REPLAY = 0
+
+    def keep_states(self, n: int) -> None:
+        self._states: deque[tuple[int, bytes]] = deque(maxlen=n)
+
+    def update(self, message: dict[str, Any]) -> list[RunWarning]:
+        kept = getattr(self, "_states", None)
+        if kept is not None and message.get("kind", "metrics") == "metrics":
+            kept.append((int(message["step"]), pickle.dumps(self._snapshot())))
+        return super().update(message)
+
+    def _resume(self, step: int) -> None:
+        """Back to just before ``step`` (a rollback: the only way back in one process)."""
+        kept = getattr(self, "_states", None) or deque()
+        later = [(s, blob) for s, blob in kept if s >= step]
+        if not later:  # nothing kept that far back: from nothing, logged
+            return super()._resume(step)
+        self._reset()
+        vars(self).update(pickle.loads(min(later)[1]))
+        self._states = deque(((s, b) for s, b in kept if s < step), kept.maxlen)
 
 
 class TrackerFeed:
@@ -203,6 +229,21 @@ class TrackerFeed:
                 "foreshock: in-process warnings disabled, the detectors could not be built",
                 exc_info=True,
             )
+
+    def keep_states(self, records: int) -> None:
+        """Keep the detectors' state before each of the last ``records`` monitoring records,
+        for a rollback (:class:`InProcessDetector`)."""
+        if self.detector is not None:
+            self.detector.keep_states(records)
+
+    @property
+    def uncalibrated(self) -> bool:
+        """Whether the run is judged by the fallback profile (zero-shot): no profile was
+        calibrated on its model."""
+        if self.detector is None:
+            return False
+        fallback = getattr(self.detector._configs, "fallback", None)
+        return self.detector.profile.name == fallback
 
     def profile_fields(self) -> dict[str, Any]:
         """For the run's ``end`` record: the profile the in-process detectors judged it by,

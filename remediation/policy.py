@@ -54,6 +54,11 @@ class RemedyPolicy:
     # (the default: a router's, whose rows have aligned by the warning — holding its learning
     # rate from there keeps the routing collapsed: see the module docstring)
     rollback: bool | Sequence[str] = ("router",)
+    # on the fallback profile (zero-shot: none was calibrated on this model) every action
+    # restores that snapshot first: its warnings come late (its rules reach 25–34 % of the
+    # envelope lead), and on two unseen models only acting on the undamaged weights ended
+    # runs inside the healthy band (docs/remediation.md); in one process
+    rollback_uncalibrated: bool = True
     max_actions: int = 3  # per run
     backoff_steps: int = 100  # steps between two actions
     dry_run: bool = False  # decide and report, do nothing

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +141,12 @@ class Remediation:
         act: a failure to build, or ranks that cannot act together."""
         runner = None
         try:
+            feed = feed if feed is not None else _feed(warnings, monitor, labels)
+            policy = _for_profile(policy, feed, monitor)
             keep = policy.keeps_snapshots(_causes(monitor)) and snapshots > 0  # 0: none
             ring = SnapshotRing(snapshots, snapshot_every) if keep else None
+            if ring is not None and feed is not None:  # the detectors go back with the weights
+                feed.keep_states((snapshots + 1) * snapshot_every // monitor.config.every + 1)
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
                 optimizer,
@@ -159,7 +164,7 @@ class Remediation:
                 rank=monitor.rank,
                 write=sink.write if monitor.active else None,
                 requests=getattr(sink, "poll_requests", None),
-                feed=feed if feed is not None else _feed(warnings, monitor, labels),
+                feed=feed,
             )
         except Exception:
             log.warning("foreshock remedy: off, it could not be set up", exc_info=True)
@@ -309,6 +314,17 @@ def _feed(warnings: Any, monitor: Monitor, labels: Mapping[str, Any] | None) -> 
     feed = TrackerFeed(warnings)
     feed.start(monitor.run_id, dict(labels or {}), monitor.signature())
     return feed
+
+
+def _for_profile(policy: RemedyPolicy, feed: TrackerFeed | None, monitor: Monitor) -> RemedyPolicy:
+    """The policy for a run the fallback profile judges: every action rolls back first
+    (``rollback_uncalibrated``). In one process only: ranks must keep the same snapshots."""
+    if not policy.rollback_uncalibrated or policy.rollback is True or monitor.world_size > 1:
+        return policy
+    if feed is None or not feed.uncalibrated:
+        return policy
+    log.info("foreshock remedy: no profile was calibrated on this model: actions roll back")
+    return replace(policy, rollback=True)
 
 
 def _causes(monitor: Monitor) -> tuple[str, ...]:

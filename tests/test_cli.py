@@ -45,14 +45,14 @@ print(json.dumps(failed))
 
 
 def _service_modules() -> list[str]:
-    """Every module of the service side: the core and the service packages, recursively, and
-    the producers' torch-free part (the sinks, the spool, ``spool flush``)."""
-    names = ["foreshock.producers"]
-    torch_free = ("sinks", "spool", "stranded", "kafka_sink", "commands")
-    names += [f"foreshock.producers.{m}" for m in torch_free]
+    """Every module of the service side: the core and the service packages, recursively (the
+    Kafka sink's room, ``delivery``, with its spool and ``spool flush``), and the producers'
+    torch-free part (the file sinks)."""
+    names = ["foreshock.producers", "foreshock.producers.sinks"]
     for package in [
         "foreshock",
         "foreshock.transport",
+        "foreshock.delivery",
         "foreshock.detectors",
         "foreshock.notify",
         "foreshock.storage",

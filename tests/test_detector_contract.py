@@ -162,6 +162,8 @@ NOT_DETECTORS = {
     "RunStreams": "a run's RunDetectors, one per rank, tested in test_per_rank",
     "ScheduleClock": "where a run's learning-rate schedule stands, tested in test_recipes",
     "Detector": "the protocol every kind's detector meets (kinds.py), checked per kind below",
+    "InProcessDetector": "a RunDetector in the trainer's process, tested in test_trackers",
+    "TrackerFeed": "the trackers' feed of a RunDetector, tested in test_trackers",
 }
 
 # Not a river ``base.Base`` yet, so no clone() and the default repr(); strict, so the

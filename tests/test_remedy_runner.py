@@ -206,3 +206,36 @@ def test_the_lightning_callback_reports_the_resolution_to_its_trackers(tmp_path:
     [resolved] = [u for u in reported if u.step == WARNED + 1]
     assert resolved.scalars[key] == 0.0
     assert [e.evidence.get("resolved_by") for e in resolved.events] == ["action"]
+
+
+def test_on_the_fallback_profile_every_action_rolls_back_first() -> None:
+    """A model no profile was calibrated on (a transformers Qwen2: the zero-shot profile
+    judges it) gets a policy that rolls back for every cause, and the snapshots that needs;
+    ``rollback_uncalibrated = false`` keeps the policy as given (a dense model then keeps no
+    snapshot); a model its profile knows (the lab's GPT-MoE) keeps it too."""
+    transformers = pytest.importorskip("transformers")
+    from foreshock.lab.model import GPT, GPTConfig
+    from foreshock.producers.monitor import Monitor
+    from foreshock.producers.sinks import ListSink
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1,
+        intermediate_size=32, vocab_size=256, max_position_embeddings=32,
+    )  # fmt: skip
+    qwen2 = transformers.Qwen2ForCausalLM(config)
+
+    def runner(model: torch.nn.Module, policy: RemedyPolicy, **labels: str) -> Remediation:
+        monitor = Monitor(model, ListSink(), run_id="r")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        built = Remediation.for_monitor(policy, monitor, optimizer, labels=labels)
+        assert built is not None and built.feed is not None
+        return built
+
+    unseen = runner(qwen2, RemedyPolicy())
+    assert unseen.feed.uncalibrated and unseen.policy.rollback is True
+    assert unseen.remedies.ring is not None and unseen.remediator.policy.rollback is True
+    asked = runner(qwen2, RemedyPolicy(rollback_uncalibrated=False))
+    assert asked.policy.rollback == ("router",) and asked.remedies.ring is None
+    known = runner(GPT(GPTConfig()), RemedyPolicy(), arch="gpt-moe")  # its profile's size
+    assert not known.feed.uncalibrated and known.policy.rollback == ("router",)
