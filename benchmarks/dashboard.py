@@ -43,7 +43,7 @@ def _serve(store: Path) -> tuple[subprocess.Popen, str]:
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "dashboard",
             "--store",
             str(store),

@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from foreshock.harness import Replay, recorded_runs
+from foreshock.app.harness import Replay, recorded_runs
 from foreshock.transport.settings import KafkaSettings
 from foreshock.transport.wire import encode
 

@@ -113,8 +113,8 @@ class Fleet:
 
     def send(self, run: Any) -> str:
         """Send one recorded run; returns the profile the worker will judge it by."""
+        from foreshock.app.harness import Replay
         from foreshock.delivery.kafka_sink import KafkaSink
-        from foreshock.harness import Replay
 
         chosen = self.worker.detectors.choose(run.start).name
         sink = KafkaSink(self.settings)

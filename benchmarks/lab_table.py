@@ -170,7 +170,7 @@ def generate(
                 [
                     sys.executable,
                     "-m",
-                    "foreshock.cli",
+                    "foreshock.app.cli",
                     "lab",
                     "run",
                     "--quiet",

@@ -1,7 +1,7 @@
 """Faults survived: kill and restart each part of the pipeline under a live fleet; count losses.
 
 For one fault (:data:`FAULTS`: ``none`` as the control, then ``worker``, ``sink``, ``broker``
-and ``dashboard``) a fresh :class:`~foreshock.harness.Pipeline` runs on 127.0.0.1:
+and ``dashboard``) a fresh :class:`~foreshock.app.harness.Pipeline` runs on 127.0.0.1:
 the embedded Tansu, one ``foreshock detect`` worker, one ``foreshock sink`` and ``foreshock
 dashboard``, each its own process. A fleet of recorded lab runs (``Plan.runs``) streams
 through it, each run from its own producer (a
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foreshock.harness import (
+from foreshock.app.harness import (
     DASHBOARD,
     DETECT,
     SINK,

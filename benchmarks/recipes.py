@@ -106,7 +106,7 @@ class Spec:
         args += ["--lr", f"{1e-3 * self.lr_factor:g}", "--steps", str(self.steps)]
         args += [] if self.onset is None else ["--onset", str(self.onset)]
         run_id = ["--run-id", self.run_id, "--quiet", "--out", str(out)]
-        return [sys.executable, "-m", "foreshock.cli", "lab", "run", *args, *run_id]
+        return [sys.executable, "-m", "foreshock.app.cli", "lab", "run", *args, *run_id]
 
 
 def _healthy() -> list[Spec]:

@@ -53,7 +53,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from foreshock.harness import (
+from foreshock.app.harness import (
     DASHBOARD,
     DETECT,
     SINK,

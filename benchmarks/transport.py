@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from foreshock.harness import paced, recorded_runs, renumbered
+from foreshock.app.harness import paced, recorded_runs, renumbered
 from foreshock.transport.settings import KafkaSettings
 
 from ._table import emit_json, format_table, quantile

@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from foreshock.harness import scoped, service_env
+from foreshock.app.harness import scoped, service_env
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings
 
@@ -93,7 +93,7 @@ def flush(settings: KafkaSettings, timeout: float) -> tuple[float, str]:
     env = {**os.environ, **service_env(settings)}
     tick = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", str(timeout)],
+        [sys.executable, "-m", "foreshock.app.cli", "spool", "flush", "--timeout", str(timeout)],
         env=env,
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ root=$PWD
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/foreshock"
-for room in transport delivery producers remediation integrations detectors operate notify storage dashboard lab; do
+for room in app transport delivery producers remediation integrations detectors operate notify storage dashboard lab; do
   ln -s "$root/$room" "$tree/foreshock/$room"
 done
 for module in foreshock/*.py; do ln -s "$root/$module" "$tree/foreshock/"; done

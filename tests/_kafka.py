@@ -95,8 +95,8 @@ def tiny_training(
 
 def publish_recorded(settings: KafkaSettings, names: list[str]) -> None:
     """Send shipped lab runs (start, records, end) under their names through a KafkaSink."""
+    from foreshock.app.harness import Replay, recorded_run
     from foreshock.delivery.kafka_sink import KafkaSink
-    from foreshock.harness import Replay, recorded_run
 
     sink = KafkaSink(settings)
     for name in names:
@@ -111,7 +111,7 @@ def service_env(settings: KafkaSettings) -> dict[str, str]:
     """The environment a `foreshock` subprocess needs to use these settings' topics."""
     import os
 
-    from foreshock import harness
+    from foreshock.app import harness
 
     return {**os.environ, **harness.service_env(settings)}
 
@@ -145,7 +145,7 @@ def read_warnings(settings: KafkaSettings, idle: float = 3.0) -> list[dict[str, 
 def spool_flush(settings: KafkaSettings, timeout: float = 60) -> subprocess.CompletedProcess:
     """``foreshock spool flush`` in its own process, as an operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "spool", "flush", "--timeout", str(timeout)],
+        [sys.executable, "-m", "foreshock.app.cli", "spool", "flush", "--timeout", str(timeout)],
         env=service_env(settings),
         capture_output=True,
         text=True,

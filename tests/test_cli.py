@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from foreshock.cli import build_parser
+from foreshock.app.cli import build_parser
 
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
 
@@ -89,14 +89,14 @@ def test_torch_really_blocked_in_that_check() -> None:
 
 
 def test_help_without_torch() -> None:
-    done = run_python(BLOCK_TORCH + "from foreshock.cli import main\nmain(['--help'])\n")
+    done = run_python(BLOCK_TORCH + "from foreshock.app.cli import main\nmain(['--help'])\n")
     assert done.returncode == 0
     assert "smoke" in done.stdout
 
 
 def test_smoke_without_torch_says_how_to_install() -> None:
     done = run_python(
-        BLOCK_TORCH + "from foreshock.cli import main\nraise SystemExit(main(['smoke']))\n"
+        BLOCK_TORCH + "from foreshock.app.cli import main\nraise SystemExit(main(['smoke']))\n"
     )
     assert done.returncode == 2
     assert "pip install" in done.stderr
@@ -109,7 +109,7 @@ def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "smoke",
             "--steps",
             "21",
@@ -139,7 +139,9 @@ def test_smoke_command_runs_and_writes_records(tmp_path: Path) -> None:
 def foreshock(*args: str, env: dict[str, str] | None = None, prelude: str = ""):
     """``foreshock ARGS`` in a fresh interpreter (logging and os.environ stay untouched here);
     ``prelude`` runs first (to stand in a quick fake for a command)."""
-    code = prelude + "import sys\nfrom foreshock.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = (
+        prelude + "import sys\nfrom foreshock.app.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORESHOCK_")}
     return subprocess.run(
         [sys.executable, "-c", code, *args],

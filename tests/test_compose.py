@@ -19,7 +19,7 @@ import pytest
 from conftest import require_tool
 
 from foreshock import logs
-from foreshock.cli import build_parser
+from foreshock.app.cli import build_parser
 from foreshock.transport.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from test_compose import COMPOSE, COMPOSE_ENV, ROOT, depends_of, env_of, listene
 
 import foreshock.delivery.control_requests as control_requests
 import foreshock.operate.remedy_requests as remedy_requests
-from foreshock.cli import build_parser
+from foreshock.app.cli import build_parser
 from foreshock.delivery.kafka_sink import KafkaSinkConfig
 from foreshock.transport.settings import load_settings
 

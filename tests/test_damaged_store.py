@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.dashboard.text import WORD_JOINER
 from foreshock.lab.recorded import shipped_runs
 from foreshock.operate.detect_commands import default_config

@@ -156,7 +156,7 @@ def url(tmp_path_factory, recorder):
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "dashboard",
             "--store",
             str(root),

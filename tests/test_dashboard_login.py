@@ -229,7 +229,7 @@ def dashboard(tmp_path_factory, provider):
     )
     auth.chmod(stat.S_IRUSR | stat.S_IWUSR)
     log = folder / "dashboard.log"
-    command = [sys.executable, "-m", "foreshock.cli", "dashboard", "--store", str(root)]
+    command = [sys.executable, "-m", "foreshock.app.cli", "dashboard", "--store", str(root)]
     with open(log, "w") as out:
         process = subprocess.Popen(
             [*command, "--port", str(port), "--auth", str(auth)],

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from foreshock.services import foreshock_command
+from foreshock.app.services import foreshock_command
 from foreshock.transport.broker import free_port
 
 
@@ -80,7 +80,7 @@ def test_ctrl_c_or_sigterm_stops_everything_the_demo_started(tmp_path, sig):
 @pytest.mark.parametrize("count", [40, 250])
 def test_replayed_runs_have_distinct_run_ids_and_mix_scenarios(count):
     """A run id replayed twice would interleave two copies of one run in one stream."""
-    from foreshock.demo import _replay_plan
+    from foreshock.app.demo import _replay_plan
     from foreshock.lab.recorded import shipped_runs
 
     plan = _replay_plan(count, "t")

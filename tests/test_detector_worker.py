@@ -63,7 +63,7 @@ def _worker(settings, config_path: str, idle_exit: float) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "detect",
             "--detector-config",
             config_path,

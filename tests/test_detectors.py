@@ -291,7 +291,7 @@ def test_detect_replay_cli_prints_json_per_run(tmp_path, calibrated):
     command = [
         sys.executable,
         "-m",
-        "foreshock.cli",
+        "foreshock.app.cli",
         "detect",
         "--json",
         "--detector-config",

@@ -27,7 +27,7 @@ from benchmarks.readme import (
     results_section,
     with_figure_tables,
 )
-from foreshock.cli import build_parser
+from foreshock.app.cli import build_parser
 from foreshock.notify.targets import RECEIVER_SETTINGS
 from foreshock.notify.targets import SETTINGS as NOTIFY_SETTINGS
 from foreshock.storage.location import SETTINGS as STORE_SETTINGS

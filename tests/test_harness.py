@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from foreshock import harness
+from foreshock.app import harness
 from foreshock.lab.recorded import shipped_runs
 from foreshock.transport.settings import KafkaSettings, load_settings
 

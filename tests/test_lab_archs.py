@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.lab.arch import ARCHS, build, check_model, default_model
 from foreshock.lab.faults import Fault, default_capacity
 from foreshock.lab.model import GPTConfig, MoE

@@ -20,7 +20,7 @@ import pytest
 from _kafka import service_env
 from confluent_kafka import Producer
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.detectors.warning_facts import alert_id
 from foreshock.notify import ledger, payloads, signing, targets
 from foreshock.notify.courier import Courier, Job
@@ -456,7 +456,7 @@ def test_cli_needs_a_target_and_stops_on_sigterm(kafka_settings, capsys) -> None
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "notify",
             "--webhook",
             receiver.url("/hook"),
@@ -490,7 +490,7 @@ def test_cli_needs_a_target_and_stops_on_sigterm(kafka_settings, capsys) -> None
 
 def test_every_target_kind_is_a_registered_receiver_with_its_own_flag() -> None:
     """A kind is registered once (receivers.py); the target check and the CLI read it."""
-    from foreshock.cli import build_parser
+    from foreshock.app.cli import build_parser
     from foreshock.notify.receivers import RECEIVERS
     from foreshock.notify.targets import Target, kinds
 

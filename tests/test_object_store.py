@@ -448,7 +448,7 @@ def test_tune_publishes_into_a_store_on_s3_and_detectors_load_it_from_there(loca
     }
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "foreshock.cli", *argv, "--store", location.uri]
+        command = [sys.executable, "-m", "foreshock.app.cli", *argv, "--store", location.uri]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
     grid = ["--grid-k", "0.5", "--grid-confirm", "1", "--grid-trend-beta", "0.2"]
@@ -489,7 +489,7 @@ def test_a_torn_commit_on_s3_is_named_and_repaired(s3, location):
         **os.environ,
         **{f"FORESHOCK_STORE_OPTION_{k.upper()}": v for k, v in location.options.items()},
     }
-    command = [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", location.uri]
+    command = [sys.executable, "-m", "foreshock.app.cli", "store", "check", "--store", location.uri]
     check = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert check.returncode == 2 and newest.rsplit("/", 1)[-1] in check.stderr, check.stderr
     assert "Traceback" not in check.stderr

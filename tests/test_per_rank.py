@@ -22,9 +22,9 @@ import pyarrow as pa
 import pytest
 from _kafka import read_warnings
 
+from foreshock.app.harness import recorded_run
 from foreshock.detectors.engine import RunDetector
 from foreshock.detectors.replay import replay
-from foreshock.harness import recorded_run
 from foreshock.operate.detect_commands import default_config
 from foreshock.operate.tune import replay_messages
 from foreshock.storage import queries

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.lab.recorded import RECORDED_DIR
 from foreshock.operate import profile_builder as pb
 from foreshock.operate.profile_groups import by_signature, fleet_runs

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from foreshock.cli import main
+from foreshock.app.cli import main
+from foreshock.app.harness import Replay
 from foreshock.detectors import profile_switch
 from foreshock.detectors.profile_switch import MAX_KEPT, switch
 from foreshock.detectors.profiles import load_profiles, merged, shipped_profiles
 from foreshock.detectors.registry import profiles_folder
 from foreshock.detectors.streams import RunStreams
-from foreshock.harness import Replay
 from foreshock.lab.recorded import RECORDED_DIR, load_run
 from foreshock.operate import profile_builder as pb
 

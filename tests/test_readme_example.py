@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.lab.data import ByteBatches, stdlib_bytes
 from foreshock.lab.model import GPT, GPTConfig
 from foreshock.transport.run_files import load_run

@@ -100,7 +100,7 @@ def test_store_check_finds_the_streams_with_missing_seqs(tmp_path):
     assert checks["running"].status == "open" and checks["running"].missing == [(2, 2)]
     assert missing_ranges(list(range(5)), 5) == []
 
-    cli = [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", str(tmp_path)]
+    cli = [sys.executable, "-m", "foreshock.app.cli", "store", "check", "--store", str(tmp_path)]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "holed" in done.stdout and "3-4 7-8" in done.stdout and "whole" not in done.stdout

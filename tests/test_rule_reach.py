@@ -36,7 +36,7 @@ def test_a_level_rule_fires_at_its_warm_up_level_times_e_to_the_h():
 def test_foreshock_detect_prints_what_each_rule_takes():
     path = shipped_runs(RECORDED_DIR / "qwen3-moe")[0]
     done = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "detect", "--replay", str(path)],
+        [sys.executable, "-m", "foreshock.app.cli", "detect", "--replay", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

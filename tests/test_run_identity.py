@@ -177,7 +177,7 @@ def test_replay_of_a_malformed_step_is_a_clear_error(tmp_path, step):
         file.write(json.dumps({"kind": "start", "run_id": "bad", "labels": {}}) + "\n")
         file.write(f'{{"kind": "metrics", "step": {step}, "values": {{"loss": 1.0}}}}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "detect", "--replay", str(path)],
+        [sys.executable, "-m", "foreshock.app.cli", "detect", "--replay", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -93,7 +93,7 @@ def test_the_cli_never_prints_the_sasl_password(tmp_path):
     }
     show_all_logs = (
         "import logging, sys; logging.basicConfig(level=logging.DEBUG); "
-        "from foreshock.cli import main; sys.exit(main())"
+        "from foreshock.app.cli import main; sys.exit(main())"
     )
     started = time.monotonic()
     done = subprocess.run(
@@ -275,7 +275,7 @@ def test_the_dashboard_listens_on_127_0_0_1_only_by_default(tmp_path):
     cli = [
         sys.executable,
         "-m",
-        "foreshock.cli",
+        "foreshock.app.cli",
         "dashboard",
         "--store",
         str(tmp_path),

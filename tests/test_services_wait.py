@@ -40,7 +40,7 @@ def test_a_service_waits_for_a_broker_that_starts_later(tmp_path, service):
     argv = [part.format(tmp=tmp_path) for part in SERVICES[service]]
     log = (tmp_path / "service.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", *argv], env=env, stdout=log, stderr=log
+        [sys.executable, "-m", "foreshock.app.cli", *argv], env=env, stdout=log, stderr=log
     )
     broker = EmbeddedBroker(port=port)
     try:

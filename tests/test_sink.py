@@ -105,7 +105,7 @@ def _sink_process(settings, root, group: str = "sink-kill", idle: float = 15) ->
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "sink",
             "--store",
             str(root),
@@ -202,7 +202,7 @@ def test_two_sinks_one_killed_and_restarted_store_everything_once(kafka_settings
     assert len(reads) > 5 and reads == sorted(reads)
     _exactly_once(root, RUNS)
     check = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", str(root)],
+        [sys.executable, "-m", "foreshock.app.cli", "store", "check", "--store", str(root)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -274,7 +274,7 @@ def test_store_check_on_a_seq_of_10_to_the_12_answers_at_once(kafka_settings, tm
     root = tmp_path / "store"
     StorageSink(kafka_settings, root, group_id="sink-huge").run(threading.Event(), idle_exit=4)
     check = subprocess.run(
-        [sys.executable, "-m", "foreshock.cli", "store", "check", "--store", str(root)],
+        [sys.executable, "-m", "foreshock.app.cli", "store", "check", "--store", str(root)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -360,7 +360,7 @@ def test_a_torn_commit_is_named_and_repaired_with_no_record_lost_or_doubled(
     assert not live.is_alive() and sink.stats.write_retries > 0
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "foreshock.cli", "store", *argv, "--store", str(root)]
+        command = [sys.executable, "-m", "foreshock.app.cli", "store", *argv, "--store", str(root)]
         return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
     check = cli("check")

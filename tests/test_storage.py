@@ -305,7 +305,7 @@ def test_a_segment_store_migrates_to_delta_without_loss(history_dir, tmp_path):
         fleet = queries.fleet(history)
     old = tmp_path / "old"
     _segment_store(old, tables)
-    cli = [sys.executable, "-m", "foreshock.cli", "store", "migrate", "--store", str(old)]
+    cli = [sys.executable, "-m", "foreshock.app.cli", "store", "migrate", "--store", str(old)]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "(checked)" in done.stdout
@@ -384,7 +384,7 @@ def test_readers_query_while_another_process_writes_and_compacts(tmp_path):
 def test_export_query_is_read_only(history_dir, tmp_path, capsys, query, why):
     """``store export --query`` runs one SELECT over the store and reads no file outside it:
     no COPY … TO, no second statement, no local file (a refusal, exit 2, nothing written)."""
-    from foreshock.cli import main
+    from foreshock.app.cli import main
 
     secret = tmp_path / "secret.txt"
     secret.write_text("password=hunter2\n")

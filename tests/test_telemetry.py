@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from foreshock.cli import build_parser
+from foreshock.app.cli import build_parser
 from foreshock.delivery.kafka_sink import KafkaSink
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.worker import DetectorWorker

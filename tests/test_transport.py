@@ -233,7 +233,7 @@ def test_lab_run_goes_to_kafka_with_its_labels(kafka_settings):
         [
             sys.executable,
             "-m",
-            "foreshock.cli",
+            "foreshock.app.cli",
             "lab",
             "run",
             "--scenario",

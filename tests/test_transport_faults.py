@@ -102,7 +102,16 @@ def _sink_service(settings: KafkaSettings, store, group: str) -> subprocess.Pope
     from _kafka import service_env
 
     return subprocess.Popen(
-        [sys.executable, "-m", "foreshock.cli", "sink", "--store", str(store), "--group", group],
+        [
+            sys.executable,
+            "-m",
+            "foreshock.app.cli",
+            "sink",
+            "--store",
+            str(store),
+            "--group",
+            group,
+        ],
         env=service_env(settings),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -232,7 +241,7 @@ def test_foreshock_broker_recycles_above_max_memory(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "foreshock.cli",
+        "foreshock.app.cli",
         "broker",
         "--port",
         str(port),

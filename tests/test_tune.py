@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.detectors.config import DetectorConfig
 from foreshock.detectors.registry import (
     RegistryError,
@@ -201,7 +201,7 @@ def test_cli_dry_run_prints_the_report_as_json(store: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "foreshock.cli",
+        "foreshock.app.cli",
         "tune",
         "--store",
         str(store),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from foreshock.cli import main
+from foreshock.app.cli import main
 from foreshock.detectors.make_profile import MIN_HEALTHY_RUNS, ProfileError, make_profile
 from foreshock.detectors.replay import replay_run
 from foreshock.detectors.signatures import lab_signature

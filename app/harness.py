@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from foreshock.app.services import ServiceGroup, foreshock_command
 from foreshock.lab.recorded import RecordedRun, load_run, shipped_runs
-from foreshock.services import ServiceGroup, foreshock_command
 from foreshock.storage.store import store_exists
 from foreshock.transport.broker import EmbeddedBroker, free_port
 from foreshock.transport.settings import KafkaSettings, env_variable

@@ -21,8 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foreshock.harness import DASHBOARD, DETECT, SINK, Pipeline, Replay, Replayer, recorded_interval
-from foreshock.services import ServiceGroup, foreshock_command
+from foreshock.app.harness import (
+    DASHBOARD,
+    DETECT,
+    SINK,
+    Pipeline,
+    Replay,
+    Replayer,
+    recorded_interval,
+)
+from foreshock.app.services import ServiceGroup, foreshock_command
 from foreshock.table import format_table
 
 __all__ = ["DemoConfig", "run_demo"]

@@ -251,7 +251,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from foreshock.demo import DemoConfig, run_demo
+    from foreshock.app.demo import DemoConfig, run_demo
 
     return run_demo(
         DemoConfig(

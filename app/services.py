@@ -23,7 +23,7 @@ __all__ = ["ServiceGroup", "foreshock_command"]
 
 def foreshock_command(*args: str) -> list[str]:
     """``foreshock ARGS`` with this interpreter (works without the console script on PATH)."""
-    return [sys.executable, "-m", "foreshock.cli", *args]
+    return [sys.executable, "-m", "foreshock.app.cli", *args]
 
 
 @dataclass
