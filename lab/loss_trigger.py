@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from foreshock.detectors.divergence import DivergenceRule, LossDivergence
-from foreshock.remediation.remedy import REMEDIES
+from foreshock.remediation.remedies import REMEDIES
 
 __all__ = ["LossTrigger", "LossTriggerPolicy"]
 

@@ -24,8 +24,9 @@ import time
 import uuid
 from typing import Any
 
+from foreshock.remediation.remedies import REMEDIES
 from foreshock.transport.approvals import DEFAULT_LIFETIME, MAX_LIFETIME
-from foreshock.transport.control import REMEDIES, ControlError, remedy_request
+from foreshock.transport.control import ControlError, remedy_request
 
 __all__ = ["MAX_WAIT", "AckListener", "act", "add_act_arguments", "lr_scale", "wait_seconds"]
 
@@ -217,8 +218,9 @@ def add_act_arguments(parser: argparse.ArgumentParser) -> None:
     """``act``'s own options (``id``, ``--by`` and ``--store`` come from the shared parents)."""
     parser.add_argument(
         "--action",
-        choices=REMEDIES,
-        help="what to do (default: the trainer's policy's action for the warning's cause)",
+        choices=list(REMEDIES),
+        help="what to do (default: the trainer's policy's action for the warning's cause): "
+        + "; ".join(f"{name}: {remedy.summary}" for name, remedy in REMEDIES.items()),
     )
     parser.add_argument(
         "--rollback",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foreshock.remediation.policy import RemedyPolicy
+from foreshock.remediation.remedies import REMEDIES
 from foreshock.transport.warning import EventKind, Role, RunWarning
 
 __all__ = ["Decision", "cause_of", "decision_for", "first_evidence", "requested_warning"]
@@ -28,7 +29,7 @@ __all__ = ["Decision", "cause_of", "decision_for", "first_evidence", "requested_
 class Decision:
     """What a :class:`~.remedy.Remediator` decided (``decide``/``decide_request``)."""
 
-    kind: str  # the remedy (:data:`~foreshock.transport.control.REMEDIES`) or "none"
+    kind: str  # the remedy (:data:`~foreshock.remediation.remedies.REMEDIES`) or "none"
     warning_id: str
     family: str
     module: str | None
@@ -48,9 +49,11 @@ class Decision:
 
 def decision_for(kind: str, warning: RunWarning, step: int, policy: RemedyPolicy) -> Decision:
     """The policy's decision to answer ``warning`` with ``kind`` at ``step``."""
-    scale = {"hold-lr": policy.lr_scale, "scale-router-lr": policy.router_lr_scale}
+    remedy = REMEDIES.get(kind)
     evidence = first_evidence(warning)
-    rising = policy.hold_rising_lr and kind in ("precise-attention", "scale-router-lr")
+    scale = getattr(policy, remedy.scale) if remedy is not None and remedy.scale else 1.0
+    rising = policy.hold_rising_lr and remedy is not None and remedy.holds_risen_lr
+    from_evidence = remedy is not None and remedy.from_evidence and policy.hold_from == "evidence"
     return Decision(
         kind=kind,
         warning_id=warning.id,
@@ -58,8 +61,8 @@ def decision_for(kind: str, warning: RunWarning, step: int, policy: RemedyPolicy
         module=warning.module,
         step=int(step),
         target=warning.module if policy.attention_scope == "module" else None,
-        scale=float(scale.get(kind, 1.0)),
-        since=evidence if kind == "hold-lr" and policy.hold_from == "evidence" else None,
+        scale=float(scale),
+        since=evidence if from_evidence else None,
         hold_rising=evidence if rising else None,
         rollback_before=evidence if policy.rolls_back(cause_or_family(warning)) else None,
         dry_run=bool(policy.dry_run),

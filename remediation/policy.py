@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from foreshock.transport.control import REMEDIES
+from foreshock.remediation.remedies import REMEDIES
 
 __all__ = ["CAUSES", "DEFAULT_ACTIONS", "RATE_RISE", "REMEDIES", "RemedyPolicy", "policy_summary"]
 

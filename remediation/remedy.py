@@ -82,6 +82,7 @@ from foreshock.remediation.policy import (
     RemedyPolicy,
     policy_summary,
 )
+from foreshock.remediation.remedies import Remedy
 from foreshock.remediation.request_gate import refusal
 from foreshock.transport.records import RUN_SCHEMA
 from foreshock.transport.warning import RunWarning
@@ -100,18 +101,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("foreshock.remedy")
-
-# What the trainer is asked for each action: its method, and the decision's fields it is given
-# in order. Checked against REMEDIES at import: an action without a call would otherwise
-# fall through to another remedy — it once fell through to ``stop``.
-REMEDY_CALLS: dict[str, tuple[str, ...]] = {
-    "precise-attention": ("precise_attention", "target"),
-    "hold-lr": ("hold_lr", "scale", "since"),
-    "scale-router-lr": ("scale_router_lr", "scale"),
-    "stop": ("stop",),
-}
-if set(REMEDY_CALLS) != set(REMEDIES):
-    raise RuntimeError(f"remedy calls {sorted(REMEDY_CALLS)} != actions {sorted(REMEDIES)}")
 
 # The direction in which a two-sided series names its family's fault. Router ε = max_e
 # ‖w_e − w̄‖ / ‖w̄‖ (dimensionless) falls as the router's rows align — the collapse the router
@@ -329,8 +318,10 @@ class Remediator:
         return self._do(decision_for(kind, warning, 0, self.policy))
 
     def _do(self, decision: Decision) -> Any:
-        method, *arguments = REMEDY_CALLS[decision.kind]
-        return self._call(method, *(getattr(decision, a) for a in arguments))
+        remedy: Remedy | None = REMEDIES.get(decision.kind)
+        if remedy is None:  # never a fall-through to another remedy
+            raise NotImplementedError(f"no remedy {decision.kind!r}: one of {list(REMEDIES)}")
+        return remedy.apply(self.remedies, decision)
 
     def _call(self, method: str, *args: Any) -> Any:
         remedy = getattr(self.remedies, method, None)

@@ -4,6 +4,7 @@ action nor a dry run."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import jsonschema
@@ -24,7 +25,6 @@ from foreshock.storage.acks import warning_states
 from foreshock.storage.reader import open_history
 from foreshock.storage.rows import BatchBuilder
 from foreshock.storage.store import DeltaStore
-from foreshock.transport import control
 from foreshock.transport.run_files import load_run as load_run_file
 from foreshock.transport.warning import WarningEvent
 from foreshock.transport.wire import WireError, decode, encode
@@ -89,11 +89,16 @@ def test_a_bad_action_record_is_refused_naming_the_field(what, change):
 
 
 def test_the_command_and_the_trainer_share_one_vocabulary_of_remedies():
-    """Defined once, in the transport room both import (it once was two lists kept equal by
-    a test), and every remedy has the trainer call it dispatches to."""
-    from foreshock.remediation.remedy import REMEDY_CALLS
+    """Defined once, one module a remedy (it once was two lists kept equal by a test, then a
+    list and a dispatch table): the command offers what the policy accepts."""
+    from foreshock.operate.remedy_requests import add_act_arguments
+    from foreshock.remediation import remedies
 
-    assert REMEDIES is control.REMEDIES and set(REMEDY_CALLS) == set(REMEDIES)
+    parser = argparse.ArgumentParser()
+    add_act_arguments(parser)
+    (offered,) = [a.choices for a in parser._actions if a.dest == "action"]
+    assert REMEDIES is remedies.REMEDIES and offered == list(REMEDIES)
+    assert all(r.name == name and callable(r.apply) for name, r in REMEDIES.items())
 
 
 # ---------------------------------------------------------------- the detectors

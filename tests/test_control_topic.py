@@ -98,7 +98,8 @@ def test_a_request_says_what_to_do_and_a_bad_one_names_its_field():
     assert request["evidence"] == {"recent": [[400, 1.0, 2.0]]}
     assert check_request(json.loads(json.dumps(request))) == request
     for change, field in [
-        ({"action": "lower-lr"}, "unknown action"),
+        ({"action": "Lower LR!"}, "not a remedy's name"),
+        ({"action": 3}, "not a remedy's name"),
         ({"lr_scale": 0.0}, "lr_scale"),
         ({"lr_scale": 1.5}, "lr_scale"),
         ({"rollback": "yes"}, "rollback"),

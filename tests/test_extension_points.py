@@ -15,12 +15,12 @@ def _registered() -> dict[str, list[str]]:
     from foreshock.detectors.kinds import BUILDERS
     from foreshock.notify.receivers import RECEIVERS
     from foreshock.producers.discovery import ATTENTION_LAYOUTS
-    from foreshock.remediation.remedy import REMEDY_CALLS
+    from foreshock.remediation.remedies import REMEDIES
 
     return {
         "Receivers": list(RECEIVERS),
         "Rule kinds": list(BUILDERS),
-        "Remedies": list(REMEDY_CALLS),
+        "Remedies": list(REMEDIES),
         "Attention layouts": list(ATTENTION_LAYOUTS),
     }
 
@@ -38,3 +38,44 @@ def test_every_extension_point_is_documented_in_its_order(section):
     assert _documented(section) == _registered()[section], (
         f"docs/extending.md's {section} table and the registry differ"
     )
+
+
+def test_a_remedy_is_one_module_found_by_its_package(tmp_path, monkeypatch):
+    """Adding a remedy is one module: dropped beside the others it is found, offered and
+    applied through the same dispatch (here a module on an extra path of the package)."""
+    import sys
+
+    from foreshock.remediation import remedies
+    from foreshock.remediation.decision import decision_for, opened
+    from foreshock.remediation.remedy import Remediator, RemedyPolicy
+
+    (tmp_path / "reset_moments.py").write_text(
+        "from foreshock.remediation.remedies import Remedy, ask\n"
+        "REMEDY = Remedy('reset-moments', 'clear the optimizer moments',\n"
+        "                lambda trainer, d: ask(trainer, 'reset_moments'))\n"
+    )
+    monkeypatch.setattr(remedies, "__path__", [*remedies.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.reset_moments", raising=False)
+    found = remedies._found()
+    monkeypatch.setattr(remedies, "REMEDIES", found)
+    monkeypatch.setattr("foreshock.remediation.remedy.REMEDIES", found)
+    assert list(found) == [
+        "hold-lr",
+        "precise-attention",
+        "reset-moments",
+        "scale-router-lr",
+        "stop",
+    ]
+
+    class Trainer:
+        reset = 0
+
+        def reset_moments(self) -> None:
+            self.reset += 1
+
+    trainer = Trainer()
+    policy = RemedyPolicy(actions={"optimizer": "hold-lr"})
+    decision = decision_for("reset-moments", opened("optimizer", None, [400]), 401, policy)
+    action = Remediator(policy, trainer).apply(decision)
+    assert action.applied and trainer.reset == 1
+    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.reset_moments", raising=False)

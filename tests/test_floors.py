@@ -41,7 +41,8 @@ ARROWS = {  # the floor plan, bottom up: no cycle (test_the_floor_plan_has_no_cy
     "delivery": {"ground", "transport"},  # the Kafka sink, its spool: torch-free
     "storage": {"ground", "transport"},
     "detectors": {"ground", "transport", "storage"},  # profiles and the registry in the store
-    "operate": {"ground", "transport", "storage", "detectors"},  # commands, tuning, the builder
+    # commands (``warnings act`` lists the remedies), tuning, the profile builder
+    "operate": {"ground", "transport", "storage", "detectors", "remediation"},
     "producers": {"ground", "transport", "detectors"},  # monitors, sink; the divergence rule
     # the remedies act on what the monitors found; a plain loop's feed runs the detectors
     "remediation": {"transport", "producers", "detectors"},

@@ -97,8 +97,8 @@ def test_a_failing_remedy_is_reported_not_raised_and_a_dry_run_does_nothing():
 
 
 def test_an_action_with_no_remedy_call_is_an_error_never_a_stop():
-    """A decision naming an action the dispatch does not know (one added to ``REMEDIES``
-    alone) is reported as the action's error; it used to fall through to ``stop``."""
+    """A decision naming an action no remedy module declares (a request from a newer
+    command) is reported as the action's error; it used to fall through to ``stop``."""
     trainer = Trainer()
     trainer.stop = lambda: trainer.calls.append(("stop",))  # type: ignore[attr-defined]
     remediator = Remediator(RemedyPolicy(), trainer)

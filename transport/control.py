@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -46,8 +47,8 @@ from .approvals import DEFAULT_LIFETIME
 from .wire import WireError, check_run_id
 
 __all__ = [
+    "ACTION_NAME",
     "CONTROL_SCHEMA",
-    "REMEDIES",
     "REQUEST_KIND",
     "ControlError",
     "check_request",
@@ -57,9 +58,10 @@ __all__ = [
 
 CONTROL_SCHEMA = "foreshock.control/1"
 REQUEST_KIND = "remedy-request"
-# the remedies: what a trainer can be asked for, by its policy or by a person's request —
-# defined here, the lowest room both the asking command and the trainer's policy import
-REMEDIES = ("precise-attention", "hold-lr", "scale-router-lr", "stop")
+# a remedy's name, as a request carries it: which remedies there are is the trainer's side
+# (foreshock.remediation.remedies, one module each), which checks it and refuses, with a
+# record, one it does not know; the asking command lists the known ones before sending
+ACTION_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 _MAX_BYTES = 100_000
 
 
@@ -84,11 +86,11 @@ def remedy_request(
     >>> r = remedy_request(w, "ana", "scale-router-lr", lr_scale=0.5, now=0.0)
     >>> r["kind"], r["run_id"], r["action"], r["rollback"], r["lr_scale"], len(r["request_id"])
     ('remedy-request', 'r1', 'scale-router-lr', None, 0.5, 32)
-    >>> remedy_request(w, "ana", "lower-lr")
+    >>> remedy_request(w, "ana", "Lower LR!")
     Traceback (most recent call last):
     ...
-    foreshock.transport.control.ControlError: unknown action 'lower-lr': one of precise-attention, hold-lr, scale-router-lr, stop
-    """  # noqa: E501
+    foreshock.transport.control.ControlError: not a remedy's name: 'Lower LR!'
+    """
     recent = (warning.get("evidence") or {}).get("recent")
     request = {
         "schema": CONTROL_SCHEMA,
@@ -180,10 +182,10 @@ def _check_evidence(evidence: Any) -> None:
 
 
 def _check_choice(message: dict[str, Any]) -> None:
-    """What the person chose: a known action (or null), a rollback flag, a scale in (0, 1]."""
+    """What the person chose: a remedy's name (or null), a rollback flag, a scale in (0, 1]."""
     action = message.get("action")
-    if action is not None and action not in REMEDIES:
-        raise ControlError(f"unknown action {action!r:.80}: one of {', '.join(REMEDIES)}")
+    if action is not None and not (isinstance(action, str) and ACTION_NAME.fullmatch(action)):
+        raise ControlError(f"not a remedy's name: {action!r:.80}")
     if message.get("rollback") is not None and not isinstance(message["rollback"], bool):
         raise ControlError("rollback must be true, false or null")
     scale = message.get("lr_scale")

@@ -85,7 +85,7 @@ class Direction(StrEnum):
 
 DETECTOR_EVENTS = (EventKind.OPENED, EventKind.UPDATED, EventKind.CLEARED)
 # what a person does to a warning (``foreshock warnings ack`` / ``silence``); a person's
-# remedy is another word: :data:`foreshock.transport.control.REMEDIES`
+# remedy is another word: :data:`foreshock.remediation.remedies.REMEDIES`
 PERSON_EVENTS = (EventKind.ACKNOWLEDGED, EventKind.SILENCED)
 EVENTS = DETECTOR_EVENTS + PERSON_EVENTS
 # why a warning resolved (``cleared``'s ``evidence.resolved_by``): its statistic went back, its
