@@ -49,23 +49,18 @@ def test_a_remedy_is_one_module_found_by_its_package(tmp_path, monkeypatch):
     from foreshock.remediation.decision import decision_for, opened
     from foreshock.remediation.remedy import Remediator, RemedyPolicy
 
-    (tmp_path / "reset_moments.py").write_text(
+    (tmp_path / "extra_remedy.py").write_text(
         "from foreshock.remediation.remedies import Remedy, ask\n"
-        "REMEDY = Remedy('reset-moments', 'clear the optimizer moments',\n"
+        "REMEDY = Remedy('extra-remedy', 'clear the optimizer moments',\n"
         "                lambda trainer, d: ask(trainer, 'reset_moments'))\n"
     )
+    before = list(remedies.REMEDIES)
     monkeypatch.setattr(remedies, "__path__", [*remedies.__path__, str(tmp_path)])
-    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.reset_moments", raising=False)
+    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.extra_remedy", raising=False)
     found = remedies._found()
     monkeypatch.setattr(remedies, "REMEDIES", found)
     monkeypatch.setattr("foreshock.remediation.remedy.REMEDIES", found)
-    assert list(found) == [
-        "hold-lr",
-        "precise-attention",
-        "reset-moments",
-        "scale-router-lr",
-        "stop",
-    ]
+    assert list(found) == sorted([*before, "extra-remedy"])
 
     class Trainer:
         reset = 0
@@ -75,7 +70,7 @@ def test_a_remedy_is_one_module_found_by_its_package(tmp_path, monkeypatch):
 
     trainer = Trainer()
     policy = RemedyPolicy(actions={"optimizer": "hold-lr"})
-    decision = decision_for("reset-moments", opened("optimizer", None, [400]), 401, policy)
+    decision = decision_for("extra-remedy", opened("optimizer", None, [400]), 401, policy)
     action = Remediator(policy, trainer).apply(decision)
     assert action.applied and trainer.reset == 1
-    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.reset_moments", raising=False)
+    monkeypatch.delitem(sys.modules, f"{remedies.__name__}.extra_remedy", raising=False)
