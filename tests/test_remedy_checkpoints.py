@@ -18,6 +18,7 @@ from test_remedy_integrations import (
     STEPS,
     WARNED,
     actions_in,
+    end_of,
     hf_train,
     lightning_callback,
     lightning_fit,
@@ -183,3 +184,16 @@ def test_lightning_rolls_back_to_its_model_checkpoint(tmp_path: Path, monkeypatc
     [file] = [p for s, p in LightningCheckpoints(tmp_path / "ckpt").found().items() if s == back]
     saved = torch.load(file, weights_only=False)["state_dict"]
     assert all(torch.equal(kept[back][k], v) for k, v in saved.items())
+
+
+def test_lightning_trains_the_steps_a_rollback_undid(tmp_path: Path) -> None:
+    """A rollback in a step-bounded fit lengthens it by the steps it undid
+    (``extend_horizon``): the module still makes its ``max_steps`` updates after the restore."""
+    pytest.importorskip("lightning")
+    callback = lightning_callback(tmp_path / "pl.jsonl", ROLLBACK)
+    callback.remedy.snapshot_every = EVERY
+    trainer, _ = lightning_fit(callback)
+    [record] = actions_in(tmp_path / "pl.jsonl")
+    redone = end_of(tmp_path / "pl.jsonl")["remedy"]["steps_redone"]
+    assert record["applied"] and record["rolled_back_to"] is not None and redone > 0
+    assert trainer.global_step == STEPS + redone
