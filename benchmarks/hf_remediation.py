@@ -8,7 +8,9 @@ lab's Qwen2-MoE and dense Qwen2 by default: outside the zero-shot profile's cali
 and without a profile of their own), built from its config with the lab's attention kernel
 (:mod:`foreshock.lab.hf_attention`: where the fault lives), trained by ``transformers.Trainer``
 under warm-up then WSD decay (``lr_scheduler_type="warmup_stable_decay"``), with foreshock's
-callback (``remedy=RemedyPolicy()``, no labels) or one of the always-on anchors
+callback (``remedy=RemedyPolicy()``, no labels: on the zero-shot profile every action rolls
+back first; ``foreshock-no-rollback``: ``rollback_uncalibrated = false``, the router's rollback
+alone, as on a calibrated profile) or one of the always-on anchors
 (:mod:`foreshock.lab.anchors`, at the Trainer's ``on_pre_optimizer_step``). Faults are the
 lab's, injected into the training computation by a callback before foreshock's:
 
@@ -20,7 +22,8 @@ Per architecture, scenario and policy: runs, diverged (the project's rule, the c
 record); of the seeds that diverged with no action, those kept from diverging, those saved
 (kept from diverging and ending with a held-out loss within the healthy runs' range: at most
 their highest), and the median held-out loss above (or below) that highest [nats/token];
-actions, and for the healthy runs (``foreshock`` only) the runs with an automatic action.
+actions and the steps they re-did (a rollback lengthens the run by them: the dataset is longer
+than the run), and for the healthy runs (``foreshock`` only) the runs with an automatic action.
 
     python -m benchmarks.hf_remediation --quick   # 1 seed, 2 healthy per arch
     python -m benchmarks.hf_remediation           # 3 fault seeds, 10 healthy per arch
@@ -223,6 +226,9 @@ def _row(arch: str, scenario: str, policy: str, mine: list[dict], saved: str | N
         "diverged": sum(r["divergence_step"] is not None for r in mine),
         "saved": saved or "-",
         "runs with an action": sum(bool(r["actions"]) for r in mine),
+        "steps re-done (median)": statistics.median([r.get("steps_redone", 0) for r in mine])
+        if mine
+        else 0,
         "profile": ",".join(sorted({str(r["profile"]) for r in mine})),
     }
 
@@ -234,7 +240,8 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
             f"{r['diverged']}/{r['runs']} diverged; of those that diverged with no action: "
             f"{r['not diverged']} kept from diverging, saved {r['saved']} (median held-out loss "
             f"{_gap(r['held-out above healthy max'])} the healthy runs' highest); "
-            f"{r['runs with an action']} runs with an action (profile {r['profile']})"
+            f"{r['runs with an action']} runs with an action, median "
+            f"{r['steps re-done (median)']:g} steps re-done (profile {r['profile']})"
             if r["scenario"] != "healthy"
             else f"{r['diverged']}/{r['runs']} diverged; {r['runs with an action']} runs with an "
             f"action (profile {r['profile']})",
@@ -269,7 +276,7 @@ def main() -> None:
             print(f"[{len(runs)}/{len(todo)}] {run}", file=sys.stderr, flush=True)
     if args.merge is not None:
         runs = merged(runs, args.merge)
-    rows = summarise(runs)
+    rows = [r for r in summarise(runs) if r["runs"]]
     print(format_table(list(rows[0]), [list(r.values()) for r in rows]))
     emit_json({"benchmark": "hf_remediation", "steps": STEPS, "rows": rows, "runs": runs})
 
