@@ -17,9 +17,8 @@ nothing but bookkeeping. Monitoring never raises into the training loop: an erro
 counted in ``errors`` and written as an error record at the step it happened (a failure in a
 forward hook or observer is flagged ``monitor_error@<module>`` in that step's record).
 
-Non-finite weights, gradients or loss (NaN/Inf) are not errors: the values they make are
-emitted as null with a ``nonfinite@<module>`` (or ``nonfinite:<key>``) flag, the first such
-record is logged once, and monitoring carries on.
+Non-finite weights, gradients or loss are not errors: their values are emitted as null with a
+``nonfinite@<module>`` (or ``nonfinite:<key>``) flag, logged once, and monitoring carries on.
 """
 
 from __future__ import annotations
@@ -364,8 +363,7 @@ class Monitor(Registration):
         return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)
 
     def forget_weights(self) -> None:
-        """Older weights were restored (a rollback): a ΔW from the last snapshot would span
-        the jump back. The next monitoring step measures none, as the first one does."""
+        """Older weights were restored (a rollback): no ΔW across the jump back, next step."""
         self._snapshots.clear()
 
     def state_dict(self) -> dict[str, Any]:
