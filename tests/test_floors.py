@@ -159,3 +159,14 @@ def test_no_raw_kafka_client_outside_transport():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("confluent_"):
                 raw += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names]
     assert [r for r in raw if r.split(": ")[1] in RAW_CLIENTS] == []
+
+
+def test_no_product_module_is_over_400_lines_and_the_monitors_room_stays_small():
+    """Small modules that each own one idea (a module over 400 lines is two ideas, or a
+    docstring that says too much); the monitors' room under 6,000 lines (it once held the
+    Kafka sink, the remediation and the framework callbacks too: 10,000)."""
+    sizes = {path: len(path.read_text().splitlines()) for _, path in _files()}
+    long = {str(p.relative_to(ROOT)): n for p, n in sizes.items() if n > 400}
+    assert not long, f"modules over 400 lines: {long}"
+    producers = sum(n for p, n in sizes.items() if p.is_relative_to(ROOT / "producers"))
+    assert producers < 6_000, f"producers/ has {producers} lines"
