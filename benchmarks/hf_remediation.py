@@ -193,7 +193,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ceiling = max(losses, default=math.inf)
         rows.append(
             {**_row(arch, "healthy", "foreshock", healthy, None), "not diverged": "-",
-             "held-out above healthy max": None}
+             "held-out above healthy max": None, "inside the healthy band (every seed)": "-"}
         )  # fmt: skip
         for scenario in FAULTS:
             of = [r for r in runs if r["arch"] == arch and r["scenario"] == scenario]
@@ -213,6 +213,12 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["held-out above healthy max"] = (
                     round(statistics.median(gaps), 4) if gaps else None
                 )
+                inside = [
+                    r
+                    for r in mine
+                    if r["divergence_step"] is None and (r["held_out_loss"] or math.inf) <= ceiling
+                ]
+                row["inside the healthy band (every seed)"] = f"{len(inside)}/{len(mine)}"
                 rows.append(row)
     return rows
 
@@ -239,7 +245,8 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
             f"{r['arch']}, {r['scenario']}, {r['policy']}",
             f"{r['diverged']}/{r['runs']} diverged; of those that diverged with no action: "
             f"{r['not diverged']} kept from diverging, saved {r['saved']} (median held-out loss "
-            f"{_gap(r['held-out above healthy max'])} the healthy runs' highest); "
+            f"{_gap(r['held-out above healthy max'])} the healthy runs' highest); every seed: "
+            f"{r['inside the healthy band (every seed)']} ended inside the healthy band; "
             f"{r['runs with an action']} runs with an action, median "
             f"{r['steps re-done (median)']:g} steps re-done (profile {r['profile']})"
             if r["scenario"] != "healthy"
