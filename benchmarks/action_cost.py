@@ -14,7 +14,10 @@ decides and applies its remedy through the same code as a real warning:
 * ``optimizer``: ``hold-lr`` (× 0.5 of the rate when the evidence began, held to the end);
 * ``router``: ``scale-router-lr`` (the newest snapshot before the evidence restored, then the
   routers' rate × 0.1);
-* ``stop``: the policy with every action ``stop``.
+* ``stop``: the policy with every action ``stop``;
+* ``precise-attention+rollback``, ``hold-lr+rollback``: as on the zero-shot profile, where
+  every action first restores the newest snapshot before the evidence, and the run is
+  lengthened by the steps undone (the dataset is half again as long as the run).
 
 The callback's own detectors run with no rule, so the injected warning is the only one any
 action answers (with the zero-shot rules this tiny Mixtral's healthy runs got their own
@@ -48,6 +51,10 @@ FAMILIES = {  # variant -> the family of the false warning
     "hold-lr": "optimizer",
     "scale-router-lr": "router",
     "stop": "attention-numerics",
+    # as on the zero-shot profile (``rollback_uncalibrated``): the snapshot before the
+    # evidence restored first, the run lengthened by the steps undone
+    "precise-attention+rollback": "attention-numerics",
+    "hold-lr+rollback": "optimizer",
 }
 
 
@@ -111,6 +118,8 @@ def train(job: tuple[str, int, int, int]) -> dict[str, Any]:
     policy = RemedyPolicy()
     if variant == "stop":
         policy = replace(policy, actions=dict.fromkeys(DEFAULT_ACTIONS, "stop"))
+    if variant.endswith("+rollback"):
+        policy = replace(policy, rollback=True)
     family = FAMILIES[variant]
 
     class FalseWarning(transformers.TrainerCallback):
@@ -133,7 +142,8 @@ def train(job: tuple[str, int, int, int]) -> dict[str, Any]:
             save_strategy="no", report_to="none", use_cpu=True, seed=seed, disable_tqdm=True,
             logging_steps=steps,
         )  # fmt: skip
-        data = [{"input_ids": x, "labels": x} for x in _windows(steps * BATCH, seed)]
+        # longer than the run: a rollback's steps are trained again (``extend_horizon``)
+        data = [{"input_ids": x, "labels": x} for x in _windows(steps * BATCH * 3 // 2, seed)]
         model = _model("eager")
         trainer = transformers.Trainer(
             model=model, args=args, train_dataset=data, callbacks=[FalseWarning(), callback]
