@@ -170,3 +170,35 @@ def test_no_product_module_is_over_400_lines_and_the_monitors_room_stays_small()
     assert not long, f"modules over 400 lines: {long}"
     producers = sum(n for p, n in sizes.items() if p.is_relative_to(ROOT / "producers"))
     assert producers < 6_000, f"producers/ has {producers} lines"
+
+
+def _sub_room(module: str) -> str | None:
+    """A module's room with each sub-package its own (``remediation.remedies``)."""
+    room = _room_of(module)
+    parts = module.split(".")
+    if room in FOLDERS and len(parts) > 2 and (ROOT / parts[1] / parts[2] / "__init__.py").exists():
+        return f"{room}.{parts[2]}"
+    return room
+
+
+def test_read_with_every_sub_package_a_room_there_is_no_cycle():
+    """Each sub-package is a room too (lazy and type-only imports included): a sub-package
+    imports its parent's modules or is imported by them, never both."""
+    graph: dict[str, set[str]] = {}
+    for room, path in _files():
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = (
+            ".".join(("foreshock", *rel.parts)) if room != "ground" else f"foreshock.{rel.name}"
+        )
+        here = _sub_room(module.removesuffix(".__init__"))
+        for target in map(_sub_room, _imported(ast.parse(path.read_text()), room == "ground")):
+            if target is not None and target != here:
+                graph.setdefault(here, set()).add(target)
+
+    def reach(room: str, path: tuple[str, ...] = ()) -> None:
+        assert room not in path, f"a cycle: {' -> '.join((*path, room))}"
+        for target in graph.get(room, ()):
+            reach(target, (*path, room))
+
+    for room in graph:
+        reach(room)

@@ -21,10 +21,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from foreshock.remediation.decision import Decision
+from typing import Any
 
 __all__ = ["REMEDIES", "Remedy", "ask"]
 
@@ -35,7 +32,9 @@ class Remedy:
 
     name: str  # on the wire (``warnings act --action``) and in a policy's ``actions``
     summary: str  # what it does, in a line (the command's help)
-    apply: Callable[[Any, Decision], Any]  # (the trainer's remedies, the decision) -> detail
+    # (the trainer's remedies, the decision: ``foreshock.remediation.decision.Decision``) ->
+    # what it did; the package imports nothing of the room it sits in (no cycle through it)
+    apply: Callable[[Any, Any], Any]
     scale: str | None = None  # the policy field that scales it (None: 1)
     from_evidence: bool = False  # it scales a rate from when the warning's evidence began
     holds_risen_lr: bool = False  # with ``hold_rising_lr``, a risen learning rate held too
