@@ -158,21 +158,24 @@ class InProcessDetector(RunDetector):
     one attempt, so there is no resume to replay (a restarted process starts a new feed); the
     service keeps the last 5,000 of them, which for a model of many layers is gigabytes.
 
-    What it keeps instead, where the remedies may roll back (``keep_states``): its state
-    before each of the last ``n`` monitoring records (a pickle of tens of kB each), so that a
-    rollback to step r restores the state before the first record at or after r — what the
-    service rebuilds from its records — rather than starting from nothing."""
+    What it keeps instead, where the remedies may roll back (``keep_states``): its state at
+    each of the last ``n`` marks (``mark``: a pickle of tens of kB), which the remedies set
+    when the weight ring takes a snapshot before step r — a rollback only ever goes to a ring
+    step. So a rollback to r restores the state before the first record at or after r, what
+    the service rebuilds from its records, rather than starting from nothing; and the cost is
+    one pickle per snapshot, not one per record."""
 
     MAX_REPLAY = 0
 
     def keep_states(self, n: int) -> None:
         self._states: deque[tuple[int, bytes]] = deque(maxlen=n)
 
-    def update(self, message: dict[str, Any]) -> list[RunWarning]:
+    def mark(self, step: int) -> None:
+        """Keep the state now, before training step ``step`` (no record of it or later read
+        yet): where a rollback to ``step`` returns the detectors. A no-op unless kept."""
         kept = getattr(self, "_states", None)
-        if kept is not None and message.get("kind", "metrics") == "metrics":
-            kept.append((int(message["step"]), pickle.dumps(self._snapshot())))
-        return super().update(message)
+        if kept is not None:
+            kept.append((step, pickle.dumps(self._snapshot())))
 
     def _resume(self, step: int) -> None:
         """Back to just before ``step`` (a rollback: the only way back in one process)."""
@@ -180,9 +183,11 @@ class InProcessDetector(RunDetector):
         later = [(s, blob) for s, blob in kept if s >= step]
         if not later:  # nothing kept that far back: from nothing, logged
             return super()._resume(step)
+        chosen, blob = min(later)
         self._reset()
-        vars(self).update(pickle.loads(min(later)[1]))
-        self._states = deque(((s, b) for s, b in kept if s < step), kept.maxlen)
+        vars(self).update(pickle.loads(blob))
+        # the mark restored stays: the weights' snapshot of that step does too
+        self._states = deque(((s, b) for s, b in kept if s <= chosen), kept.maxlen)
 
 
 class TrackerFeed:
@@ -230,11 +235,20 @@ class TrackerFeed:
                 exc_info=True,
             )
 
-    def keep_states(self, records: int) -> None:
-        """Keep the detectors' state before each of the last ``records`` monitoring records,
-        for a rollback (:class:`InProcessDetector`)."""
+    def keep_states(self, marks: int) -> None:
+        """Keep the detectors' state at each of the last ``marks`` marks, for a rollback
+        (:class:`InProcessDetector`)."""
         if self.detector is not None:
-            self.detector.keep_states(records)
+            self.detector.keep_states(marks)
+
+    def mark(self, step: int) -> None:
+        """The weights were kept before training step ``step``: keep the detectors' state
+        with them. Never raises (a failure is logged; a rollback then starts them afresh)."""
+        if self.detector is not None:
+            try:
+                self.detector.mark(step)
+            except Exception:
+                log.warning("foreshock: the detectors' state could not be kept", exc_info=True)
 
     @property
     def uncalibrated(self) -> bool:

@@ -146,7 +146,7 @@ class Remediation:
             keep = policy.keeps_snapshots(_causes(monitor)) and snapshots > 0  # 0: none
             ring = SnapshotRing(snapshots, snapshot_every) if keep else None
             if ring is not None and feed is not None:  # the detectors go back with the weights
-                feed.keep_states((snapshots + 1) * snapshot_every // monitor.config.every + 1)
+                feed.keep_states(snapshots)
             remedies = TrainerRemedies(
                 model if model is not None else monitor.model,
                 optimizer,
@@ -190,7 +190,8 @@ class Remediation:
         if self.off:
             return
         try:
-            self.remedies.before_step(step)
+            if self.remedies.before_step(step) and self.feed is not None:
+                self.feed.mark(step)  # the detectors go back with the weights kept now
         except Exception:
             self._failed("the snapshot before step %d failed", step)
 

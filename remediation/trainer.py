@@ -139,15 +139,18 @@ class TrainerRemedies:
         self._hooks: list[Any] = []
 
     # ---- the loop's boundary ------------------------------------------------------------
-    def before_step(self, step: int) -> None:
+    def before_step(self, step: int) -> bool:
         """Snapshot when due (once per step: a loop may call it per micro-batch), and hold
-        the learning rate (the pre-hook does it too; this keeps the groups' lr readable)."""
+        the learning rate (the pre-hook does it too; this keeps the groups' lr readable).
+        True when a snapshot was taken now."""
+        taken = False
         if self.ring is not None and step not in self.ring.steps:
-            self.ring.maybe_take(step, self.model, self.state)
+            taken = self.ring.maybe_take(step, self.model, self.state)
         self.step = step
         self._apply_held()
         if not self._rates or self._rates[-1][0] != step:
             self._rates.append((step, self._group_rates()))
+        return taken
 
     # ---- the remedies -------------------------------------------------------------------
     def precise_attention(self, module: str | None) -> dict[str, str]:

@@ -108,6 +108,8 @@ def _until_warned(detector, run) -> tuple[list, int]:
     """Feed records until the first warning opens; (events, index of the next record)."""
     events = detector.update({**run.start, "kind": "start"})
     for i, record in enumerate(run.records):
+        if isinstance(detector, InProcessDetector):  # as a weight ring at every record marks
+            detector.mark(record["step"])
         events += detector.update({**record, "kind": "metrics"})
         if any(e.event == "opened" for e in events):
             return events, i + 1
@@ -145,7 +147,8 @@ def test_a_rollback_rebuilds_the_series_as_if_the_undone_steps_never_ran(in_proc
     those of the run fed only the records before r, so the records after the action — a
     Trainer numbers them on — go on from the restored weights. The service rebuilds from its
     kept records; the trainer's own detectors keep no records, but the states before the
-    last few (``keep_states``, set where the remedies may roll back)."""
+    last few marks (``keep_states``, set where the remedies may roll back; ``mark``, set
+    where the weight ring takes a snapshot)."""
     rolled = RunDetector(RUN, default_config())
     if in_process:
         rolled = InProcessDetector(RUN, default_config())

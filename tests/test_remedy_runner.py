@@ -239,3 +239,24 @@ def test_on_the_fallback_profile_every_action_rolls_back_first() -> None:
     assert asked.policy.rollback == ("router",) and asked.remedies.ring is None
     known = runner(GPT(GPTConfig()), RemedyPolicy(), arch="gpt-moe")  # its profile's size
     assert not known.feed.uncalibrated and known.policy.rollback == ("router",)
+
+
+def test_the_detectors_keep_their_state_when_the_ring_keeps_the_weights() -> None:
+    """Where the remedies may roll back, the in-process detectors keep their state once per
+    weight snapshot (the only steps a rollback returns to), not once per record: marks at
+    the ring's steps, as many as the ring holds."""
+    from foreshock.producers.monitor import Monitor
+    from foreshock.producers.sinks import ListSink
+
+    model, optimizer, _ = small_training()
+    monitor = Monitor(model, ListSink(), "r", MonitorConfig(every=EVERY))
+    policy = RemedyPolicy(rollback=True)
+    runner = Remediation.for_monitor(
+        policy, monitor, optimizer, warnings=plumbing_config(), snapshot_every=10, snapshots=2
+    )
+    assert runner is not None and runner.feed is not None and runner.feed.detector is not None
+    for step in range(35):
+        runner.before_step(step)
+        runner.feed.update({"step": step, "values": {"loss": 1.0}})
+    kept = runner.feed.detector._states
+    assert [s for s, _ in kept] == [20, 30] == runner.remedies.ring.steps
