@@ -42,6 +42,10 @@ from ._table import emit_json, format_table, median
 
 GROUPS = ("llama", "deepseek-v3")
 SHARE = 0.7  # of the envelope lead a fault run's lead must reach
+# The rules a fleet-built profile is made by (detectors/, operate/profile_builder.py) were last
+# changed before this time; runs that started after it were trained after the rules froze
+# (``trained_after_freeze`` in the rows, and the ``…_frozen`` figures of the summary).
+FROZEN = "2026-12-06T04:59:37+00:00"
 
 
 def fleet_order(*folders: Path) -> list[Path]:
@@ -135,15 +139,20 @@ class Fleet:
             time.sleep(0.3)
         time.sleep(1.5)  # the warnings topic's last events, and the builder's turn
 
-    def wait_profile(self, timeout: float = 60.0) -> str | None:
-        """The newest profile published, once the worker judges new runs by it."""
+    def published(self) -> list[str]:
+        """The profiles published into the store so far, oldest first."""
         from foreshock.operate import profile_builder as pb
 
+        return [e["profile"] for e in pb.lineage(self.store) if e["action"] == "published"]
+
+    def wait_profile(self, before: list[str], timeout: float = 60.0) -> str | None:
+        """The newest profile published that is not in ``before`` (another group's), once
+        the worker judges new runs by it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            published = [e["profile"] for e in pb.lineage(self.store) if e["action"] == "published"]
-            if published and published[-1] in self.worker.detectors.configs:
-                return published[-1]
+            new = [p for p in self.published() if p not in before]
+            if new and new[-1] in self.worker.detectors.configs:
+                return new[-1]
             time.sleep(0.3)
         return None
 
@@ -197,6 +206,7 @@ def run_group(fleet: Fleet, group: str) -> dict[str, Any]:
     runs = [load_run(p) for p in fleet_order(RECORDED_DIR / group, RECORDED_DIR / f"{group}-fleet")]
     healthy = [r for r in runs if r.labels.get("scenario") == "healthy"]
     rows, profile, at = [], None, None
+    before = fleet.published()  # other groups' profiles
     for i, run in enumerate(runs):
         chosen = fleet.send(run)
         fleet.wait_stored(run.run_id)
@@ -205,11 +215,32 @@ def run_group(fleet: Fleet, group: str) -> dict[str, Any]:
             ceiling = envelope_lead(run, healthy)
             row["envelope"] = ceiling
             row["share"] = None if not ceiling or row["lead"] is None else row["lead"] / ceiling
+        row["after_freeze"] = _started_after(run, FROZEN)
         rows.append(row)
         stored_healthy = sum(r["scenario"] == "healthy" for r in rows)
         if profile is None and stored_healthy >= 10:
-            profile, at = fleet.wait_profile(), i + 1
+            profile, at = fleet.wait_profile(before), i + 1
     return {"group": group, "rows": rows, "profile": profile, "published_after": at}
+
+
+def _started_after(run: Any, frozen: str) -> bool:
+    from datetime import datetime
+
+    return float(run.start.get("time") or 0.0) > datetime.fromisoformat(frozen).timestamp()
+
+
+def _faults(faults: list[dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+    """Fault runs judged: how many, named right, named right at ≥ SHARE of their envelope
+    lead, and the median share (a run never warned before divergence counts as 0)."""
+    shares = [r["share"] or 0.0 for r in faults if r.get("envelope")]
+    return {
+        f"faults_after{suffix}": len(faults),
+        f"faults_after{suffix}_named_right": sum(r["attribution"] == "correct" for r in faults),
+        f"faults_after{suffix}_right": sum(
+            r["attribution"] == "correct" and (r["share"] or 0) >= SHARE for r in faults
+        ),
+        f"lead_share_median{suffix}": median(shares) if shares else None,
+    }
 
 
 def summary(result: dict[str, Any], store: Path) -> dict[str, Any]:
@@ -227,11 +258,8 @@ def summary(result: dict[str, Any], store: Path) -> dict[str, Any]:
         "published_after_runs": result["published_after"],
         "published_by": entry["by"] if entry else None,
         "zero_shot_runs": sum(r["profile"] == "zero-shot" for r in result["rows"]),
-        "faults_after": len(faults),
-        "faults_after_right": sum(
-            r["attribution"] == "correct" and (r["share"] or 0) >= SHARE for r in faults
-        ),
-        "lead_share_median": median([r["share"] for r in faults if r["share"] is not None]),
+        **_faults(faults),
+        **_faults([r for r in faults if r["after_freeze"]], "_frozen"),
         "healthy_after": len(healthy),
         "healthy_after_warned": sum(r["false"] > 0 for r in healthy),
         "stated_rate": round(sum(stated.values()), 4),
@@ -262,8 +290,10 @@ def main() -> None:
             rows.append([
                 r["run"], r["profile"], r["false"], r["lead"], r.get("envelope"),
                 "-" if share is None else f"{share:.0%}", r["attribution"],
+                "yes" if r["after_freeze"] else "",
             ])  # fmt: skip
-    print(format_table(["run", "profile", "false", "lead", "envelope", "share", "cause"], rows))
+    headers = ["run", "profile", "false", "lead", "envelope", "share", "cause", "after freeze"]
+    print(format_table(headers, rows))
     print()
     print(format_table(list(summaries[0]), [list(s.values()) for s in summaries]))
     emit_json({"benchmark": "fleet_profiles", "groups": summaries})
@@ -280,15 +310,24 @@ def figures(result: dict[str, Any]) -> list[tuple[str, str]]:
             if g["profile"]
             else f"no profile after {g['runs']} runs"
         )
-        share = g["lead_share_median"]
         after = (
-            f"{g['faults_after_right']}/{g['faults_after']} fault runs named right at "
-            f"≥ {SHARE:.0%} of their envelope lead (median "
-            f"{'-' if share is None else f'{share:.0%}'}); {g['healthy_after_warned']}/"
-            f"{g['healthy_after']} healthy runs warned (stated rate {g['stated_rate']})"
+            f"{_judged(g)}; {g['healthy_after_warned']}/{g['healthy_after']} healthy runs "
+            f"warned (stated rate {g['stated_rate']})"
         )
         rows += [(f"{g['group']}: the profile", published), (f"{g['group']}: after it", after)]
+        if g.get("faults_after_frozen"):
+            rows.append((f"{g['group']}: trained after the rules froze", _judged(g, "_frozen")))
     return rows
+
+
+def _judged(g: dict[str, Any], suffix: str = "") -> str:
+    share = g[f"lead_share_median{suffix}"]
+    n = g[f"faults_after{suffix}"]
+    return (
+        f"{g[f'faults_after{suffix}_named_right']}/{n} fault runs named right, "
+        f"{g[f'faults_after{suffix}_right']}/{n} at ≥ {SHARE:.0%} of their envelope lead; "
+        f"median share {'-' if share is None else f'{share:.1%}'}"
+    )
 
 
 if __name__ == "__main__":

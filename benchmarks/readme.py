@@ -206,7 +206,7 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "What one false action costs a healthy run (HF Trainer, cosine, tiny Mixtral)",
     ),
     "fleet_profiles": (
-        ["--quick"],
+        [],
         "fleet_profiles",
         "Profiles the fleet builds itself: recorded runs in fleet order, policy auto",
     ),
