@@ -25,6 +25,7 @@ __all__ = [
     "attention_chunks",
     "attention_inputs",
     "router_geometry_chunk",
+    "router_geometry_of",
     "solve_attention",
 ]
 
@@ -201,14 +202,19 @@ def router_geometry_chunk(spec: RouterSpec) -> Chunk:
     """Router-weight geometry: mean pairwise cosine, ε and the cosine floor it implies.
 
     (The routing entropies come from the forward hooks' accumulators, combined over ranks.)"""
-    weight = spec.rows()  # (E, d[+1]): [W | b] where the router has a bias
+    return router_geometry_of(spec.name, spec.rows())  # (E, d[+1]): [W | b] with a bias
+
+
+def router_geometry_of(name: str, weight: torch.Tensor) -> Chunk:
+    """:func:`router_geometry_chunk` of router ``name``'s rows ``weight`` (any thread, from a
+    copy: :mod:`.spectra_worker`)."""
     eps = conditioning_ratio(weight)
     stats = {
         "cosine_mean": mean_pairwise_cosine(weight),
         "epsilon": eps,
         "cosine_floor": cosine_lower_bound(eps),
     }
-    keys = [series_key(f"router.{name}", spec.name) for name in stats]
+    keys = [series_key(f"router.{stat}", name) for stat in stats]
     return keys, torch.stack(
         [v.to(weight.device, torch.float32).reshape(()) for v in stats.values()]
     )

@@ -40,13 +40,14 @@ from foreshock.transport.wire import check_run_id
 from .alone import Refusals
 from .checkpoint_state import load_monitoring_state, monitoring_state
 from .collective import Peers, gathers_of
+from .deferred import measured_alone, worker_copies
 from .discovery import Discovery, discover
 from .fsdp1 import whole_parameters
 from .layouts import AttentionSpec, RouterSpec
 from .learning_rates import LearningRates
 from .live import LiveModel
 from .max_logit import SdpaLogitWatch
-from .measure import attention_chunks, attention_inputs, router_geometry_chunk
+from .measure import attention_chunks, router_geometry_chunk
 from .monitor_config import MonitorConfig
 from .names import named_modules
 from .observations import StepObservations
@@ -98,7 +99,7 @@ class Monitor(Registration):
         self._snapshots: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         alone = self.config.spectra_worker and self.peers is None  # (module docstring)
         self.spectra = SpectraWorker(self.config.spectra_queue) if alone else None
-        self._jobs: list[Any] = []  # this monitoring step's spectra inputs, for the worker
+        self._jobs: tuple[list, list] = ([], [])  # copies for the worker: attention, routers
         self._observed = StepObservations(self._fail_hook)  # this step's forward reports
         self._closers: list[Callable[[], None]] = []  # attached observers' removal
         self._refuse_alone()
@@ -225,13 +226,13 @@ class Monitor(Registration):
             parts = gathered
         own = [p for p in parts if p.rank == self.rank]
         data = own if self.config.emit_ranks == "all" else parts
+        jobs, self._jobs = self._jobs, ([], [])
+        rates = self.learning_rates.values()  # the rates of this step
+        if self.spectra is not None:  # alone: the rest on the worker (``deferred``)
+            done = measured_alone(self.spectra, step, part, jobs, rates, self.config)
+            return None if done is None else self._record(step, *done)
         values, flags = combine(parts, data, self._observed.accumulators)
-        values = {**values, **self.learning_rates.values()}  # the rates of this step
-        jobs, self._jobs = self._jobs, []
-        if self.spectra is not None and (jobs or self.spectra.waiting):
-            self.spectra.submit(step, values, set(flags), jobs, self.config)
-            return None
-        return self._record(step, values, set(flags))
+        return self._record(step, {**values, **rates}, set(flags))
 
     def _local_part(self, step: int, loss: torch.Tensor | float | None) -> RankPart:
         """``_read_part`` in a group, with FSDP1 parameters whole (``whole_parameters``: a
@@ -259,17 +260,16 @@ class Monitor(Registration):
 
         owned = gather("sharded", self._owned_specs)
         attention, routers = owned if owned is not None else ([], [])
-        if self.spectra is not None:  # copied now, solved on the worker
-            inputs = lambda: attention_inputs(attention, self._snapshots, self.config)  # noqa: E731
-            self._jobs = gather("attention", inputs) or []
+        if self.spectra is not None:  # copied now, computed on the worker (``deferred``)
+            self._jobs = worker_copies(attention, routers, self._snapshots, self.config, gather)
         else:
             made = gather(
                 "attention", lambda: attention_chunks(attention, self._snapshots, self.config)
             )
             chunks += made or []
-        for router in routers:
-            made = gather(router.name, functools.partial(router_geometry_chunk, router))
-            chunks += [made] if made is not None else []
+            for router in routers:
+                made = gather(router.name, functools.partial(router_geometry_chunk, router))
+                chunks += [made] if made is not None else []
         squares = gather("symptoms", lambda: self._symptom_chunk(loss))
         chunks += [squares] if squares is not None else []
         sort_values(part, chunks, observed.drops)

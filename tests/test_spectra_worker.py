@@ -56,7 +56,7 @@ def test_a_full_queue_skips_the_spectra_flagged_and_the_training_step_never_wait
         gate.wait(30)
         return solve(jobs, config)
 
-    monkeypatch.setattr("foreshock.producers.spectra_worker.solve_attention", held)
+    monkeypatch.setattr("foreshock.producers.deferred.solve_attention", held)
     model = make_model()
     sink = ListSink()
     monitor = Monitor(
@@ -82,8 +82,30 @@ def test_a_failed_solve_flags_its_record_and_monitoring_goes_on(monkeypatch):
     def broken(jobs, config):
         raise torch.linalg.LinAlgError("the eigen-solver did not converge")
 
-    monkeypatch.setattr("foreshock.producers.spectra_worker.solve_attention", broken)
+    monkeypatch.setattr("foreshock.producers.deferred.solve_attention", broken)
     records, _ = _trained(MonitorConfig(every=2, spectra_worker=True), steps=5)
     assert [r["step"] for r in records] == [0, 2, 4]
     assert all("monitor_error@attention" in r["flags"] for r in records[1:])
     assert all("loss" in r["values"] for r in records)
+
+
+def test_the_routers_values_come_from_the_worker_and_a_failure_flags_that_router(monkeypatch):
+    """The routing entropies and the router geometry are computed on the worker from the
+    step's copies (equal to the in-step ones: the first test); a router whose geometry fails
+    there is flagged alone, its routing entropies and every other value kept."""
+    from foreshock.producers import deferred
+
+    geometry = deferred.router_geometry_of
+
+    def broken(name, weight):
+        if name == "h.0.mlp.gate":
+            raise RuntimeError("no geometry")
+        return geometry(name, weight)
+
+    monkeypatch.setattr(deferred, "router_geometry_of", broken)
+    records, _ = _trained(MonitorConfig(every=2, spectra_worker=True), steps=5)
+    assert all("monitor_error@h.0.mlp.gate" in r["flags"] for r in records)
+    last = records[-1]["values"]
+    assert "router.epsilon@h.0.mlp.gate" not in last
+    assert "router.token_entropy_norm@h.0.mlp.gate" in last
+    assert "router.epsilon@h.1.mlp.gate" in last and "attn.d2.entropy_mean@h.0.attn" in last
