@@ -263,7 +263,7 @@ def main(mode: str, out_dir: Path, steps: int) -> None:
         model,
         JsonlSink(out_dir / f"records-{rank}.jsonl"),
         run_id=f"sharded-overhead-{mode}",
-        config=MonitorConfig(every=1),
+        config=MonitorConfig(every=1, spectra_worker=False),  # in the step, as every rank
     )
     timed = train(model, monitor, batches(WARM_UP + steps + 1, dp_rank, dp_size), steps)
     status = {

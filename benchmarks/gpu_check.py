@@ -92,7 +92,8 @@ class Bench:
             self.model,
             JsonlSink(workdir / "gpu-check.jsonl"),
             run_id="gpu-check",
-            config=MonitorConfig(every=args.every),
+            # in the step: the time measured is the spectra's own, as the anchor's is
+            config=MonitorConfig(every=args.every, spectra_worker=False),
         )
         self.monitor_seconds: list[float] = []
         self._monitored_steps = 0

@@ -62,10 +62,11 @@ single / ranks + the transfer (``benchmarks._sharded_overhead``):
     python -m benchmarks.overhead --sharded                     # 12 timed steps each (~3 min)
     python -m benchmarks.overhead --sharded --quick             # 4 timed steps each (~2 min)
 
-``--spectra-worker`` runs the Monitor with its attention spectra solved on a worker thread
-(``MonitorConfig(spectra_worker=True)``): ``direct`` is then the training thread's share and
-``worker`` the worker's (its solve time per step, same base); ``--save`` then stores
-``<name>_spectra_worker.json``.
+The Monitor's default config computes its spectra (and routing summaries, router geometry)
+on a worker thread (``MonitorConfig(spectra_worker=True)``): ``direct`` is the training
+thread's share and ``worker`` the worker's (its time per step, same base).
+``--spectra-in-step`` measures them computed in the step instead (``spectra_worker=False``,
+the lab's setting); ``--save`` then stores ``<name>_in_step.json``.
 
 ``--save`` also stores the closing JSON line as ``benchmarks/results/overhead.json`` (lab),
 ``overhead_<model>.json`` or ``overhead_sharded.json``, in ``benchmarks.readme``'s record format.
@@ -266,7 +267,7 @@ class Bench:
         blocks: tuple[int, int, int],
         workdir: Path,
         weight_spectra: bool = True,
-        spectra_worker: bool = True,
+        spectra_worker: bool = MonitorConfig.spectra_worker,
     ) -> None:
         self.trainee = build(model, workload.block_size)
         self.model = self.trainee.model
@@ -526,9 +527,9 @@ def main(argv: list[str] | None = None) -> None:
         "--sharded", action="store_true", help="per-rank cost under FSDP2 (see docstring)"
     )
     parser.add_argument(
-        "--spectra-worker",
+        "--spectra-in-step",
         action="store_true",
-        help="MonitorConfig(spectra_worker=True): the eigen-solves on a worker thread",
+        help="MonitorConfig(spectra_worker=False): the eigen-solves in the training step",
     )
     parser.add_argument("--ranks", default="2,4", help="with --sharded: world sizes")
     parser.add_argument("--parallel", default="fsdp2", help="with --sharded: fsdp2 and/or tp")
@@ -543,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     weight_spectra = not args.no_weight_spectra
     single_thread()
 
-    spectra_worker = args.spectra_worker
+    spectra_worker = MonitorConfig.spectra_worker and not args.spectra_in_step
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="foreshock-overhead-") as tmp:
         bench = Bench(args.model, workload, blocks, Path(tmp), weight_spectra, spectra_worker)
@@ -607,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": wall,
     }
     if args.save:
-        name = result_name(args.model) + ("_spectra_worker" if spectra_worker else "")
+        name = result_name(args.model) + ("" if spectra_worker else "_in_step")
         saved = store(name, result, argv if argv is not None else sys.argv[1:])
         print(f"stored {saved}")
     emit_json(result)

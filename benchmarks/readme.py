@@ -52,10 +52,10 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "randomized_spectra",
         "Randomized spectra (torch.svd_lowrank) against the exact Gram route at d = 768-4096",
     ),
-    "overhead_spectra_worker": (
-        ["--spectra-worker"],
+    "overhead_in_step": (
+        ["--spectra-in-step"],
         "overhead",
-        "Monitor overhead per training step, attention spectra on a worker thread",
+        "Monitor overhead per training step, attention spectra in the step (the lab's setting)",
     ),
     "overhead_gpt2-124m": (
         ["--model", "gpt2-124m", "--quick"],

@@ -27,8 +27,9 @@ Hooks:
 
 The trackers (``trackers=True``): foreshock's scalars (:mod:`.trackers`: one per mechanism
 metric, and the warnings of the detectors run in-process) go to each ``report_to`` callback
-(TensorBoard, MLflow, W&B, ...) as an ``on_log`` of their own at every monitoring step, at
-``state.global_step`` like the loss of the same update. Not merged into the Trainer's own
+(TensorBoard, MLflow, W&B, ...) as an ``on_log`` of their own once a monitoring step's record
+is written, at the ``global_step`` of the loss of the record's update (the spectra worker
+writes it a step later). Not merged into the Trainer's own
 ``logs``: those come every ``logging_steps`` and reach the ``report_to`` callbacks before this
 one (user callbacks come after them), so a warning would wait for, or miss, a logging step.
 The callback finds the Trainer's callbacks through the handler calling its first event (no
@@ -36,9 +37,8 @@ argument of the events names it); ``attach(trainer)`` says it explicitly. Warnin
 where the tracker takes text: TensorBoard and W&B as the ``foreshock/warning`` text series,
 MLflow as run tags.
 
-Steps are numbered like the lab's loops: the 0-based index of the optimizer update, i.e.
-``state.global_step`` as it is during ``on_optimizer_step`` (the Trainer increments it after);
-the update the Trainer logs as step ``n`` is the record's step ``n - 1``.
+Steps are numbered like the lab's loops: the 0-based index of the optimizer update (the
+Trainer's ``global_step`` during ``on_optimizer_step``): its step ``n`` is the record's ``n - 1``.
 
 The loss: the Trainer hands callbacks no per-step loss (``log_history`` holds it only at the
 logging steps, and after the step). A forward hook on the model keeps the ``loss`` of each
@@ -53,16 +53,16 @@ run did not diverge. A step whose loss is the logged fallback is one the rule ca
 the record then has no ``divergence_step`` and the detectors estimate it.
 
 Sharded training (accelerate's FSDP2 from ``TrainingArguments(fsdp=True, fsdp_config=...)``)
-needs nothing more: the Trainer calls the callback on every rank, so every rank builds a
-Monitor on the same model, and FSDP2 shards it in place (DTensor parameters, which the
-Monitor's specs follow and gather per layer: ``producers.collective``).
+needs nothing more: the Trainer calls the callback on every rank, every rank builds a Monitor on
+the model FSDP2 shards in place (DTensors, gathered per layer: ``producers.collective``).
 
-A training run that raises is not seen by the callback (the Trainer has no exception event): no
-``end`` record is written then (the Kafka sink synthesises a ``closed`` one at exit).
+A run that raises is not seen by the callback (the Trainer has no exception event): no ``end``
+record then (the Kafka sink synthesises a ``closed`` one at exit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -241,7 +241,7 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         if self._optimizer_stepped_at != step:
             self._step(step, state)
         update = self._pending
-        self._report(args, state, control, kwargs)
+        self._report(args, _at_update(state, update), control, kwargs)
         if self.remedy.at_boundary(state.global_step, update):  # acts before the next update
             control.should_training_stop = True
         state.max_steps += self.remedy.take_extension()  # a rollback's steps, trained again
@@ -337,6 +337,17 @@ class ForeshockCallback(RunAccess, TrainerCallback, ExportableState):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+
+
+def _at_update(state: Any, update: TrackerUpdate | None) -> Any:
+    """The Trainer's state at the update a record measured (u at global step u + 1), where the
+    trackers plot it: the spectra worker writes a record a step later (``spectra_worker``)."""
+    if update is None or getattr(state, "global_step", None) == update.step + 1:
+        return state
+    try:  # a dataclass, as it has been; else plot it now
+        return dataclasses.replace(state, global_step=update.step + 1)
+    except TypeError:
+        return state
 
 
 def _report_to(

@@ -49,7 +49,6 @@ from .live import LiveModel
 from .max_logit import SdpaLogitWatch
 from .measure import attention_chunks, router_geometry_chunk
 from .monitor_config import MonitorConfig
-from .names import named_modules
 from .observations import StepObservations
 from .partials import RankPart, combine
 from .reading import holders_of, owned_by_me, sort_values, symptom_chunk
@@ -57,7 +56,6 @@ from .record_out import error_record, finite_record, say_nonfinite
 from .registration import Registration
 from .run_bounds import RunBounds
 from .sharding import is_dtensor
-from .signature import signature_or_none
 from .sinks import Sink
 from .spectra_worker import SpectraWorker
 from .world import rank_and_world
@@ -149,16 +147,18 @@ class Monitor(Registration):
         attention`` calls, on monitoring steps only (plain PyTorch: ``monitor.watch_sdpa()``).
         ``layers``: names to modules (default: those discovered). Removed by ``close()``."""
         layers = self.attention_modules() if layers is None else layers
-        watch = SdpaLogitWatch(
-            layers.items(), self.observe_max_logit, lambda: self.measuring, self._observed.failed
-        )
+        watch = SdpaLogitWatch(layers.items(), self.observe_max_logit, lambda: self.measuring,
+                               self._observed.failed)  # fmt: skip
         self.on_close(watch.close)
         return watch
 
-    def attention_modules(self) -> dict[str, nn.Module]:
-        """{name: module} of the discovered (or registered) attention layers in the model."""
-        modules = dict(named_modules(self.model))
-        return {a.name: modules[a.name] for a in self.discovery.attention if a.name in modules}
+    def compute_in_step(self) -> None:
+        """From now on each record is computed and written by its own step (no spectra
+        worker; what waits is written now): remedies act at the boundary after a record."""
+        if self.spectra is not None:
+            self.flush()
+            self.spectra.close()
+            self.spectra = None
 
     def on_close(self, undo: Callable[[], None]) -> None:
         """Run ``undo`` at ``close()``: how attached observers (hooks, wrappers) detach."""
@@ -356,19 +356,15 @@ class Monitor(Registration):
             "signature": self.signature(),
         }
 
-    def signature(self) -> dict[str, Any] | None:
-        """The model's architecture signature (``producers.signature``): the detectors choose
-        a calibrated profile by it. None when it cannot be read (never raises)."""
-        d = self.discovery
-        return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)
-
     def forget_weights(self) -> None:
         """Older weights were restored (a rollback): no ΔW across the jump back, next step."""
         self._snapshots.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the monitoring (``checkpoint_state``), saved with the
-        model's; ``load_state_dict`` on resume (the HF and Lightning callbacks do both)."""
+        model's; ``load_state_dict`` on resume (the HF and Lightning callbacks do both). The
+        records still with the spectra worker are written first: the checkpoint covers them."""
+        self.flush()
         return monitoring_state(self.run_id, self.sink)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

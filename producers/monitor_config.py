@@ -25,11 +25,14 @@ class MonitorConfig:
                   rank) — to catch one bad GPU
     join_timeout_s: how long a Monitor waits, once, for every rank to build its own; a rank
                   left alone measures only what it can read alone (never a collective)
-    spectra_worker: solve the attention spectra on a worker thread from copies taken at the
-                  step (:mod:`.spectra_worker`; a Monitor measuring alone only): the record is
-                  written at a later ``step()`` call, the training thread never waits. Off
-                  (the default, and the lab's: one thread per training process), they are
-                  solved in the step and its record is written by it
+    spectra_worker: compute the attention spectra, routing entropies and router geometry on
+                  a worker thread from copies taken at the step (:mod:`.spectra_worker`; a
+                  Monitor measuring alone only; the default): the record is written at a
+                  later ``step()`` call (``flush()`` writes what waits), the training thread
+                  never waits — at δ = 10 it keeps the training thread's share under 1 % of a
+                  step (``python -m benchmarks.overhead``). Off (the lab's: one thread per
+                  training process, records at their step), they are computed in the step and
+                  its record is written by it
     spectra_queue: monitoring steps that may wait for the worker; one more skips its spectra
                   (flagged ``spectra_skipped``), never the training step
     batch_elements: layers of one shape are batched into one QR/eigen call while their
@@ -46,7 +49,7 @@ class MonitorConfig:
     emit_ranks: Literal["zero", "all"] = "zero"
     batch_elements: int = 2**24
     join_timeout_s: float = 60.0
-    spectra_worker: bool = False
+    spectra_worker: bool = True
     spectra_queue: int = 2
 
     def __post_init__(self) -> None:

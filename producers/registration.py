@@ -13,13 +13,17 @@ from torch import nn
 
 from .layouts import AttentionSpec, RouterSpec
 from .module_attrs import tensor_attr
+from .names import named_modules
+from .signature import signature_or_none
 
 __all__ = ["Registration"]
 
 
 class Registration:
-    """``register_attention`` and ``register_router`` of :class:`~.monitor.Monitor`."""
+    """``register_attention`` and ``register_router`` of :class:`~.monitor.Monitor`, and what
+    it reads of what was found: the attention modules, the architecture signature."""
 
+    model: nn.Module
     discovery: Any
     participating: bool
     _snapshots: dict[str, Any]
@@ -65,3 +69,14 @@ class Registration:
         if self.participating:
             self._observed.hook_router(spec)
         return spec
+
+    def attention_modules(self) -> dict[str, nn.Module]:
+        """{name: module} of the discovered (or registered) attention layers in the model."""
+        modules = dict(named_modules(self.model))
+        return {a.name: modules[a.name] for a in self.discovery.attention if a.name in modules}
+
+    def signature(self) -> dict[str, Any] | None:
+        """The model's architecture signature (``producers.signature``): the detectors choose
+        a calibrated profile by it. None when it cannot be read (never raises)."""
+        d = self.discovery
+        return signature_or_none(self.model, d.attention, d.routers, self.attention_modules)

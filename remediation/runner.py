@@ -141,6 +141,10 @@ class Remediation:
         act: a failure to build, or ranks that cannot act together."""
         runner = None
         try:
+            # records written by their own step: an action comes at the boundary right after
+            # the record that warned, as every remediation table was measured (the spectra
+            # worker would write it a step later: producers/spectra_worker.py)
+            monitor.compute_in_step()
             feed = feed if feed is not None else _feed(warnings, monitor, labels)
             policy = _for_profile(policy, feed, monitor)
             keep = policy.keeps_snapshots(_causes(monitor)) and snapshots > 0  # 0: none

@@ -89,6 +89,7 @@ def tiny_training(
         seconds.append(time.perf_counter() - tick)
         if on_step is not None:
             on_step(step)
+    monitor.flush()  # the records still with the spectra worker, before the end
     sink.write({"schema": "foreshock.run/1", "kind": "end", "run_id": run_id, "status": "finished"})
     return seconds
 

@@ -42,7 +42,9 @@ def main(run_id: str, checkpoint: Path, steps: int) -> None:
         first = state["step"] + 1
     batches = ByteBatches(stdlib_bytes(200_000), config.block_size, 4, seed=first)
     sink = KafkaSink()
-    monitor = Monitor(model, sink, run_id=run_id, config=MonitorConfig(every=1))
+    # in-step: "delivered <step>" is that step's own record, on the broker before the next step
+    config = MonitorConfig(every=1, spectra_worker=False)
+    monitor = Monitor(model, sink, run_id=run_id, config=config)
     if state is not None:
         monitor.load_state_dict(state["foreshock"])
     sink.write(

@@ -569,7 +569,7 @@ class CustomModel(nn.Module):
 def test_register_attention_and_router() -> None:
     torch.manual_seed(0)
     model = CustomModel()
-    monitor = Monitor(model, ListSink(), config=MonitorConfig(every=2))
+    monitor = Monitor(model, ListSink(), config=MonitorConfig(spectra_worker=False, every=2))
     assert not monitor.discovery.attention and not monitor.discovery.routers
 
     layer = model.layers[3]

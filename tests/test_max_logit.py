@@ -78,7 +78,7 @@ class SdpaBlock(nn.Module):
 def test_watch_sdpa_records_on_monitoring_steps_only() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(SdpaBlock())
-    monitor = Monitor(model, ListSink(), config=MonitorConfig(every=2))
+    monitor = Monitor(model, ListSink(), config=MonitorConfig(spectra_worker=False, every=2))
     assert [a.name for a in monitor.discovery.attention] == ["0"]
     monitor.watch_sdpa()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

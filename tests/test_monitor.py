@@ -1,4 +1,8 @@
-"""The Monitor on a live (tiny) GPT-MoE training run: schedule, keys, values, robustness."""
+"""The Monitor on a live (tiny) GPT-MoE training run: schedule, keys, values, robustness.
+
+These pin the in-step contract (``spectra_worker=False``: each monitoring step's record
+returned by its own ``step()`` call); the default worker writes the same records a step
+later (``tests/test_spectra_worker.py`` holds them equal)."""
 
 from __future__ import annotations
 
@@ -96,7 +100,7 @@ def strict_json(line: str) -> Any:
 def test_schedule_keys_and_values() -> None:
     model = make_model()
     sink = ListSink()
-    monitor = Monitor(model, sink, run_id="r1", config=MonitorConfig(every=5))
+    monitor = Monitor(model, sink, run_id="r1", config=MonitorConfig(spectra_worker=False, every=5))
     assert [a.name for a in monitor.discovery.attention] == list(ATTN)
     assert [r.name for r in monitor.discovery.routers] == list(GATES)
     assert all(r.top_k == 2 and r.n_experts == 4 for r in monitor.discovery.routers)
@@ -190,7 +194,9 @@ def test_schedule_keys_and_values() -> None:
 def test_config_switches_drop_keys() -> None:
     model = make_model()
     sink = ListSink()
-    config = MonitorConfig(every=1, per_head=False, weight_spectra=False, core_method="svd")
+    config = MonitorConfig(
+        spectra_worker=False, every=1, per_head=False, weight_spectra=False, core_method="svd"
+    )
     run = Run(model, Monitor(model, sink, config=config))
     for step in range(2):
         run.step(step)
@@ -215,7 +221,7 @@ def test_inactive_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
 def test_jsonl_sink_and_nonfinite_weight(tmp_path: Path) -> None:
     model = make_model()
     path = tmp_path / "runs" / "r.jsonl"
-    monitor = Monitor(model, JsonlSink(path), config=MonitorConfig(every=3))
+    monitor = Monitor(model, JsonlSink(path), config=MonitorConfig(spectra_worker=False, every=3))
     run = Run(model, monitor)
 
     def poison() -> None:
@@ -255,7 +261,7 @@ def test_jsonl_sink_and_nonfinite_weight(tmp_path: Path) -> None:
 def test_nonfinite_grad_flagged_and_training_continues() -> None:
     model = make_model()
     sink = ListSink()
-    run = Run(model, Monitor(model, sink, config=MonitorConfig(every=2)))
+    run = Run(model, Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=2)))
 
     def inf_grad() -> None:
         model.h[1].attn.c_proj.weight.grad[0, 0] = float("inf")
@@ -285,7 +291,7 @@ class RaisingSink:
 def test_raising_sink_never_escapes() -> None:
     model = make_model()
     sink = RaisingSink()
-    monitor = Monitor(model, sink, config=MonitorConfig(every=2))
+    monitor = Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=2))
     run = Run(model, monitor)
     out = [run.step(step) for step in range(5)]  # would raise here if the error escaped
     assert out == [None] * 5
@@ -300,7 +306,7 @@ def test_raising_sink_never_escapes() -> None:
 def test_router_hooks_ignore_eval_and_off_steps() -> None:
     model = make_model()
     sink = ListSink()
-    monitor = Monitor(model, sink, config=MonitorConfig(every=3))
+    monitor = Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=3))
     calls = dict.fromkeys(GATES, 0)
     for name, acc in monitor._observed.accumulators.items():
         update = acc.update
@@ -329,7 +335,7 @@ def test_router_hooks_ignore_eval_and_off_steps() -> None:
     for target, with_eval in ((eval_then_train, True), (train_only, False)):
         model = make_model()
         sink = ListSink()
-        run = Run(model, Monitor(model, sink, config=MonitorConfig(every=1)))
+        run = Run(model, Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=1)))
         if with_eval:
             model.eval()
             model(eval_x)
@@ -340,7 +346,7 @@ def test_router_hooks_ignore_eval_and_off_steps() -> None:
 
 def test_close_removes_hooks() -> None:
     model = make_model()
-    monitor = Monitor(model, ListSink(), config=MonitorConfig(every=1))
+    monitor = Monitor(model, ListSink(), config=MonitorConfig(spectra_worker=False, every=1))
     gates = [model.get_submodule(name) for name in GATES]
     assert [len(g._forward_hooks) for g in gates] == [1, 1]
     monitor.close()
@@ -355,7 +361,7 @@ def test_close_removes_hooks() -> None:
 def test_bf16_model_copy() -> None:
     model = copy.deepcopy(make_model()).to(torch.bfloat16)
     sink = ListSink()
-    monitor = Monitor(model, sink, config=MonitorConfig(every=2))
+    monitor = Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=2))
     assert monitor.discovery.attention[0].q_weight.dtype == torch.bfloat16
     run = Run(model, monitor, lr=1e-2)
     for step in range(5):
@@ -372,7 +378,7 @@ def test_bf16_model_copy() -> None:
 def test_max_logit_through_logit_observer() -> None:
     model = make_model()
     sink = ListSink()
-    monitor = Monitor(model, sink, config=MonitorConfig(every=2))
+    monitor = Monitor(model, sink, config=MonitorConfig(spectra_worker=False, every=2))
     qkv: dict[str, torch.Tensor] = {}
     for i, block in enumerate(model.h):
         name = f"h.{i}.attn"

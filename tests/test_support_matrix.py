@@ -156,8 +156,9 @@ def test_monitors_match_dense_float64(arch: Any) -> None:
     optimizer.zero_grad()
     train_step(model, optimizer, seed=2)
     after = {a.name: f64_heads(a) for a in monitor.discovery.attention}
-    record = monitor.step(1)
-    monitor.close()
+    monitor.step(1)
+    monitor.close()  # writes what waits for the spectra worker
+    record = [r for r in sink.records if r.get("step") == 1 and "values" in r][-1]
     assert record is not None and record["flags"] == [], record and record["flags"]
     values = record["values"]
 
