@@ -2,7 +2,8 @@
 
 The anchor (llm-internal-medicine) reports its Δ2+Δ3 measurement at 211 ms for 18 layers at
 d = 1024 on one GPU, about 1.2–1.8 % of a step at δ = 10. This measures foreshock's Monitor
-(default ``MonitorConfig``, ``every`` = δ, a JSON Lines sink to a temp file) on:
+(``MonitorConfig(every=δ, spectra_worker=False)``: the spectra computed in the step, so the
+time inside ``Monitor.step`` is theirs, as the anchor's is; a JSON Lines sink to a temp file) on:
 
 * ``gpt2-124m``: ``transformers.GPT2LMHeadModel(GPT2Config())`` (12 layers, d = 768);
 * ``l18-d1024``: the same family at 18 layers, d = 1024, 16 heads (the anchor's size);

@@ -156,6 +156,11 @@ BENCHMARKS: dict[str, tuple[list[str], str, str]] = {
         "fleet",
         "Whole pipeline past its knee (3 records/s per run)",
     ),
+    "fleet_10000": (
+        ["--runs", "10000", "--workers", "2", "--rate", "0.1", "--records", "32"],
+        "fleet",
+        "Whole pipeline at 10,000 live runs, a record from each every 10 s",
+    ),
     "soak": ([], "soak", "Soak: memory and lag under a steady fleet at half saturation"),
     "unreachable": ([], "unreachable", "Training with the broker unreachable, records later"),
     "reliability": ([], "reliability", "Faults under a live fleet: recovery, nothing lost"),
