@@ -29,8 +29,8 @@ class MonitorConfig:
                   a worker thread from copies taken at the step (:mod:`.spectra_worker`; a
                   Monitor measuring alone only; the default): the record is written at a
                   later ``step()`` call (``flush()`` writes what waits), the training thread
-                  never waits — at δ = 10 it keeps the training thread's share under 1 % of a
-                  step (``python -m benchmarks.overhead``). Off (the lab's: one thread per
+                  never waits (the training thread's share of a step: ``python -m
+                  benchmarks.overhead``, target ≤ 1 % at δ = 10). Off (the lab's: one thread per
                   training process, records at their step), they are computed in the step and
                   its record is written by it
     spectra_queue: monitoring steps that may wait for the worker; one more skips its spectra
